@@ -1,0 +1,46 @@
+"""cffi build script (API mode) for tensorops_native._native.
+
+The cdef is read from native/include/tensorops.h, the single declaration of the C API,
+with preprocessor lines and the C++ guard dropped. Every .c file under native/src is
+compiled; ISA flags are applied per file by the `#pragma GCC target` in the vmath_<isa>.h
+header each variant includes, never to the whole build.
+"""
+import pathlib
+import re
+
+import cffi
+
+NATIVE = pathlib.Path(__file__).resolve().parent
+HEADER = NATIVE / "include" / "tensorops.h"
+
+
+def header_cdef(text: str) -> str:
+    text = re.sub(r"#ifdef __cplusplus.*?#endif", "", text, flags=re.S)
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+
+
+ffibuilder = cffi.FFI()
+ffibuilder.cdef(header_cdef(HEADER.read_text()))
+ffibuilder.set_source(
+    "tensorops_native._native",
+    '#include "tensorops.h"',
+    # Relative paths keep the build reproducible from the project root (setuptools runs
+    # this script from there).
+    sources=sorted(str(p.relative_to(NATIVE.parent)) for p in (NATIVE / "src").glob("*.c")),
+    include_dirs=[str(NATIVE / "include"), str(NATIVE / "src")],
+    extra_compile_args=[
+        "-O3",
+        "-std=gnu11",
+        "-fvisibility=hidden",
+        # No silent contraction into FMA: the vector math relies on the exact operation
+        # sequence to give identical results on every ISA level.
+        "-ffp-contract=off",
+        "-fno-math-errno",
+        "-Wall",
+        "-Wno-unused-function",
+    ],
+    libraries=["m"],
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(tmpdir=str(NATIVE / "build"), verbose=True)

@@ -1,0 +1,146 @@
+/*
+ * tensorops C API: the one header that declares every public function.
+ *
+ * Names and parameters mirror the Simd library's Synet functions (SimdSynetXxx ->
+ * TnSynetXxx), so the seeds' pseudo-code maps one to one. The build script feeds this
+ * file to cffi's cdef after dropping preprocessor lines, so keep declarations plain C.
+ *
+ * Kernels trust their arguments: the Python layer (tensorops_native) validates every
+ * shape, length, enum and pointer before calling. Every kernel is reentrant and never
+ * touches memory outside the tensors it is given.
+ */
+#ifndef TENSOROPS_H
+#define TENSOROPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    TnTensorFormatNchw = 0,
+    TnTensorFormatNhwc = 1
+} TnTensorFormatType;
+
+typedef enum {
+    TnTensorData32f = 0,
+    TnTensorData32i = 1,
+    TnTensorData8i = 2,
+    TnTensorData8u = 3,
+    TnTensorData16b = 7,
+    TnTensorData16f = 8
+} TnTensorDataType;
+
+typedef enum {
+    TnSynetEltwiseOperationProduct = 0,
+    TnSynetEltwiseOperationSum = 1,
+    TnSynetEltwiseOperationMax = 2,
+    TnSynetEltwiseOperationMin = 3
+} TnSynetEltwiseOperationType;
+
+typedef enum {
+    TnSynetUnaryOperation32fAbs = 0,
+    TnSynetUnaryOperation32fCeil = 1,
+    TnSynetUnaryOperation32fCos = 2,
+    TnSynetUnaryOperation32fErf = 3,
+    TnSynetUnaryOperation32fExp = 4,
+    TnSynetUnaryOperation32fFloor = 5,
+    TnSynetUnaryOperation32fLog = 6,
+    TnSynetUnaryOperation32fNeg = 7,
+    TnSynetUnaryOperation32fNot = 8,
+    TnSynetUnaryOperation32fRcp = 9,
+    TnSynetUnaryOperation32fRound = 10,
+    TnSynetUnaryOperation32fRsqrt = 11,
+    TnSynetUnaryOperation32fSign = 12,
+    TnSynetUnaryOperation32fSin = 13,
+    TnSynetUnaryOperation32fSqrt = 14,
+    TnSynetUnaryOperation32fTanh = 15,
+    TnSynetUnaryOperation32fZero = 16
+} TnSynetUnaryOperation32fType;
+
+/* ISA levels, lowest to highest. */
+typedef enum {
+    TnIsaScalar = 0,
+    TnIsaAvx2 = 1,   /* AVX2 + FMA + F16C */
+    TnIsaAvx512 = 2  /* AVX-512 F, BW, VL, DQ */
+} TnIsaLevel;
+
+/* CPU features as bits of TnCpuFeatures(). */
+typedef enum {
+    TnCpuSse41 = 1,
+    TnCpuAvx = 2,
+    TnCpuAvx2 = 4,
+    TnCpuFma = 8,
+    TnCpuF16c = 16,
+    TnCpuAvx512f = 32,
+    TnCpuAvx512bw = 64,
+    TnCpuAvx512vl = 128,
+    TnCpuAvx512dq = 256,
+    TnCpuAvx512vnni = 512,
+    TnCpuAvx512bf16 = 1024,
+    TnCpuAvx512fp16 = 2048,
+    TnCpuAvxVnni = 4096,
+    TnCpuOsAvx = 8192,
+    TnCpuOsAvx512 = 16384
+} TnCpuFeature;
+
+/* ---- Dispatch ---------------------------------------------------------------------- */
+
+/* Active ISA level (TnIsaLevel): the best the CPU and OS support, capped by the
+ * environment variable TENSOROPS_ISA=scalar|avx2|avx512, resolved once at load. */
+int TnActiveIsa(void);
+/* Best level this CPU and OS could run, ignoring TENSOROPS_ISA. */
+int TnSupportedIsa(void);
+/* Detected CPU features, a bitwise OR of TnCpuFeature values. */
+uint64_t TnCpuFeatures(void);
+/* The dispatch table: kernel names and the ISA level each one resolved to. */
+size_t TnKernelCount(void);
+const char * TnKernelName(size_t index);
+int TnKernelIsa(size_t index);
+
+/* ---- Normalize layer (seed 000) ---------------------------------------------------- */
+
+void TnSynetNormalizeLayerForward(const float * src, size_t batch, size_t channels, size_t spatial,
+    const float * scale, const float * eps, int acrossSpatial, int format, float * buf, float * dst);
+
+void TnSynetNormalizeLayerForwardV2(const float * src, size_t batch, size_t channels, size_t spatial,
+    const float * scale, const float * shift, const float * eps, int format, float * buf, float * dst);
+
+void TnSynetNormalizeLayerForwardV3(const float * src, size_t batch, size_t channels, size_t spatial,
+    const float * scale, const float * shift, const float * eps, int format, float * buf, float * dst);
+
+void TnSynetNormalizeLayerForwardV4(const float * src, size_t batch, size_t channels, size_t spatial,
+    const float * scale, const float * shift, const float * eps, int format, float * buf, float * dst);
+
+void TnSynetNormalizeLayerForward16bV2(const uint16_t * src, size_t batch, size_t channels, size_t spatial,
+    const float * scale, const float * shift, const float * eps, int format, float * buf, uint16_t * dst);
+
+/* ---- Other Synet functions (seed 003) ---------------------------------------------- */
+
+void TnSynetChannelSum16b(const uint16_t * src, size_t channels, size_t spatial, int format, float * sum);
+
+void TnSynetEltwiseLayerForward(float const * const * src, const float * weight, size_t count, size_t size,
+    int type, float * dst);
+
+void TnSynetLrnLayerCrossChannels(const float * src, size_t half, size_t channels, size_t spatial,
+    const float * k, float * dst, int format);
+
+void TnSynetShuffleLayerForward(const float * src0, const float * src1, size_t channels0, size_t channels1,
+    size_t spatial, float * dst0, float * dst1, int format, int type);
+
+void TnSynetSoftmax32f(const float * src, size_t outer, size_t count, size_t inner, float * dst);
+
+void TnSynetSoftmax16b(const uint16_t * src, size_t outer, size_t count, size_t inner, uint16_t * dst);
+
+void TnSynetTiledScale2D32f(const float * src, size_t channels, size_t height, size_t width, int format,
+    const float * ver, const float * hor, float * dst);
+
+void TnSynetUnaryOperation32f(const float * src, size_t size, int type, float * dst);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,130 @@
+/*
+ * AVX-512 vector math. Including this header compiles the rest of the file for
+ * AVX-512 F/BW/VL/DQ (plus AVX2, FMA, F16C): the "avx512" ISA level. Include it first in
+ * every *_avx512.c file. Functions mirror vmath_scalar.h operation for operation, so
+ * results are bit-identical to the scalar and AVX2 levels.
+ */
+#ifndef TN_VMATH_AVX512_H
+#define TN_VMATH_AVX512_H
+
+#pragma GCC target("avx,avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "vmath_scalar.h"
+
+#define TN_AVX512_F 16 /* floats per vector */
+
+/* Mask of the first n lanes (n <= 16). */
+static inline __mmask16 tn_avx512_tail_mask(size_t n)
+{
+    return (__mmask16)((1u << n) - 1u);
+}
+
+/* 16 BF16 -> 16 FP32 (masked lanes read nothing and give 0). */
+static inline __m512 tn_avx512_load_bf16(const uint16_t * p)
+{
+    __m256i b = _mm256_loadu_si256((const __m256i *)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+}
+
+static inline __m512 tn_avx512_maskz_load_bf16(__mmask16 m, const uint16_t * p)
+{
+    __m256i b = _mm256_maskz_loadu_epi16(m, p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+}
+
+/* 16 FP32 -> 16 BF16, same rounding as tn_f32_to_bf16 (an integer sequence rather than
+ * VCVTNEPS2BF16, which flushes denormals). */
+static inline __m256i tn_avx512_f32_to_bf16(__m512 v)
+{
+    __m512i u = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+
+static inline void tn_avx512_store_bf16(uint16_t * p, __m512 v)
+{
+    _mm256_storeu_si256((__m256i *)p, tn_avx512_f32_to_bf16(v));
+}
+
+static inline void tn_avx512_mask_store_bf16(uint16_t * p, __mmask16 m, __m512 v)
+{
+    _mm256_mask_storeu_epi16(p, m, tn_avx512_f32_to_bf16(v));
+}
+
+static inline __m512 tn_avx512_exp(__m512 x)
+{
+    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    __m512 xs = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(TN_EXP_MIN)), _mm512_set1_ps(TN_EXP_MAX));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xs, _mm512_set1_ps(TN_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-TN_LN2_HI), xs);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(-TN_LN2_LO), r);
+    __m512 p = _mm512_set1_ps(TN_EXP_P0);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(TN_EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(TN_EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(TN_EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(TN_EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(TN_EXP_P5));
+    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    __m512i ni = _mm512_cvttps_epi32(n);
+    __m512i j1 = _mm512_srai_epi32(ni, 1);
+    __m512i j2 = _mm512_sub_epi32(ni, j1);
+    __m512i bias = _mm512_set1_epi32(127);
+    y = _mm512_mul_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(j1, bias), 23)));
+    y = _mm512_mul_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(j2, bias), 23)));
+    return _mm512_mask_add_ps(y, nan, x, x);
+}
+
+static inline __m512 tn_avx512_log(__m512 x)
+{
+    const __m512 zero = _mm512_setzero_ps();
+    __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(FLT_MIN), _CMP_LT_OQ);
+    __m512 xs = _mm512_mask_mul_ps(x, tiny, x, _mm512_set1_ps(8388608.0f));
+    __m512 e_adjust = _mm512_maskz_mov_ps(tiny, _mm512_set1_ps(-23.0f));
+    __m512i u = _mm512_castps_si512(xs);
+    __m512 e = _mm512_add_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(u, 23), _mm512_set1_epi32(126))), e_adjust);
+    __m512 m = _mm512_castsi512_ps(_mm512_or_si512(_mm512_and_si512(u, _mm512_set1_epi32(0x007fffff)), _mm512_set1_epi32(0x3f000000)));
+    __mmask16 small = _mm512_cmp_ps_mask(m, _mm512_set1_ps(TN_SQRTHF), _CMP_LT_OQ);
+    e = _mm512_sub_ps(e, _mm512_maskz_mov_ps(small, _mm512_set1_ps(1.0f)));
+    m = _mm512_sub_ps(_mm512_add_ps(m, _mm512_maskz_mov_ps(small, m)), _mm512_set1_ps(1.0f));
+    __m512 z = _mm512_mul_ps(m, m);
+    __m512 p = _mm512_set1_ps(TN_LOG_P0);
+    p = _mm512_fmadd_ps(p, m, _mm512_set1_ps(TN_LOG_P1));
+    p = _mm512_fmadd_ps(p, m, _mm512_set1_ps(TN_LOG_P2));
+    p = _mm512_fmadd_ps(p, m, _mm512_set1_ps(TN_LOG_P3));
+    p = _mm512_fmadd_ps(p, m, _mm512_set1_ps(TN_LOG_P4));
+    p = _mm512_fmadd_ps(p, m, _mm512_set1_ps(TN_LOG_P5));
+    p = _mm512_fmadd_ps(p, m, _mm512_set1_ps(TN_LOG_P6));
+    p = _mm512_fmadd_ps(p, m, _mm512_set1_ps(TN_LOG_P7));
+    p = _mm512_fmadd_ps(p, m, _mm512_set1_ps(TN_LOG_P8));
+    __m512 y = _mm512_mul_ps(_mm512_mul_ps(p, m), z);
+    y = _mm512_fmadd_ps(e, _mm512_set1_ps(TN_LN2_LO), y);
+    y = _mm512_fmadd_ps(z, _mm512_set1_ps(-0.5f), y);
+    __m512 r = _mm512_fmadd_ps(e, _mm512_set1_ps(TN_LN2_HI), _mm512_add_ps(m, y));
+    r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(x, _mm512_set1_ps(INFINITY), _CMP_EQ_OQ), x);
+    r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(x, zero, _CMP_EQ_OQ), _mm512_set1_ps(-INFINITY));
+    r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(x, zero, _CMP_LT_OQ), _mm512_set1_ps(NAN));
+    return _mm512_mask_add_ps(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x, x);
+}
+
+/* Horizontal sum in the same fixed tree as tn_avx2_hsum applied to (lo256 + hi256). */
+static inline float tn_avx512_hsum(__m512 v)
+{
+    __m256 s = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
+}
+
+static inline float tn_avx512_hmax(__m512 v)
+{
+    return _mm512_reduce_max_ps(v);
+}
+
+#endif

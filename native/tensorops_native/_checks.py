@@ -1,0 +1,167 @@
+"""Argument validation shared by every operation.
+
+Nothing reaches C without passing through here. Each failure raises TypeError (wrong kind
+or dtype) or ValueError (wrong value or shape) whose message starts with the argument's
+name, so callers (and the gRPC server) can tell which field was wrong.
+
+Tensors that are not C-contiguous, or not in native byte order, are copied once into a
+contiguous native array; inputs are never modified.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Iterable
+
+import ml_dtypes
+import numpy as np
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+FORMATS = {"nchw": 0, "nhwc": 1}
+FORMAT_NAMES = {v: k for k, v in FORMATS.items()}
+
+
+class ArgumentError(ValueError):
+    """A bad value; ``argument`` names the offending argument."""
+
+    def __init__(self, argument: str, message: str):
+        super().__init__(f"{argument}: {message}")
+        self.argument = argument
+
+
+class ArgumentTypeError(TypeError):
+    """A bad type or dtype; ``argument`` names the offending argument."""
+
+    def __init__(self, argument: str, message: str):
+        super().__init__(f"{argument}: {message}")
+        self.argument = argument
+
+
+def _as_array(value, name: str) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        return value
+    try:
+        arr = np.asarray(value)
+    except Exception as exc:  # ragged lists and similar
+        raise ArgumentTypeError(name, f"expected an array, got {type(value).__name__} ({exc})") from None
+    if arr.dtype == object:
+        raise ArgumentTypeError(name, f"expected a numeric array, got {type(value).__name__}")
+    return arr
+
+
+def _native_contiguous(arr: np.ndarray) -> np.ndarray:
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    return np.ascontiguousarray(arr)
+
+
+def f32_tensor(value, name: str) -> np.ndarray:
+    """A float32 tensor, C-contiguous, native byte order."""
+    arr = _as_array(value, name)
+    if arr.dtype.kind != "f" or arr.dtype.itemsize != 4:
+        raise ArgumentTypeError(name, f"expected a float32 array, got dtype {arr.dtype}")
+    return _native_contiguous(arr)
+
+
+def bf16_tensor(value, name: str) -> np.ndarray:
+    """A BF16 tensor (ml_dtypes.bfloat16, or uint16 holding BF16 bits), contiguous."""
+    arr = _as_array(value, name)
+    if arr.dtype != BF16 and not (arr.dtype.kind == "u" and arr.dtype.itemsize == 2):
+        raise ArgumentTypeError(name, f"expected a bfloat16 array (ml_dtypes.bfloat16 or uint16 bits), got dtype {arr.dtype}")
+    return _native_contiguous(arr)
+
+
+def is_bf16(value) -> bool:
+    dtype = getattr(value, "dtype", None)
+    return dtype is not None and (dtype == BF16 or (dtype.kind == "u" and dtype.itemsize == 2))
+
+
+def bits16(arr: np.ndarray) -> np.ndarray:
+    """The uint16 view of a BF16 array, for C."""
+    return arr.view(np.uint16)
+
+
+def f32_params(value, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Per-channel (or similar) float parameters: any real array-like of exactly `shape`,
+    converted to contiguous float32."""
+    arr = _as_array(value, name)
+    if arr.dtype.kind not in "fiu":
+        raise ArgumentTypeError(name, f"expected real numbers, got dtype {arr.dtype}")
+    if tuple(arr.shape) != tuple(shape):
+        expected = shape[0] if len(shape) == 1 else shape
+        raise ArgumentError(name, f"expected shape {tuple(shape)} ({expected} values), got shape {tuple(arr.shape)}")
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def finite_float(value, name: str, *, minimum: float | None = None) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise ArgumentTypeError(name, f"expected a real number, got {type(value).__name__}")
+    result = float(value)
+    if not math.isfinite(result):
+        raise ArgumentError(name, f"must be finite, got {result}")
+    if minimum is not None and result < minimum:
+        raise ArgumentError(name, f"must be >= {minimum}, got {result}")
+    if not math.isfinite(float(np.float32(result))):
+        raise ArgumentError(name, f"must fit in float32, got {result}")
+    return result
+
+
+def integer(value, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise ArgumentTypeError(name, f"expected an integer, got {type(value).__name__}")
+    result = int(value)
+    if minimum is not None and result < minimum:
+        raise ArgumentError(name, f"must be >= {minimum}, got {result}")
+    if maximum is not None and result > maximum:
+        raise ArgumentError(name, f"must be <= {maximum}, got {result}")
+    return result
+
+
+def boolean(value, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ArgumentTypeError(name, f"expected a bool, got {type(value).__name__}")
+    return bool(value)
+
+
+def choice(value, name: str, names: dict[str, int]) -> int:
+    """An enumeration given by (case-insensitive) name or by its integer value."""
+    if isinstance(value, str):
+        key = value.lower()
+        if key in names:
+            return names[key]
+    elif isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
+        if int(value) in names.values():
+            return int(value)
+    allowed = ", ".join(f"'{k}' ({v})" for k, v in names.items())
+    raise ArgumentError(name, f"expected one of {allowed}, got {value!r}")
+
+
+def tensor_format(value) -> int:
+    return choice(value, "format", FORMATS)
+
+
+def image_dims(arr: np.ndarray, name: str, fmt: int) -> tuple[int, int, int]:
+    """(batch, channels, spatial) of an image tensor: NCHW is (batch, channels, *spatial),
+    NHWC is (batch, *spatial, channels)."""
+    if arr.ndim < 2:
+        layout = "(batch, channels, *spatial)" if fmt == 0 else "(batch, *spatial, channels)"
+        raise ArgumentError(name, f"expected at least 2 dimensions {layout} for format '{FORMAT_NAMES[fmt]}', got shape {arr.shape}")
+    batch = arr.shape[0]
+    if fmt == 0:
+        channels, spatial_dims = arr.shape[1], arr.shape[2:]
+    else:
+        channels, spatial_dims = arr.shape[-1], arr.shape[1:-1]
+    return batch, channels, math.prod(spatial_dims)
+
+
+def axis_index(axis, ndim: int, name: str = "axis") -> int:
+    value = integer(axis, name)
+    if not -ndim <= value < ndim:
+        raise ArgumentError(name, f"out of range for an array of {ndim} dimensions, got {value}")
+    return value % ndim
+
+
+def sequence(value, name: str) -> list:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ArgumentTypeError(name, f"expected a sequence, got {type(value).__name__}")
+    return list(value)

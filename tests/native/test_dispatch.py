@@ -1,0 +1,50 @@
+"""The dispatcher: ISA level, cap by TENSOROPS_ISA, kernel report."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import tensorops_native as tn
+
+
+def test_isa_is_one_of_three_words():
+    assert tn.isa() in ("scalar", "avx2", "avx512")
+    assert tn.info()["isa"] == tn.isa()
+
+
+def test_cap_from_environment_is_respected():
+    requested = os.environ.get("TENSOROPS_ISA")
+    order = ("scalar", "avx2", "avx512")
+    if requested:
+        assert order.index(tn.isa()) <= order.index(requested)
+
+
+def test_every_kernel_resolves_at_or_below_active_level():
+    order = ("scalar", "avx2", "avx512")
+    report = tn.kernels()
+    assert report, "the kernel list is empty"
+    for name, level in report.items():
+        assert level != "missing", f"{name} has no implementation"
+        assert order.index(level) <= order.index(tn.isa()), name
+
+
+@pytest.mark.parametrize("level", ["scalar", "avx2", "avx512"])
+def test_each_level_can_be_forced(level):
+    code = "import tensorops_native as t; print(t.isa(), set(t.kernels().values()))"
+    env = dict(os.environ, TENSOROPS_ISA=level)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    active, kernels = out.split(" ", 1)
+    supported = subprocess.run([sys.executable, "-c", "import tensorops_native as t; print(t.isa())"],
+                               env={k: v for k, v in os.environ.items() if k != "TENSOROPS_ISA"},
+                               capture_output=True, text=True, check=True).stdout.strip()
+    order = ("scalar", "avx2", "avx512")
+    assert active == order[min(order.index(level), order.index(supported))]
+    assert kernels.strip() == repr({active})
+
+
+def test_unknown_isa_value_is_refused():
+    env = dict(os.environ, TENSOROPS_ISA="sse9")
+    proc = subprocess.run([sys.executable, "-c", "import tensorops_native"], env=env, capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "TENSOROPS_ISA" in proc.stderr and "sse9" in proc.stderr
