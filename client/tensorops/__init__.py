@@ -1,0 +1,33 @@
+"""tensorops: the NumPy client of the tensorops gRPC service.
+
+    from tensorops import Client
+    with Client("localhost:50051") as c:
+        y = c.layer_norm_channels(x, scale, shift, eps=1e-5, format="nhwc")
+
+`tensorops.aio.Client` is the asyncio twin and `LocalClient` runs the same methods
+in-process through tensorops_native. Failures raise TensorOpsError subclasses, one per
+gRPC status code (InvalidArgumentError names the offending field).
+"""
+from ._client import Client, QuantizedInnerProductSession, SessionClosedError
+from ._errors import (
+    CancelledError,
+    DeadlineExceededError,
+    FieldViolation,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+    TensorOpsError,
+    UnauthenticatedError,
+    UnavailableError,
+    UnimplementedError,
+)
+from ._local import LocalClient
+
+__all__ = [
+    "CancelledError", "Client", "DeadlineExceededError", "FieldViolation", "InternalError",
+    "InvalidArgumentError", "LocalClient", "NotFoundError", "PermissionDeniedError",
+    "QuantizedInnerProductSession", "ResourceExhaustedError", "SessionClosedError", "TensorOpsError",
+    "UnauthenticatedError", "UnavailableError", "UnimplementedError",
+]

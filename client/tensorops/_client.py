@@ -1,0 +1,266 @@
+"""The blocking client and its quantized inner-product session."""
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import grpc
+
+from . import _wire
+from ._codec import WireError
+from ._errors import NotFoundError, TensorOpsError, from_rpc_error, invalid_argument
+from ._operations import Operations
+from .v1 import tensorops_pb2
+
+DEFAULT_TARGET = "localhost:50051"
+
+
+def retry_service_config(max_attempts: int) -> str:
+    """gRPC service config retrying UNAVAILABLE (server restarting, draining, unreachable)
+    with exponential backoff. Every operation is a pure function, so a retry is safe."""
+    method_config: dict[str, Any] = {"name": [{"service": _wire.SERVICE_NAME}]}
+    if max_attempts > 1:
+        method_config["retryPolicy"] = {
+            "maxAttempts": max_attempts,
+            "initialBackoff": "0.05s",
+            "maxBackoff": "2s",
+            "backoffMultiplier": 2,
+            "retryableStatusCodes": ["UNAVAILABLE"],
+        }
+    return json.dumps({"methodConfig": [method_config]})
+
+
+def channel_options(max_message_bytes: int, max_attempts: int, options=()) -> list[tuple[str, Any]]:
+    base = [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.enable_retries", 1 if max_attempts > 1 else 0),
+        ("grpc.service_config", retry_service_config(max_attempts)),
+        # A retry resends the request from this buffer; let it hold the largest message.
+        ("grpc.per_rpc_retry_buffer_size", max_message_bytes),
+    ]
+    given = dict(options)
+    return [(k, v) for k, v in base if k not in given] + list(given.items())
+
+
+def merge_metadata(default, call) -> tuple | None:
+    merged = tuple(default or ()) + tuple(call or ())
+    return merged or None
+
+
+def encode(op: _wire.Operation, arguments: dict) -> _wire.Request:
+    try:
+        return _wire.build_request(op, arguments)
+    except WireError as exc:
+        raise invalid_argument(exc.field, exc.message) from None
+
+
+class ClientBase(Operations):
+    """What the blocking and the asyncio clients share: configuration and encoding."""
+
+    def __init__(self, target: str = DEFAULT_TARGET, *, timeout: float | None = None, metadata=None,
+                 credentials: grpc.ChannelCredentials | None = None,
+                 max_message_bytes: int = _wire.DEFAULT_MAX_MESSAGE_BYTES, max_attempts: int = 4, options=()):
+        self.target = target
+        self.timeout = timeout
+        self.metadata = tuple(metadata or ())
+        self._options = channel_options(max_message_bytes, max_attempts, options)
+        self._credentials = credentials
+        self._callables: dict[str, Any] = {}
+
+    def _method(self, path: str):
+        fn = self._callables.get(path)
+        if fn is None:  # bytes in, bytes out: the codec does the (de)serialization
+            fn = self._callables[path] = self._channel.unary_unary(path, _registered_method=True)
+        return fn
+
+    def _call_options(self, timeout, metadata) -> dict:
+        return {"timeout": self.timeout if timeout is None else timeout,
+                "metadata": merge_metadata(self.metadata, metadata)}
+
+
+class Client(ClientBase):
+    """Blocking client: `Client("localhost:50051")`, one method per operation (NumPy in,
+    NumPy out), per-call `timeout` and `metadata`, errors as TensorOpsError subclasses.
+    Thread-safe; use it as a context manager or call close()."""
+
+    def __init__(self, target: str = DEFAULT_TARGET, **kwargs):
+        super().__init__(target, **kwargs)
+        if self._credentials is None:
+            self._channel = grpc.insecure_channel(target, options=self._options)
+        else:
+            self._channel = grpc.secure_channel(target, self._credentials, options=self._options)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _invoke(self, path: str, data: bytes, timeout=None, metadata=None) -> bytes:
+        try:
+            return self._method(path)(data, **self._call_options(timeout, metadata))
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+
+    def _call(self, name: str, arguments: dict, timeout, metadata):
+        op = _wire.OPERATIONS[name]
+        request = encode(op, arguments)
+        raw = self._invoke(op.path, request.data, timeout, metadata)
+        return _wire.decode_response(op, raw, request.bf16_bits)
+
+    def _open_session(self, arguments: dict, timeout, metadata) -> "QuantizedInnerProductSession":
+        return QuantizedInnerProductSession(self, encode(_wire.CREATE_SESSION, arguments).data, timeout, metadata)
+
+    def info(self, *, timeout=None, metadata=None) -> dict:
+        """The server's version, ISA level, CPU features, kernels, limits and operations."""
+        raw = self._invoke(_wire.method_path("GetServerInfo"), b"", timeout, metadata)
+        return server_info(tensorops_pb2.ServerInfo.FromString(raw))
+
+    def list_sessions(self, *, timeout=None, metadata=None) -> list[dict]:
+        raw = self._invoke(_wire.method_path("ListSessions"), b"", timeout, metadata)
+        return [session_info(s) for s in tensorops_pb2.ListSessionsResponse.FromString(raw).sessions]
+
+
+def server_info(msg) -> dict:
+    limits = msg.limits
+    return {
+        "version": msg.version, "isa": msg.isa, "cpu_features": list(msg.cpu_features),
+        "kernels": dict(msg.kernels), "operations": list(msg.operations), "workers": msg.workers,
+        "limits": {"max_message_bytes": limits.max_message_bytes, "max_tensor_bytes": limits.max_tensor_bytes,
+                   "max_ndim": limits.max_ndim, "max_sessions": limits.max_sessions,
+                   "max_session_bytes": limits.max_session_bytes,
+                   "session_ttl_seconds": limits.session_ttl_seconds},
+    }
+
+
+def session_info(msg) -> dict:
+    return {f.name: getattr(msg, f.name) for f in msg.DESCRIPTOR.fields}
+
+
+class SessionClosedError(TensorOpsError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class SessionBase:
+    """State shared by the blocking and asyncio sessions. The server's session id is the
+    only handle; the parameters are kept (as the encoded create request) so the session
+    can be re-created when the server no longer has it."""
+
+    def __init__(self, client, create_request: bytes):
+        self._client = client
+        self._create_request = create_request
+        self._info = None
+        self._closed = False
+
+    @property
+    def session_id(self) -> str:
+        return self._info.session_id
+
+    @property
+    def info(self) -> str:
+        """The implementation the server selected (ISA and algorithm)."""
+        return self._info.info
+
+    @property
+    def internal_buffer_size(self) -> int:
+        return self._info.internal_buffer_size
+
+    @property
+    def recreated(self) -> int:
+        """How many times the session was re-created after the server lost it."""
+        return self._recreated
+
+    _recreated = 0
+
+    def _check_open(self):
+        if self._closed:
+            raise SessionClosedError("the quantized inner-product session is closed")
+
+    def _forward_request(self, a) -> _wire.Request:
+        return encode(_wire.FORWARD_SESSION, {"session_id": self._info.session_id, "a": a})
+
+    @staticmethod
+    def _describe_request(session_id: str, m) -> bytes:
+        request = tensorops_pb2.DescribeSessionRequest(session_id=session_id)
+        if m is not None:
+            request.m = m
+        return request.SerializeToString()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else self._info.session_id if self._info else "new"
+        return f"<{type(self).__name__} {state}>"
+
+
+class QuantizedInnerProductSession(SessionBase):
+    """A quantized inner-product context on the server (the remote twin of
+    tensorops_native.QuantizedInnerProduct). If the server answers NOT_FOUND (restart,
+    eviction, another replica), the session re-creates itself and retries the call once.
+    Thread-safe."""
+
+    def __init__(self, client: Client, create_request: bytes, timeout=None, metadata=None):
+        super().__init__(client, create_request)
+        self._lock = threading.Lock()
+        self._create(timeout, metadata)
+
+    def _create(self, timeout, metadata) -> None:
+        raw = self._client._invoke(_wire.CREATE_SESSION.path, self._create_request, timeout, metadata)
+        self._info = tensorops_pb2.SessionInfo.FromString(raw)
+
+    def _recreate(self, lost_id: str, timeout, metadata) -> None:
+        with self._lock:
+            if self._info.session_id == lost_id:  # another thread may have done it already
+                self._create(timeout, metadata)
+                self._recreated += 1
+
+    def _retrying(self, call, timeout, metadata):
+        self._check_open()
+        session_id = self._info.session_id
+        try:
+            return call()
+        except NotFoundError:
+            self._recreate(session_id, timeout, metadata)
+            return call()
+
+    def forward(self, a, *, timeout=None, metadata=None):
+        """C = requantized A x B for a uint8 (M, K) array A; any M."""
+        op = _wire.FORWARD_SESSION
+
+        def call():
+            request = self._forward_request(a)
+            raw = self._client._invoke(op.path, request.data, timeout, metadata)
+            return _wire.decode_response(op, raw)
+        return self._retrying(call, timeout, metadata)
+
+    def describe(self, m: int | None = None, *, timeout=None, metadata=None) -> dict:
+        """The server's description of the session (sizes, use count, idle time)."""
+        def call():
+            raw = self._client._invoke(_wire.method_path("DescribeSession"),
+                                       self._describe_request(self._info.session_id, m), timeout, metadata)
+            return session_info(tensorops_pb2.SessionInfo.FromString(raw))
+        return self._retrying(call, timeout, metadata)
+
+    def external_buffer_size_for(self, m: int, *, timeout=None, metadata=None) -> int:
+        """Scratch bytes the server needs for a forward of `m` rows."""
+        return self.describe(m, timeout=timeout, metadata=metadata)["external_buffer_size"]
+
+    def close(self, *, timeout=None, metadata=None) -> None:
+        """Release the session on the server (an unknown session counts as released)."""
+        if self._closed:
+            return
+        self._closed = True
+        request = tensorops_pb2.ReleaseSessionRequest(session_id=self._info.session_id).SerializeToString()
+        try:
+            self._client._invoke(_wire.method_path("ReleaseSession"), request, timeout, metadata)
+        except NotFoundError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

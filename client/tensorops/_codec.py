@@ -1,0 +1,328 @@
+"""NumPy arrays <-> tensorops.v1 messages, shared by the client and the server.
+
+Messages are standard protobuf (any gRPC client can speak to the server), but the Tensor
+payloads bypass the protobuf runtime, which copies large `bytes` fields several times:
+
+- decoding walks the serialized message, takes each Tensor's `data` as a memoryview of the
+  received bytes and wraps it with np.frombuffer (no copy); the other fields go through the
+  protobuf runtime as usual;
+- encoding writes the other fields with the protobuf runtime and appends each Tensor field
+  by hand, so an array's memory is copied once, straight into the outgoing message. A
+  Tensor's payload starts 16-byte aligned within the message (padded with the unknown field
+  15 of Tensor, which every protobuf parser skips), so the receiving side can use it in
+  place.
+
+The codec validates the wire form of every tensor (known dtype, non-negative dimensions,
+payload length equal to shape x element size, size limits) and names the offending field
+("x.data", "inputs[1].shape"). Checking what an operation accepts is not its business.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from .v1 import tensor_pb2
+
+MAX_NDIM = 32
+ALIGNMENT = 16
+
+# Wire dtype <-> NumPy dtype. uint16 arrays travel as BF16 (API.md: uint16 holds BF16 bits).
+_WIRE_DTYPES = {
+    tensor_pb2.DATA_TYPE_FP32: np.dtype(np.float32),
+    tensor_pb2.DATA_TYPE_BF16: np.dtype(ml_dtypes.bfloat16),
+    tensor_pb2.DATA_TYPE_FP16: np.dtype(np.float16),
+    tensor_pb2.DATA_TYPE_UINT8: np.dtype(np.uint8),
+    tensor_pb2.DATA_TYPE_INT8: np.dtype(np.int8),
+    tensor_pb2.DATA_TYPE_INT32: np.dtype(np.int32),
+    tensor_pb2.DATA_TYPE_FP64: np.dtype(np.float64),
+    tensor_pb2.DATA_TYPE_INT64: np.dtype(np.int64),
+}
+_DTYPE_TO_WIRE = {dt: code for code, dt in _WIRE_DTYPES.items()}
+_DTYPE_TO_WIRE[np.dtype(np.uint16)] = tensor_pb2.DATA_TYPE_BF16
+
+FORMAT_NAMES = {tensor_pb2.FORMAT_NCHW: "nchw", tensor_pb2.FORMAT_NHWC: "nhwc"}
+FORMATS = {name: code for code, name in FORMAT_NAMES.items()}
+
+INVALID_ARGUMENT = "INVALID_ARGUMENT"
+RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+
+
+class WireError(Exception):
+    """A tensor or message that cannot be decoded or encoded. `code` is the gRPC status
+    name it maps to, `field` the offending field."""
+
+    def __init__(self, field: str, message: str, code: str = INVALID_ARGUMENT):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+        self.code = code
+
+
+def wire_dtype_names() -> list[str]:
+    return [tensor_pb2.DataType.Name(code)[len("DATA_TYPE_"):].lower() for code in _WIRE_DTYPES]
+
+
+# ---------------------------------------------------------------------------------------
+# Arrays
+
+@dataclass
+class WireTensor:
+    """A Tensor as received: payload not yet interpreted."""
+    shape: list[int] = field(default_factory=list)
+    dtype: int = 0
+    format: int = 0
+    data: Any = b""
+
+
+def to_array(t: WireTensor, name: str, *, max_bytes: int | None = None) -> np.ndarray:
+    """Validate a received tensor and view it as an array (read-only, no copy unless the
+    payload is misaligned for its element type)."""
+    dtype = _WIRE_DTYPES.get(t.dtype)
+    if dtype is None:
+        allowed = ", ".join(tensor_pb2.DataType.Name(c) for c in _WIRE_DTYPES)
+        raise WireError(f"{name}.dtype", f"expected one of {allowed}, got {t.dtype}")
+    if len(t.shape) > MAX_NDIM:
+        raise WireError(f"{name}.shape", f"at most {MAX_NDIM} dimensions, got {len(t.shape)}")
+    for dim in t.shape:
+        if dim < 0:
+            raise WireError(f"{name}.shape", f"dimensions must be non-negative, got {list(t.shape)}")
+    nbytes = math.prod(t.shape) * dtype.itemsize
+    if max_bytes is not None and nbytes > max_bytes:
+        raise WireError(name, f"{nbytes} bytes exceed the limit of {max_bytes} bytes per tensor",
+                        RESOURCE_EXHAUSTED)
+    if len(t.data) != nbytes:
+        raise WireError(f"{name}.data", f"expected {nbytes} bytes for shape {list(t.shape)} of "
+                        f"{tensor_pb2.DataType.Name(t.dtype)}, got {len(t.data)}")
+    try:
+        arr = np.frombuffer(t.data, dtype).reshape(t.shape)
+    except ValueError as exc:  # dimensions numpy cannot represent
+        raise WireError(f"{name}.shape", str(exc)) from None
+    if not arr.flags.aligned:
+        arr = arr.copy()
+    return arr
+
+
+def wire_array(value, name: str) -> tuple[np.ndarray, int]:
+    """An array in wire form (C-contiguous, little-endian) and its wire dtype."""
+    arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+    dtype = arr.dtype
+    if dtype.byteorder == ">":
+        dtype = dtype.newbyteorder("<")
+        arr = arr.astype(dtype)
+    code = _DTYPE_TO_WIRE.get(dtype)
+    if code is None:
+        raise WireError(name, f"dtype {arr.dtype} cannot be sent; supported: {', '.join(wire_dtype_names())} "
+                        "(and uint16 holding BF16 bits)")
+    return (arr if arr.flags.c_contiguous else arr.copy(order="C")), code
+
+
+def from_array(value, name: str = "tensor", *, format: int = 0) -> tensor_pb2.Tensor:
+    """A protobuf Tensor holding a copy of the array (for callers that want messages; the
+    RPC paths use MessageCodec, which avoids the intermediate copies)."""
+    arr, code = wire_array(value, name)
+    return tensor_pb2.Tensor(shape=arr.shape, dtype=code, format=format, data=_payload(arr).tobytes())
+
+
+def _payload(arr: np.ndarray) -> memoryview:
+    return memoryview(arr.reshape(-1).view(np.uint8))
+
+
+# ---------------------------------------------------------------------------------------
+# Protobuf wire format (https://protobuf.dev/programming-guides/encoding/)
+
+_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
+_T_SHAPE, _T_DTYPE, _T_FORMAT, _T_DATA, _T_PAD = 1, 2, 3, 4, 15
+
+
+def _varint(value: int) -> bytes:
+    if value < 0:
+        value += 1 << 64
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _tag(number: int, wire_type: int) -> bytes:
+    return _varint((number << 3) | wire_type)
+
+
+def _read_varint(buf, pos: int, end: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= end or shift > 63:
+            raise WireError("message", "malformed varint")
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result & ((1 << 64) - 1), pos
+        shift += 7
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _skip(buf, pos: int, end: int, wire_type: int) -> int:
+    if wire_type == _VARINT:
+        return _read_varint(buf, pos, end)[1]
+    if wire_type == _I64:
+        pos += 8
+    elif wire_type == _I32:
+        pos += 4
+    elif wire_type == _LEN:
+        length, pos = _read_varint(buf, pos, end)
+        pos += length
+    else:
+        raise WireError("message", f"unsupported wire type {wire_type}")
+    if pos > end:
+        raise WireError("message", "truncated message")
+    return pos
+
+
+def _fields(buf, pos: int, end: int):
+    """(number, wire type, start of the field, start of its value, end of the field)."""
+    while pos < end:
+        start = pos
+        key, pos = _read_varint(buf, pos, end)
+        number, wire_type = key >> 3, key & 7
+        if wire_type == _LEN:
+            length, value = _read_varint(buf, pos, end)
+            pos = value + length
+            if pos > end:
+                raise WireError("message", "truncated message")
+        else:
+            value = pos
+            pos = _skip(buf, pos, end, wire_type)
+        yield number, wire_type, start, value, pos
+
+
+def _parse_tensor(view: memoryview, pos: int, end: int, into: WireTensor | None = None) -> WireTensor:
+    t = into or WireTensor()  # a repeated occurrence of a singular field merges, as in protobuf
+    for number, wire_type, _, value, stop in _fields(view, pos, end):
+        if number == _T_SHAPE:
+            if wire_type == _LEN:  # packed
+                p = value
+                while p < stop:
+                    dim, p = _read_varint(view, p, stop)
+                    t.shape.append(_signed(dim))
+            elif wire_type == _VARINT:
+                t.shape.append(_signed(_read_varint(view, value, stop)[0]))
+        elif number == _T_DTYPE and wire_type == _VARINT:
+            t.dtype = _signed(_read_varint(view, value, stop)[0])
+        elif number == _T_FORMAT and wire_type == _VARINT:
+            t.format = _signed(_read_varint(view, value, stop)[0])
+        elif number == _T_DATA and wire_type == _LEN:
+            t.data = view[value:stop]
+    return t
+
+
+def _tensor_fields(arr: np.ndarray, code: int, fmt: int, number: int, offset: int) -> list:
+    """The parts of one Tensor field whose first byte lands at `offset` in the message,
+    padded so the payload starts ALIGNMENT-aligned."""
+    head = bytearray()
+    if arr.ndim:
+        dims = b"".join(_varint(d) for d in arr.shape)
+        head += _tag(_T_SHAPE, _LEN) + _varint(len(dims)) + dims
+    if code:
+        head += _tag(_T_DTYPE, _VARINT) + _varint(code)
+    if fmt:
+        head += _tag(_T_FORMAT, _VARINT) + _varint(fmt)
+    nbytes = arr.nbytes
+    data_key = _tag(_T_DATA, _LEN) + _varint(nbytes)
+    tag = _tag(number, _LEN)
+    fixed = len(head) + len(data_key) + nbytes
+    pad = b""
+    # The padding depends on the size of the body length's varint, which depends on the
+    # padding: take the first varint size that is consistent (else leave it unaligned).
+    for size, extra in ((s, e) for s in range(1, 11) for e in (0, ALIGNMENT)):
+        misalign = (offset + len(tag) + size + len(head) + len(data_key)) % ALIGNMENT
+        want = (-misalign) % ALIGNMENT + extra
+        if want == 1:
+            want += ALIGNMENT  # the smallest padding field is 2 bytes
+        candidate = b"" if want == 0 else _tag(_T_PAD, _LEN) + _varint(want - 2) + bytes(want - 2)
+        if len(candidate) == want and len(_varint(fixed + want)) == size:
+            pad = candidate
+            break
+    body = fixed + len(pad)
+    parts = [tag + _varint(body) + bytes(head) + pad + data_key]
+    if nbytes:
+        parts.append(_payload(arr))
+    return parts
+
+
+# ---------------------------------------------------------------------------------------
+# Messages
+
+@dataclass
+class Decoded:
+    """A received message: `message` holds every field except the Tensor ones, which are
+    in `tensors` by field name (a list for repeated fields)."""
+    message: Any
+    tensors: dict[str, Any]
+    nbytes: int = 0
+
+
+class MessageCodec:
+    """Serializer and deserializer of one message type whose Tensor fields (singular or
+    repeated, at the top level) are handled without the protobuf runtime."""
+
+    def __init__(self, message_class):
+        self.message_class = message_class
+        self.tensor_fields = {}  # number -> (name, repeated)
+        for f in message_class.DESCRIPTOR.fields:
+            if f.message_type is not None and f.message_type.full_name == tensor_pb2.Tensor.DESCRIPTOR.full_name:
+                self.tensor_fields[f.number] = (f.name, f.is_repeated)
+        self.numbers = {name: number for number, (name, _) in self.tensor_fields.items()}
+        self.repeated = {name for name, rep in self.tensor_fields.values() if rep}
+
+    def decode(self, raw: bytes) -> Decoded:
+        view = memoryview(raw)
+        tensors: dict[str, Any] = {name: [] for name in self.repeated}
+        rest = []
+        for number, wire_type, start, value, stop in _fields(view, 0, len(view)):
+            spec = self.tensor_fields.get(number)
+            if spec is None or wire_type != _LEN:
+                rest.append(view[start:stop])
+                continue
+            name, repeated = spec
+            if repeated:
+                tensors[name].append(_parse_tensor(view, value, stop))
+            else:
+                tensors[name] = _parse_tensor(view, value, stop, tensors.get(name))
+        message = self.message_class()
+        if rest:
+            try:
+                message.ParseFromString(b"".join(rest))
+            except Exception as exc:  # google.protobuf.message.DecodeError
+                raise WireError("message", f"cannot parse {self.message_class.DESCRIPTOR.name}: {exc}") from None
+        return Decoded(message, tensors, len(raw))
+
+    def encode(self, message=None, tensors: dict[str, Any] | None = None) -> bytes:
+        """`tensors` maps field names to (array in wire form, wire dtype, format) triples,
+        or lists of them for repeated fields."""
+        head = message.SerializeToString() if message is not None else b""
+        if not tensors:
+            return head
+        parts: list = [head]
+        offset = len(head)
+        for name, value in tensors.items():
+            number = self.numbers[name]
+            for arr, code, fmt in (value if name in self.repeated else (value,)):
+                field_parts = _tensor_fields(arr, code, fmt, number, offset)
+                offset += sum(len(p) if isinstance(p, bytes) else p.nbytes for p in field_parts)
+                parts.extend(field_parts)
+        return b"".join(parts)
+
+
+def encode_tensor(value, name: str, fmt: int = 0) -> tuple[np.ndarray, int, int]:
+    """The (array, wire dtype, format) triple MessageCodec.encode takes."""
+    arr, code = wire_array(value, name)
+    return arr, code, fmt

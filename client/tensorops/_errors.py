@@ -1,0 +1,127 @@
+"""One exception hierarchy for every failure of a tensorops call, remote or local.
+
+Each gRPC status code maps to one class; all derive from TensorOpsError, and the common
+ones also from the matching built-in exception (InvalidArgumentError is a ValueError,
+DeadlineExceededError a TimeoutError, ...), so code written against the in-process
+library keeps working. INVALID_ARGUMENT errors carry the google.rpc.BadRequest field
+violations the server sent: `err.field` names the offending argument (e.g. "x",
+"inputs[1].data") and `err.field_violations` lists them all.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+
+_DETAILS_KEY = "grpc-status-details-bin"
+
+
+@dataclass(frozen=True)
+class FieldViolation:
+    field: str
+    description: str
+
+
+class TensorOpsError(Exception):
+    """A failed call. `code` is the grpc.StatusCode, `details` the server's message."""
+
+    code = grpc.StatusCode.UNKNOWN
+
+    def __init__(self, details: str, *, code: grpc.StatusCode | None = None,
+                 field_violations: tuple[FieldViolation, ...] = (), trailing_metadata=None):
+        super().__init__(details)
+        if code is not None:
+            self.code = code
+        self.details = details
+        self.field_violations = tuple(field_violations)
+        self.trailing_metadata = trailing_metadata
+
+    @property
+    def field(self) -> str | None:
+        """The first offending field, if the server named one."""
+        return self.field_violations[0].field if self.field_violations else None
+
+    def __str__(self) -> str:
+        return f"{self.code.name}: {self.details}"
+
+
+class InvalidArgumentError(TensorOpsError, ValueError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFoundError(TensorOpsError, LookupError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class ResourceExhaustedError(TensorOpsError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class DeadlineExceededError(TensorOpsError, TimeoutError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class CancelledError(TensorOpsError):
+    code = grpc.StatusCode.CANCELLED
+
+
+class UnavailableError(TensorOpsError, ConnectionError):
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class UnauthenticatedError(TensorOpsError, PermissionError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDeniedError(TensorOpsError, PermissionError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class UnimplementedError(TensorOpsError, NotImplementedError):
+    code = grpc.StatusCode.UNIMPLEMENTED
+
+
+class InternalError(TensorOpsError):
+    code = grpc.StatusCode.INTERNAL
+
+
+_BY_CODE = {cls.code: cls for cls in (
+    InvalidArgumentError, NotFoundError, ResourceExhaustedError, DeadlineExceededError,
+    CancelledError, UnavailableError, UnauthenticatedError, PermissionDeniedError,
+    UnimplementedError, InternalError)}
+
+
+def error_for(code: grpc.StatusCode, details: str, field_violations=(), trailing_metadata=None) -> TensorOpsError:
+    cls = _BY_CODE.get(code, TensorOpsError)
+    return cls(details, code=code, field_violations=field_violations, trailing_metadata=trailing_metadata)
+
+
+def _field_violations(trailing_metadata) -> tuple[FieldViolation, ...]:
+    for key, value in trailing_metadata or ():
+        if key != _DETAILS_KEY:
+            continue
+        from google.rpc import error_details_pb2, status_pb2
+
+        status = status_pb2.Status.FromString(value)
+        violations = []
+        for detail in status.details:
+            if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+                bad = error_details_pb2.BadRequest()
+                detail.Unpack(bad)
+                violations.extend(FieldViolation(v.field, v.description) for v in bad.field_violations)
+        return tuple(violations)
+    return ()
+
+
+def from_rpc_error(exc: grpc.RpcError) -> TensorOpsError:
+    """The TensorOpsError for a failed call (grpc.RpcError or grpc.aio.AioRpcError)."""
+    code, details = exc.code(), exc.details() or ""
+    metadata = exc.trailing_metadata()
+    return error_for(code, details, _field_violations(metadata), metadata)
+
+
+def invalid_argument(field: str, description: str) -> InvalidArgumentError:
+    """The error a call raises before sending anything, for an argument it cannot encode
+    (the server would have named the same field)."""
+    return InvalidArgumentError(f"{field}: {description}",
+                                field_violations=(FieldViolation(field, description),))

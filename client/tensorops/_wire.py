@@ -1,0 +1,219 @@
+"""The operations as RPCs: which method serves each Python function, and how call arguments
+become a request message (and a response message becomes the result).
+
+Shared by the client and the server. The mapping is generic: a request field has the name
+of the Python argument it carries. Tensor fields hold arrays; enum fields hold the names
+of API.md ("exp", "sum", "split"); optional scalar fields left unset mean the argument's
+default; the `format` argument travels as the Format of the operation's image tensors.
+"""
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from . import _codec
+from ._codec import WireError
+from .v1 import tensor_pb2, tensorops_pb2
+
+SERVICE = tensorops_pb2.DESCRIPTOR.services_by_name["TensorOps"]
+SERVICE_NAME = SERVICE.full_name
+
+# Both sides default to the same message size limit, so what one sends the other accepts.
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+def method_path(rpc: str) -> str:
+    return f"/{SERVICE_NAME}/{rpc}"
+
+
+def message_class(descriptor):
+    return getattr(tensorops_pb2, descriptor.name)
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One operation of tensorops_native as an RPC of tensorops.v1.TensorOps."""
+
+    name: str                         # the Python function (tensorops_native.<name>)
+    rpc: str                          # the method of the service
+    layout: tuple[str, ...] = ()      # image tensors whose Format is the `format` argument
+    image_outputs: bool = True        # outputs carry the input layout (else no format)
+
+    @cached_property
+    def method(self):
+        return SERVICE.methods_by_name[self.rpc]
+
+    @cached_property
+    def request_class(self):
+        return message_class(self.method.input_type)
+
+    @cached_property
+    def response_class(self):
+        return message_class(self.method.output_type)
+
+    @cached_property
+    def request_codec(self) -> _codec.MessageCodec:
+        return _codec.MessageCodec(self.request_class)
+
+    @cached_property
+    def response_codec(self) -> _codec.MessageCodec:
+        return _codec.MessageCodec(self.response_class)
+
+    @property
+    def path(self) -> str:
+        return method_path(self.rpc)
+
+
+# The stateless operations, in API.md's order. Generic normalization joins with one line
+# when tensorops_native.normalize exists.
+OPERATIONS = {op.name: op for op in (
+    Operation("normalize_l2", "NormalizeL2", layout=("x",)),
+    Operation("layer_norm_channels", "LayerNormChannels", layout=("x",)),
+    Operation("layer_norm_spatial", "LayerNormSpatial", layout=("x",)),
+    Operation("channel_norm", "ChannelNorm", layout=("x",)),
+    Operation("channel_sum", "ChannelSum", layout=("x",), image_outputs=False),
+    Operation("eltwise", "Eltwise"),
+    Operation("lrn_cross_channels", "LrnCrossChannels", layout=("x",)),
+    Operation("shuffle", "Shuffle", layout=("x0", "x1")),
+    Operation("softmax", "Softmax"),
+    Operation("tiled_scale_2d", "TiledScale2D", layout=("x",)),
+    Operation("unary", "Unary"),
+    Operation("quantized_inner_product", "QuantizedInnerProduct"),
+)}
+
+# The quantized inner-product session RPCs take the arguments of its constructor and forward().
+CREATE_SESSION = Operation("QuantizedInnerProduct", "CreateQuantizedInnerProduct")
+FORWARD_SESSION = Operation("QuantizedInnerProduct.forward", "QuantizedInnerProductForward")
+
+
+# ---------------------------------------------------------------------------------------
+# Enumerations: proto enum <-> the names (and Simd integer values) of API.md
+
+def _enum_prefix(enum_descriptor) -> str:
+    unspecified = enum_descriptor.values_by_number[0].name
+    return unspecified[: -len("UNSPECIFIED")]
+
+
+def enum_names(enum_descriptor) -> dict[int, str]:
+    """Wire number -> API name ('exp'), without the UNSPECIFIED value."""
+    prefix = _enum_prefix(enum_descriptor)
+    return {v.number: v.name[len(prefix):].lower() for v in enum_descriptor.values if v.number}
+
+
+def encode_enum(enum_descriptor, value, name: str) -> int:
+    """An API value (a name, case-insensitive, or the Simd integer value, which is the
+    position in the enum) as the wire number."""
+    names = enum_names(enum_descriptor)
+    if isinstance(value, str):
+        for number, api_name in names.items():
+            if api_name == value.lower():
+                return number
+    elif isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
+        ordered = sorted(names)
+        if 0 <= int(value) < len(ordered):
+            return ordered[int(value)]
+    allowed = ", ".join(f"'{n}' ({i})" for i, n in enumerate(names[k] for k in sorted(names)))
+    raise WireError(name, f"expected one of {allowed}, got {value!r}")
+
+
+def decode_enum(enum_descriptor, number: int) -> str | None:
+    """The API name of a wire number; None for UNSPECIFIED or a number this side does not
+    know (the operation then reports the argument as missing or invalid)."""
+    return enum_names(enum_descriptor).get(number)
+
+
+def encode_format(value) -> int:
+    if isinstance(value, str) and value.lower() in _codec.FORMATS:
+        return _codec.FORMATS[value.lower()]
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)) and int(value) in (0, 1):
+        return (tensor_pb2.FORMAT_NCHW, tensor_pb2.FORMAT_NHWC)[int(value)]
+    raise WireError("format", f"expected one of 'nchw' (0), 'nhwc' (1), got {value!r}")
+
+
+# ---------------------------------------------------------------------------------------
+# Client side: arguments -> request bytes, response bytes -> result
+
+@dataclass
+class Request:
+    data: bytes
+    bf16_bits: bool  # some input was uint16 holding BF16 bits: BF16 results come back as uint16
+
+
+def _sequence(value, name: str) -> list:
+    if isinstance(value, (str, bytes)):
+        raise WireError(name, f"expected a sequence, got {type(value).__name__}")
+    try:
+        return list(value)
+    except TypeError:
+        raise WireError(name, f"expected a sequence, got {type(value).__name__}") from None
+
+
+def build_request(op: Operation, arguments: dict[str, Any]) -> Request:
+    """Encode call arguments (None = the default) as the request of `op`."""
+    arguments = dict(arguments)
+    fmt = 0
+    if "format" in arguments:
+        value = arguments.pop("format")
+        fmt = encode_format(value) if value is not None else 0
+    message = op.request_class()
+    fields = op.request_class.DESCRIPTOR.fields_by_name
+    codec = op.request_codec
+    tensors: dict[str, Any] = {}
+    bits = False
+    for name, value in arguments.items():
+        f = fields[name]
+        if value is None:
+            continue
+        if name in codec.numbers:
+            tensor_format = fmt if name in op.layout else 0
+            if name in codec.repeated:
+                items = [_codec.encode_tensor(v, f"{name}[{i}]", tensor_format)
+                         for i, v in enumerate(_sequence(value, name))]
+                tensors[name] = items
+                bits |= any(_is_bits(v) for v in _sequence(value, name))
+            else:
+                tensors[name] = _codec.encode_tensor(value, name, tensor_format)
+                bits |= _is_bits(value)
+        elif f.enum_type is not None:
+            setattr(message, name, encode_enum(f.enum_type, value, name))
+        else:
+            try:
+                if f.is_repeated:
+                    getattr(message, name).extend(_sequence(value, name))
+                else:
+                    setattr(message, name, value)
+            except (TypeError, ValueError) as exc:
+                raise WireError(name, f"cannot be sent as {_type_name(f)}: {exc}") from None
+    return Request(codec.encode(message, tensors), bits)
+
+
+def _is_bits(value) -> bool:
+    dtype = getattr(value, "dtype", None)
+    return dtype is not None and np.dtype(dtype) == np.uint16
+
+
+def _type_name(f) -> str:
+    names = {f.TYPE_DOUBLE: "a real number", f.TYPE_INT64: "an integer", f.TYPE_BOOL: "a bool",
+             f.TYPE_STRING: "a string"}
+    kind = names.get(f.type, "a value")
+    return f"a sequence of {kind.split(' ', 1)[1]}s" if f.is_repeated else kind
+
+
+def decode_response(op: Operation, raw: bytes, bf16_bits: bool = False):
+    """The result of `op`: one array, or a tuple when the response has several tensors.
+    Arrays are new and writable, as in-process results are."""
+    decoded = op.response_codec.decode(raw)
+    results = []
+    for f in op.response_class.DESCRIPTOR.fields:
+        wire = decoded.tensors.get(f.name)
+        if wire is None:
+            raise WireError(f.name, "missing from the response")
+        arr = _codec.to_array(wire, f.name).copy()
+        if bf16_bits and wire.dtype == tensor_pb2.DATA_TYPE_BF16:
+            arr = arr.view(np.uint16)
+        results.append(arr)
+    return results[0] if len(results) == 1 else tuple(results)

@@ -1,0 +1,124 @@
+"""The asyncio client: the methods of tensorops.Client, awaited.
+
+    from tensorops.aio import Client
+    async with Client("localhost:50051") as c:
+        y = await c.softmax(x)
+"""
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+from . import _wire
+from ._client import DEFAULT_TARGET, ClientBase, SessionBase, encode, server_info, session_info
+from ._errors import NotFoundError, from_rpc_error
+from .v1 import tensorops_pb2
+
+__all__ = ["Client", "QuantizedInnerProductSession"]
+
+
+class Client(ClientBase):
+    """asyncio client. Create it inside a running event loop; every operation method
+    returns an awaitable. `await c.quantized_inner_product(b, ...)` opens a session."""
+
+    def __init__(self, target: str = DEFAULT_TARGET, **kwargs):
+        super().__init__(target, **kwargs)
+        if self._credentials is None:
+            self._channel = grpc.aio.insecure_channel(target, options=self._options)
+        else:
+            self._channel = grpc.aio.secure_channel(target, self._credentials, options=self._options)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    async def _invoke(self, path: str, data: bytes, timeout=None, metadata=None) -> bytes:
+        try:
+            return await self._method(path)(data, **self._call_options(timeout, metadata))
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+
+    async def _call(self, name: str, arguments: dict, timeout, metadata):
+        op = _wire.OPERATIONS[name]
+        request = encode(op, arguments)
+        raw = await self._invoke(op.path, request.data, timeout, metadata)
+        return _wire.decode_response(op, raw, request.bf16_bits)
+
+    async def _open_session(self, arguments: dict, timeout, metadata) -> "QuantizedInnerProductSession":
+        session = QuantizedInnerProductSession(self, encode(_wire.CREATE_SESSION, arguments).data)
+        await session._create(timeout, metadata)
+        return session
+
+    async def info(self, *, timeout=None, metadata=None) -> dict:
+        raw = await self._invoke(_wire.method_path("GetServerInfo"), b"", timeout, metadata)
+        return server_info(tensorops_pb2.ServerInfo.FromString(raw))
+
+    async def list_sessions(self, *, timeout=None, metadata=None) -> list[dict]:
+        raw = await self._invoke(_wire.method_path("ListSessions"), b"", timeout, metadata)
+        return [session_info(s) for s in tensorops_pb2.ListSessionsResponse.FromString(raw).sessions]
+
+
+class QuantizedInnerProductSession(SessionBase):
+    """The asyncio twin of tensorops.QuantizedInnerProductSession: `await s.forward(a)`,
+    `await s.external_buffer_size_for(m)`, `await s.close()`, `async with`."""
+
+    def __init__(self, client: Client, create_request: bytes):
+        super().__init__(client, create_request)
+        self._lock = asyncio.Lock()
+
+    async def _create(self, timeout=None, metadata=None) -> None:
+        raw = await self._client._invoke(_wire.CREATE_SESSION.path, self._create_request, timeout, metadata)
+        self._info = tensorops_pb2.SessionInfo.FromString(raw)
+
+    async def _retrying(self, call, timeout, metadata):
+        self._check_open()
+        session_id = self._info.session_id
+        try:
+            return await call()
+        except NotFoundError:
+            async with self._lock:
+                if self._info.session_id == session_id:
+                    await self._create(timeout, metadata)
+                    self._recreated += 1
+            return await call()
+
+    async def forward(self, a, *, timeout=None, metadata=None):
+        op = _wire.FORWARD_SESSION
+
+        async def call():
+            request = self._forward_request(a)
+            raw = await self._client._invoke(op.path, request.data, timeout, metadata)
+            return _wire.decode_response(op, raw)
+        return await self._retrying(call, timeout, metadata)
+
+    async def describe(self, m: int | None = None, *, timeout=None, metadata=None) -> dict:
+        async def call():
+            raw = await self._client._invoke(_wire.method_path("DescribeSession"),
+                                             self._describe_request(self._info.session_id, m), timeout, metadata)
+            return session_info(tensorops_pb2.SessionInfo.FromString(raw))
+        return await self._retrying(call, timeout, metadata)
+
+    async def external_buffer_size_for(self, m: int, *, timeout=None, metadata=None) -> int:
+        return (await self.describe(m, timeout=timeout, metadata=metadata))["external_buffer_size"]
+
+    async def close(self, *, timeout=None, metadata=None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        request = tensorops_pb2.ReleaseSessionRequest(session_id=self._info.session_id).SerializeToString()
+        try:
+            await self._client._invoke(_wire.method_path("ReleaseSession"), request, timeout, metadata)
+        except NotFoundError:
+            pass
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()

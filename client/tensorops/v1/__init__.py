@@ -1,0 +1,1 @@
+"""Generated from proto/tensorops/v1 by `make proto`; do not edit."""

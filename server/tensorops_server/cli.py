@@ -1,0 +1,42 @@
+"""`tensorops-server`: run the service until SIGTERM or SIGINT, then drain and exit 0."""
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+
+from . import config as config_module
+from . import logs
+from .server import TensorOpsServer
+
+
+def main(argv=None) -> int:
+    config = config_module.load(argv)
+    log = logs.setup(config.log_level, config.log_format)
+    try:
+        server = TensorOpsServer(config)
+    except OSError as exc:
+        log.error("cannot start", extra=logs.fields(error=str(exc)))
+        return 1
+    stop = threading.Event()
+    received = []
+
+    def on_signal(signum, _frame):
+        received.append(signal.Signals(signum).name)
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
+    server.start()
+    while not stop.wait(0.5):
+        pass
+    log.info("draining", extra=logs.fields(signal=received[0], grace_seconds=config.grace))
+    server.stop()
+    log.info("stopped")
+    logging.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""Server configuration: command-line flags, each also read from TENSOROPS_<NAME>
+(--metrics-port <-> TENSOROPS_METRICS_PORT). A flag wins over the environment, which wins
+over the default. The defaults suit a server on localhost."""
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, fields
+
+from tensorops._wire import DEFAULT_MAX_MESSAGE_BYTES
+
+ENV_PREFIX = "TENSOROPS_"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _default_workers() -> int:
+    return max(4, min(64, 2 * (os.cpu_count() or 1)))
+
+
+@dataclass(frozen=True)
+class Config:
+    host: str = "127.0.0.1"
+    port: int = 50051
+    metrics_host: str = ""            # empty: the same as host
+    metrics_port: int = 9100          # -1: no metrics endpoint
+    workers: int = _default_workers()
+    max_concurrent_rpcs: int = 0      # 0: no limit; beyond it new calls get RESOURCE_EXHAUSTED
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_tensor_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_sessions: int = 256
+    max_session_bytes: int = 1 << 30
+    session_ttl: float = 600.0
+    grace: float = 10.0
+    log_level: str = "info"
+    log_format: str = "json"
+
+    @property
+    def address(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+_HELP = {
+    "host": "address to listen on",
+    "port": "gRPC port (0: any free port)",
+    "metrics_host": "address of the Prometheus endpoint (default: --host)",
+    "metrics_port": "Prometheus /metrics port (0: any free port, -1: disabled)",
+    "workers": "threads running requests (kernels release the GIL)",
+    "max_concurrent_rpcs": "calls admitted at once; 0 means no limit",
+    "max_message_bytes": "largest request or response message",
+    "max_tensor_bytes": "largest tensor in a request (RESOURCE_EXHAUSTED above)",
+    "max_sessions": "quantized inner-product sessions kept (least recently used evicted)",
+    "max_session_bytes": "memory all sessions may hold (least recently used evicted)",
+    "session_ttl": "seconds an idle session lives",
+    "grace": "seconds in-flight calls get to finish on SIGTERM/SIGINT",
+    "log_level": "one of " + ", ".join(LOG_LEVELS),
+    "log_format": "json (one object per line) or text",
+}
+
+
+def _positive(kind):
+    def parse(text: str):
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _non_negative(kind):
+    def parse(text: str):
+        value = kind(text)
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number 0-65535, got {text}")
+    return value
+
+
+def _metrics_port(text: str) -> int:
+    return -1 if int(text) == -1 else _port(text)
+
+
+def _choice(choices):
+    def parse(text: str) -> str:
+        if text.lower() not in choices:
+            raise argparse.ArgumentTypeError(f"expected one of {', '.join(choices)}, got {text}")
+        return text.lower()
+    parse.__name__ = "choice"
+    return parse
+
+
+_TYPES = {
+    "host": str, "metrics_host": str, "port": _port, "metrics_port": _metrics_port,
+    "workers": _positive(int), "max_concurrent_rpcs": _non_negative(int),
+    "max_message_bytes": _positive(int), "max_tensor_bytes": _positive(int),
+    "max_sessions": _positive(int), "max_session_bytes": _positive(int),
+    "session_ttl": _positive(float), "grace": _non_negative(float),
+    "log_level": _choice(LOG_LEVELS), "log_format": _choice(("json", "text")),
+}
+
+
+def env_name(field: str) -> str:
+    return ENV_PREFIX + field.upper()
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tensorops-server",
+        description="The tensorops gRPC service. Every flag can also be set as TENSOROPS_<FLAG> "
+                    "(e.g. TENSOROPS_METRICS_PORT=9100).")
+    for f in fields(Config):
+        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=_TYPES[f.name], default=None,
+                       help=f"{_HELP[f.name]} [{env_name(f.name)}, default {f.default!r}]")
+    return p
+
+
+def load(argv=None, environ=None) -> Config:
+    """The configuration from flags, then TENSOROPS_* variables, then defaults. Exits with
+    status 2 and a message naming the flag or variable on a bad value."""
+    environ = os.environ if environ is None else environ
+    p = parser()
+    args = p.parse_args(argv)
+    values = {}
+    for f in fields(Config):
+        value = getattr(args, f.name)
+        if value is None and environ.get(env_name(f.name), "") != "":
+            try:
+                value = _TYPES[f.name](environ[env_name(f.name)])
+            except (ValueError, argparse.ArgumentTypeError) as exc:
+                p.error(f"{env_name(f.name)}={environ[env_name(f.name)]!r}: {exc}")
+        if value is not None:
+            values[f.name] = value
+    return Config(**values)

@@ -1,0 +1,58 @@
+"""Failures of a call and their gRPC status: one exception type, turned into the status (with
+google.rpc.BadRequest field violations for INVALID_ARGUMENT) by the wrapper every handler
+runs in."""
+from __future__ import annotations
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+import tensorops_native
+from tensorops._codec import WireError
+
+
+class Failure(Exception):
+    """A call ends with `code`; `field` (if any) is reported as a BadRequest violation."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, field: str | None = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.field = field
+
+    def status(self) -> grpc.Status:
+        details = []
+        if self.field is not None:
+            violation = error_details_pb2.BadRequest.FieldViolation(field=self.field, description=self.message)
+            detail = any_pb2.Any()
+            detail.Pack(error_details_pb2.BadRequest(field_violations=[violation]))
+            details.append(detail)
+        text = f"{self.field}: {self.message}" if self.field else self.message
+        return rpc_status.to_status(status_pb2.Status(code=self.code.value[0], message=text, details=details))
+
+
+def invalid(field: str, message: str) -> Failure:
+    return Failure(grpc.StatusCode.INVALID_ARGUMENT, message, field)
+
+
+def not_found(message: str, field: str = "session_id") -> Failure:
+    return Failure(grpc.StatusCode.NOT_FOUND, message, field)
+
+
+def exhausted(message: str, field: str | None = None) -> Failure:
+    return Failure(grpc.StatusCode.RESOURCE_EXHAUSTED, message, field)
+
+
+def from_wire(exc: WireError) -> Failure:
+    return Failure(getattr(grpc.StatusCode, exc.code), exc.message, exc.field)
+
+
+def from_native(exc: tensorops_native.ArgumentError | tensorops_native.ArgumentTypeError) -> Failure:
+    """Validation of tensorops_native: its message starts with the argument's name."""
+    message = str(exc)
+    prefix = f"{exc.argument}: "
+    return invalid(exc.argument, message[len(prefix):] if message.startswith(prefix) else message)
+
+
+NATIVE_ERRORS = (tensorops_native.ArgumentError, tensorops_native.ArgumentTypeError)

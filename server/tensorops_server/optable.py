@@ -1,0 +1,134 @@
+"""The op table: one entry per operation served, and the generic conversion of a request into
+the native function's arguments.
+
+An entry names the operation (its RPC, request and response messages come from the wire
+table tensorops._wire.OPERATIONS) and the tensorops_native function that computes it. The
+request's fields are the function's arguments by name:
+
+- Tensor fields become read-only arrays over the request bytes (codec.to_array checks the
+  wire form: dtype, shape, payload length, size limit);
+- enum fields become the API names ("exp", "sum", "split");
+- an unset optional field, an UNSPECIFIED enum or an empty repeated field means "not
+  given": the argument is left out when the function has a default, else passed as None so
+  that the function's own validation names it;
+- the Format of the operation's image tensors becomes its `format` argument.
+
+Nothing here checks what an operation accepts: tensorops_native does, and its
+ArgumentError / ArgumentTypeError become INVALID_ARGUMENT naming the argument.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Callable
+
+import tensorops_native
+from tensorops import _codec, _wire
+from tensorops.v1 import tensor_pb2
+
+from . import errors
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One served operation: the wire operation and the native callable."""
+
+    op: _wire.Operation
+    native: Callable[..., Any]
+    # Extra conversion of the arguments for operations the generic rules do not cover.
+    adapt: Callable[[dict], dict] | None = field(default=None, compare=False)
+
+    @property
+    def name(self) -> str:
+        return self.op.name
+
+    @cached_property
+    def defaults(self) -> frozenset[str]:
+        params = inspect.signature(self.native).parameters.values()
+        return frozenset(p.name for p in params if p.default is not inspect.Parameter.empty)
+
+    @cached_property
+    def parameters(self) -> frozenset[str]:
+        return frozenset(inspect.signature(self.native).parameters)
+
+    def arguments(self, decoded: _codec.Decoded, max_tensor_bytes: int | None) -> tuple[dict, int]:
+        """The native keyword arguments of a request, and the request's format (wire enum)."""
+        kwargs = native_arguments(self.op, decoded, max_tensor_bytes, self.defaults)
+        fmt = request_format(self.op, decoded)
+        if fmt:
+            kwargs["format"] = _codec.FORMAT_NAMES[fmt]
+        if self.adapt is not None:
+            kwargs = self.adapt(kwargs)
+        return kwargs, fmt
+
+
+def native_arguments(op: _wire.Operation, decoded: _codec.Decoded, max_tensor_bytes: int | None,
+                     defaults: frozenset[str] = frozenset(), skip: tuple[str, ...] = ()) -> dict:
+    message, tensors = decoded.message, decoded.tensors
+    kwargs: dict[str, Any] = {}
+    for f in message.DESCRIPTOR.fields:
+        name = f.name
+        if name in skip:
+            continue
+        if name in op.request_codec.numbers:
+            wire = tensors.get(name)
+            try:
+                if f.is_repeated:
+                    value = [_codec.to_array(t, f"{name}[{i}]", max_bytes=max_tensor_bytes) for i, t in enumerate(wire)]
+                else:
+                    value = None if wire is None else _codec.to_array(wire, name, max_bytes=max_tensor_bytes)
+            except _codec.WireError as exc:
+                raise errors.from_wire(exc) from None
+        elif f.enum_type is not None:
+            value = _wire.decode_enum(f.enum_type, getattr(message, name))
+        elif f.is_repeated:
+            value = list(getattr(message, name)) or None
+        elif f.has_presence:
+            value = getattr(message, name) if message.HasField(name) else None
+        else:
+            value = getattr(message, name)
+        if value is None and name in defaults:
+            continue
+        kwargs[name] = value
+    return kwargs
+
+
+def request_format(op: _wire.Operation, decoded: _codec.Decoded) -> int:
+    """The Format shared by the operation's image tensors (UNSPECIFIED ones agree with any)."""
+    fmt, source = 0, None
+    for name in op.layout:
+        wire = decoded.tensors.get(name)
+        if wire is None or not wire.format:
+            continue
+        if wire.format not in _codec.FORMAT_NAMES:
+            raise errors.invalid(f"{name}.format", f"unknown format {wire.format}")
+        if fmt and wire.format != fmt:
+            raise errors.invalid(f"{name}.format", f"{tensor_pb2.Format.Name(wire.format)} differs from "
+                                 f"{source}.format {tensor_pb2.Format.Name(fmt)}")
+        fmt, source = wire.format, name
+    return fmt
+
+
+def _entry(name: str, native_name: str | None = None, **kwargs) -> Entry | None:
+    native = getattr(tensorops_native, native_name or name, None)
+    return None if native is None else Entry(_wire.OPERATIONS[name], native, **kwargs)
+
+
+def build_table() -> dict[str, Entry]:
+    """Every operation of the wire table that this tensorops_native provides."""
+    entries = (
+        _entry("normalize_l2"),
+        _entry("layer_norm_channels"),
+        _entry("layer_norm_spatial"),
+        _entry("channel_norm"),
+        _entry("channel_sum"),
+        _entry("eltwise"),
+        _entry("lrn_cross_channels"),
+        _entry("shuffle"),
+        _entry("softmax"),
+        _entry("tiled_scale_2d"),
+        _entry("unary"),
+        _entry("quantized_inner_product"),
+    )
+    return {e.name: e for e in entries if e is not None}

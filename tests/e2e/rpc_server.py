@@ -1,0 +1,102 @@
+"""A real `tensorops-server` in a subprocess on an ephemeral loopback port."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+
+class ServerProcess:
+    def __init__(self, log_path: Path, *flags: str, env: dict | None = None):
+        self.log_path = log_path
+        self.flags = flags
+        self.env = dict(os.environ, **(env or {}))
+        self.proc: subprocess.Popen | None = None
+        self.port = self.metrics_port = None
+
+    def start(self, port: int = 0, timeout: float = 30.0) -> "ServerProcess":
+        """Start and wait for the "serving" log line (which names the ports chosen)."""
+        log = open(self.log_path, "a")
+        offset = self.log_path.stat().st_size
+        cmd = [sys.executable, "-m", "tensorops_server", "--host", "127.0.0.1", "--port", str(port),
+               "--metrics-port", "0", "--workers", "4", *self.flags]
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for event in self.events(offset):
+                if event.get("event") == "serving":
+                    self.port, self.metrics_port = event["port"], event["metrics_port"]
+                    return self
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_path.read_text()}")
+            time.sleep(0.05)
+        self.kill()
+        raise RuntimeError(f"server did not start:\n{self.log_path.read_text()}")
+
+    def events(self, offset: int = 0) -> list[dict]:
+        text = self.log_path.read_text()[offset:]
+        out = []
+        for line in text.splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+        return out
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
+            return r.read().decode()
+
+    def signal(self, signum=signal.SIGTERM) -> None:
+        self.proc.send_signal(signum)
+
+    def wait(self, timeout: float = 30.0) -> int:
+        return self.proc.wait(timeout)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.signal(signal.SIGTERM)
+        try:
+            return self.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def metric_value(text: str, name: str, **labels) -> float:
+    """The value of one sample of the Prometheus text format (0 if absent)."""
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        series, _, value = line.rpartition(" ")
+        if "{" in series:
+            metric, label_text = series.split("{", 1)
+            found = dict(part.split("=", 1) for part in label_text.rstrip("}").split(",") if part)
+            found = {k: v.strip('"') for k, v in found.items()}
+        else:
+            metric, found = series, {}
+        if metric == name and all(found.get(k) == str(v) for k, v in labels.items()):
+            return float(value)
+    return 0.0
+
+
+def kill_on_exit(proc: ServerProcess) -> None:
+    if proc.proc is not None and proc.proc.poll() is None:
+        proc.proc.send_signal(signal.SIGKILL)
+        proc.proc.wait()
