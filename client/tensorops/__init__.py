@@ -24,10 +24,11 @@ from ._errors import (
     UnimplementedError,
 )
 from ._local import LocalClient
+from ._memory import retain_freed_buffers
 
 __all__ = [
     "CancelledError", "Client", "DeadlineExceededError", "FieldViolation", "InternalError",
     "InvalidArgumentError", "LocalClient", "NotFoundError", "PermissionDeniedError",
     "QuantizedInnerProductSession", "ResourceExhaustedError", "SessionClosedError", "TensorOpsError",
-    "UnauthenticatedError", "UnavailableError", "UnimplementedError",
+    "UnauthenticatedError", "UnavailableError", "UnimplementedError", "retain_freed_buffers",
 ]

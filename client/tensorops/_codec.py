@@ -1,7 +1,8 @@
 """NumPy arrays <-> tensorops.v1 messages, shared by the client and the server.
 
-Messages are standard protobuf (any gRPC client can speak to the server), but the Tensor
-payloads bypass the protobuf runtime, which copies large `bytes` fields several times:
+Messages are standard protobuf (any gRPC client can speak to the server), but large Tensor
+payloads bypass the protobuf runtime, which copies big `bytes` fields several times (and
+slowly):
 
 - decoding walks the serialized message, takes each Tensor's `data` as a memoryview of the
   received bytes and wraps it with np.frombuffer (no copy); the other fields go through the
@@ -11,6 +12,8 @@ payloads bypass the protobuf runtime, which copies large `bytes` fields several 
   Tensor's payload starts 16-byte aligned within the message (padded with the unknown field
   15 of Tensor, which every protobuf parser skips), so the receiving side can use it in
   place.
+
+Messages up to SMALL_MESSAGE bytes take the plain protobuf path, which is faster for them.
 
 The codec validates the wire form of every tensor (known dtype, non-negative dimensions,
 payload length equal to shape x element size, size limits) and names the offending field
@@ -29,6 +32,9 @@ from .v1 import tensor_pb2
 
 MAX_NDIM = 32
 ALIGNMENT = 16
+# Up to this size the protobuf runtime (C) is faster than walking the message in Python;
+# above it, its copies of the payload cost more.
+SMALL_MESSAGE = 32 * 1024
 
 # Wire dtype <-> NumPy dtype. uint16 arrays travel as BF16 (API.md: uint16 holds BF16 bits).
 _WIRE_DTYPES = {
@@ -136,9 +142,16 @@ def _payload(arr: np.ndarray) -> memoryview:
 
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 _T_SHAPE, _T_DTYPE, _T_FORMAT, _T_DATA, _T_PAD = 1, 2, 3, 4, 15
+_SHAPE_KEY, _DTYPE_KEY, _FORMAT_KEY, _DATA_KEY = (bytes(((n << 3) | w,)) for n, w in (
+    (_T_SHAPE, _LEN), (_T_DTYPE, _VARINT), (_T_FORMAT, _VARINT), (_T_DATA, _LEN)))
+
+
+_SMALL_VARINTS = [bytes((i,)) for i in range(128)]
 
 
 def _varint(value: int) -> bytes:
+    if 0 <= value < 128:
+        return _SMALL_VARINTS[value]
     if value < 0:
         value += 1 << 64
     out = bytearray()
@@ -153,7 +166,18 @@ def _tag(number: int, wire_type: int) -> bytes:
     return _varint((number << 3) | wire_type)
 
 
+def _varint_size(value: int) -> int:
+    return max(1, (value.bit_length() + 6) // 7)
+
+
+# Padding fields of every size the alignment can need (none is 1 byte long).
+_PADS = {size: b"" if size == 0 else _tag(_T_PAD, _LEN) + _varint(size - 2) + bytes(size - 2)
+         for size in range(2 * ALIGNMENT + 2) if size != 1}
+
+
 def _read_varint(buf, pos: int, end: int) -> tuple[int, int]:
+    if pos < end and buf[pos] < 0x80:  # the common case: one byte
+        return buf[pos], pos + 1
     result = shift = 0
     while True:
         if pos >= end or shift > 63:
@@ -162,7 +186,7 @@ def _read_varint(buf, pos: int, end: int) -> tuple[int, int]:
         pos += 1
         result |= (byte & 0x7F) << shift
         if byte < 0x80:
-            return result & ((1 << 64) - 1), pos
+            return result & 0xFFFFFFFFFFFFFFFF, pos
         shift += 7
 
 
@@ -170,89 +194,84 @@ def _signed(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def _skip(buf, pos: int, end: int, wire_type: int) -> int:
-    if wire_type == _VARINT:
-        return _read_varint(buf, pos, end)[1]
-    if wire_type == _I64:
-        pos += 8
-    elif wire_type == _I32:
-        pos += 4
-    elif wire_type == _LEN:
-        length, pos = _read_varint(buf, pos, end)
-        pos += length
-    else:
-        raise WireError("message", f"unsupported wire type {wire_type}")
-    if pos > end:
-        raise WireError("message", "truncated message")
-    return pos
-
-
 def _fields(buf, pos: int, end: int):
     """(number, wire type, start of the field, start of its value, end of the field)."""
     while pos < end:
         start = pos
         key, pos = _read_varint(buf, pos, end)
-        number, wire_type = key >> 3, key & 7
+        wire_type = key & 7
         if wire_type == _LEN:
             length, value = _read_varint(buf, pos, end)
             pos = value + length
-            if pos > end:
-                raise WireError("message", "truncated message")
-        else:
+        elif wire_type == _VARINT:
             value = pos
-            pos = _skip(buf, pos, end, wire_type)
-        yield number, wire_type, start, value, pos
+            while pos < end and buf[pos] >= 0x80:
+                pos += 1
+            pos += 1
+        elif wire_type == _I64:
+            value, pos = pos, pos + 8
+        elif wire_type == _I32:
+            value, pos = pos, pos + 4
+        else:
+            raise WireError("message", f"unsupported wire type {wire_type}")
+        if pos > end:
+            raise WireError("message", "truncated message")
+        yield key >> 3, wire_type, start, value, pos
 
 
 def _parse_tensor(view: memoryview, pos: int, end: int, into: WireTensor | None = None) -> WireTensor:
     t = into or WireTensor()  # a repeated occurrence of a singular field merges, as in protobuf
     for number, wire_type, _, value, stop in _fields(view, pos, end):
-        if number == _T_SHAPE:
+        if number == _T_DATA and wire_type == _LEN:
+            t.data = view[value:stop]
+        elif number == _T_SHAPE:
             if wire_type == _LEN:  # packed
-                p = value
-                while p < stop:
-                    dim, p = _read_varint(view, p, stop)
-                    t.shape.append(_signed(dim))
+                shape = t.shape
+                while value < stop:
+                    dim, value = _read_varint(view, value, stop)
+                    shape.append(dim if dim < 1 << 63 else dim - (1 << 64))
             elif wire_type == _VARINT:
                 t.shape.append(_signed(_read_varint(view, value, stop)[0]))
         elif number == _T_DTYPE and wire_type == _VARINT:
             t.dtype = _signed(_read_varint(view, value, stop)[0])
         elif number == _T_FORMAT and wire_type == _VARINT:
             t.format = _signed(_read_varint(view, value, stop)[0])
-        elif number == _T_DATA and wire_type == _LEN:
-            t.data = view[value:stop]
     return t
 
 
 def _tensor_fields(arr: np.ndarray, code: int, fmt: int, number: int, offset: int) -> list:
     """The parts of one Tensor field whose first byte lands at `offset` in the message,
     padded so the payload starts ALIGNMENT-aligned."""
-    head = bytearray()
+    head = []
     if arr.ndim:
-        dims = b"".join(_varint(d) for d in arr.shape)
-        head += _tag(_T_SHAPE, _LEN) + _varint(len(dims)) + dims
+        dims = b"".join([_varint(d) for d in arr.shape])
+        head += [_SHAPE_KEY, _varint(len(dims)), dims]
     if code:
-        head += _tag(_T_DTYPE, _VARINT) + _varint(code)
+        head += [_DTYPE_KEY, _varint(code)]
     if fmt:
-        head += _tag(_T_FORMAT, _VARINT) + _varint(fmt)
+        head += [_FORMAT_KEY, _varint(fmt)]
     nbytes = arr.nbytes
-    data_key = _tag(_T_DATA, _LEN) + _varint(nbytes)
+    head += [_DATA_KEY, _varint(nbytes)]
+    head_bytes = b"".join(head)
     tag = _tag(number, _LEN)
-    fixed = len(head) + len(data_key) + nbytes
-    pad = b""
+    fixed = len(head_bytes) + nbytes
+    before_payload = offset + len(tag) + len(head_bytes)
     # The padding depends on the size of the body length's varint, which depends on the
-    # padding: take the first varint size that is consistent (else leave it unaligned).
-    for size, extra in ((s, e) for s in range(1, 11) for e in (0, ALIGNMENT)):
-        misalign = (offset + len(tag) + size + len(head) + len(data_key)) % ALIGNMENT
-        want = (-misalign) % ALIGNMENT + extra
-        if want == 1:
-            want += ALIGNMENT  # the smallest padding field is 2 bytes
-        candidate = b"" if want == 0 else _tag(_T_PAD, _LEN) + _varint(want - 2) + bytes(want - 2)
-        if len(candidate) == want and len(_varint(fixed + want)) == size:
-            pad = candidate
-            break
-    body = fixed + len(pad)
-    parts = [tag + _varint(body) + bytes(head) + pad + data_key]
+    # padding: take the first consistent pair (in practice the first one tried).
+    pad = b""
+    for size in range(_varint_size(fixed), 11):
+        for extra in (0, ALIGNMENT):
+            want = (-(before_payload + size)) % ALIGNMENT + extra
+            if want == 1:
+                want += ALIGNMENT  # the smallest padding field is 2 bytes
+            if _varint_size(fixed + want) == size:
+                pad = _PADS[want]
+                break
+        else:
+            continue
+        break
+    # The padding (an unknown field) goes first in the Tensor, the data key last.
+    parts = [b"".join((tag, _varint(fixed + len(pad)), pad, head_bytes))]
     if nbytes:
         parts.append(_payload(arr))
     return parts
@@ -272,7 +291,8 @@ class Decoded:
 
 class MessageCodec:
     """Serializer and deserializer of one message type whose Tensor fields (singular or
-    repeated, at the top level) are handled without the protobuf runtime."""
+    repeated, at the top level) are handled without the protobuf runtime when they are
+    large. Small messages go through the protobuf runtime, which is faster for them."""
 
     def __init__(self, message_class):
         self.message_class = message_class
@@ -281,9 +301,12 @@ class MessageCodec:
             if f.message_type is not None and f.message_type.full_name == tensor_pb2.Tensor.DESCRIPTOR.full_name:
                 self.tensor_fields[f.number] = (f.name, f.is_repeated)
         self.numbers = {name: number for number, (name, _) in self.tensor_fields.items()}
-        self.repeated = {name for name, rep in self.tensor_fields.values() if rep}
+        self.repeated = frozenset(name for name, rep in self.tensor_fields.values() if rep)
+        self.singular = tuple(name for name, rep in self.tensor_fields.values() if not rep)
 
     def decode(self, raw: bytes) -> Decoded:
+        if len(raw) <= SMALL_MESSAGE:
+            return self._decode_small(raw)
         view = memoryview(raw)
         tensors: dict[str, Any] = {name: [] for name in self.repeated}
         rest = []
@@ -297,28 +320,48 @@ class MessageCodec:
                 tensors[name].append(_parse_tensor(view, value, stop))
             else:
                 tensors[name] = _parse_tensor(view, value, stop, tensors.get(name))
-        message = self.message_class()
-        if rest:
-            try:
-                message.ParseFromString(b"".join(rest))
-            except Exception as exc:  # google.protobuf.message.DecodeError
-                raise WireError("message", f"cannot parse {self.message_class.DESCRIPTOR.name}: {exc}") from None
+        return Decoded(self._parse(b"".join(rest)), tensors, len(raw))
+
+    def _parse(self, raw: bytes):
+        try:
+            return self.message_class.FromString(raw)
+        except Exception as exc:  # google.protobuf.message.DecodeError
+            raise WireError("message", f"cannot parse {self.message_class.DESCRIPTOR.name}: {exc}") from None
+
+    def _decode_small(self, raw: bytes) -> Decoded:
+        message = self._parse(raw)
+        tensors: dict[str, Any] = {}
+        for name in self.singular:
+            if message.HasField(name):
+                t = getattr(message, name)
+                tensors[name] = WireTensor(list(t.shape), t.dtype, t.format, t.data)
+        for name in self.repeated:
+            tensors[name] = [WireTensor(list(t.shape), t.dtype, t.format, t.data) for t in getattr(message, name)]
         return Decoded(message, tensors, len(raw))
 
     def encode(self, message=None, tensors: dict[str, Any] | None = None) -> bytes:
         """`tensors` maps field names to (array in wire form, wire dtype, format) triples,
         or lists of them for repeated fields."""
-        head = message.SerializeToString() if message is not None else b""
         if not tensors:
-            return head
+            return message.SerializeToString() if message is not None else b""
+        triples = [(name, t) for name, value in tensors.items()
+                   for t in (value if name in self.repeated else (value,))]
+        if sum(t[0].nbytes for _, t in triples) <= SMALL_MESSAGE:
+            message = message if message is not None else self.message_class()
+            for name, (arr, code, fmt) in triples:
+                t = getattr(message, name).add() if name in self.repeated else getattr(message, name)
+                t.shape.extend(arr.shape)
+                t.dtype = code
+                t.format = fmt
+                t.data = arr.tobytes()
+            return message.SerializeToString()
+        head = message.SerializeToString() if message is not None else b""
         parts: list = [head]
         offset = len(head)
-        for name, value in tensors.items():
-            number = self.numbers[name]
-            for arr, code, fmt in (value if name in self.repeated else (value,)):
-                field_parts = _tensor_fields(arr, code, fmt, number, offset)
-                offset += sum(len(p) if isinstance(p, bytes) else p.nbytes for p in field_parts)
-                parts.extend(field_parts)
+        for name, (arr, code, fmt) in triples:
+            field_parts = _tensor_fields(arr, code, fmt, self.numbers[name], offset)
+            offset += sum(len(p) if isinstance(p, bytes) else p.nbytes for p in field_parts)
+            parts.extend(field_parts)
         return b"".join(parts)
 
 

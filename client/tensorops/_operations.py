@@ -63,27 +63,31 @@ class Operations:
         return self._call("unary", dict(x=x, op=op), timeout, metadata)
 
     def quantized_inner_product(self, *arrays, b_scale, a_scale, a_zero, c_scale, c_zero, bias=None,
-                                trans_b=False, timeout=None, metadata=None):
+                                trans_b=False, max_m=None, algorithm=None, timeout=None, metadata=None):
         """UINT8 x INT8 -> UINT8 matrix product with requantization
         (SimdSynetQuantizedInnerProduct*).
 
         With one array, `quantized_inner_product(b, ...)` opens a session like
         tensorops_native.QuantizedInnerProduct(b, ...): B is sent and packed once and
         `session.forward(a)` sends A only. With two, `quantized_inner_product(a, b, ...)`
-        is the one-shot call of tensorops_native.quantized_inner_product.
+        is the one-shot call of tensorops_native.quantized_inner_product. `max_m` (rows
+        expected per forward) applies to sessions only.
         """
         params = dict(b_scale=b_scale, a_scale=a_scale, a_zero=a_zero, c_scale=c_scale, c_zero=c_zero,
-                      bias=bias, trans_b=trans_b)
+                      bias=bias, trans_b=trans_b, algorithm=algorithm)
         if len(arrays) == 2:
+            if max_m is not None:
+                raise TypeError("max_m applies to sessions: quantized_inner_product(b, ..., max_m=...)")
             return self._call("quantized_inner_product", dict(a=arrays[0], b=arrays[1], **params), timeout, metadata)
         if len(arrays) == 1:
-            return self._open_session(dict(b=arrays[0], **params), timeout, metadata)
+            return self._open_session(dict(b=arrays[0], max_m=max_m, **params), timeout, metadata)
         raise TypeError(f"quantized_inner_product() takes b (a session) or a, b (one call), got {len(arrays)} arrays")
 
     def QuantizedInnerProduct(self, b, *, b_scale, a_scale, a_zero, c_scale, c_zero, bias=None, trans_b=False,
-                              timeout=None, metadata=None):
+                              max_m=1, algorithm=None, timeout=None, metadata=None):
         """A quantized inner-product session for a constant B (as
         tensorops_native.QuantizedInnerProduct): `.forward(a)`, `.info`,
         `.internal_buffer_size`, `.external_buffer_size_for(m)`, `.close()`."""
         return self._open_session(dict(b=b, b_scale=b_scale, a_scale=a_scale, a_zero=a_zero, c_scale=c_scale,
-                                       c_zero=c_zero, bias=bias, trans_b=trans_b), timeout, metadata)
+                                       c_zero=c_zero, bias=bias, trans_b=trans_b, max_m=max_m, algorithm=algorithm),
+                                  timeout, metadata)

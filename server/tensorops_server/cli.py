@@ -8,12 +8,16 @@ import threading
 
 from . import config as config_module
 from . import logs
+from tensorops import retain_freed_buffers
+
 from .server import TensorOpsServer
 
 
 def main(argv=None) -> int:
     config = config_module.load(argv)
     log = logs.setup(config.log_level, config.log_format)
+    retained = retain_freed_buffers(config.max_message_bytes)
+    log.debug("malloc tuned", extra=logs.fields(retain_freed_buffers=retained))
     try:
         server = TensorOpsServer(config)
     except OSError as exc:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any, Callable
 
 import tensorops_native
@@ -63,31 +63,51 @@ class Entry:
         return kwargs, fmt
 
 
+_TENSOR, _TENSORS, _ENUM, _REPEATED, _OPTIONAL, _PLAIN = range(6)
+
+
+@lru_cache(maxsize=None)
+def _plan(message_class) -> tuple:
+    """How each field of a request message becomes an argument: (name, kind, enum names)."""
+    codec = _codec.MessageCodec(message_class)
+    plan = []
+    for f in message_class.DESCRIPTOR.fields:
+        if f.name in codec.numbers:
+            kind = _TENSORS if f.is_repeated else _TENSOR
+        elif f.enum_type is not None:
+            kind = _ENUM
+        elif f.is_repeated:
+            kind = _REPEATED
+        else:
+            kind = _OPTIONAL if f.has_presence else _PLAIN
+        plan.append((f.name, kind, _wire.enum_names(f.enum_type) if kind == _ENUM else None))
+    return tuple(plan)
+
+
 def native_arguments(op: _wire.Operation, decoded: _codec.Decoded, max_tensor_bytes: int | None,
                      defaults: frozenset[str] = frozenset(), skip: tuple[str, ...] = ()) -> dict:
     message, tensors = decoded.message, decoded.tensors
     kwargs: dict[str, Any] = {}
-    for f in message.DESCRIPTOR.fields:
-        name = f.name
+    for name, kind, names in _plan(op.request_class):
         if name in skip:
             continue
-        if name in op.request_codec.numbers:
-            wire = tensors.get(name)
-            try:
-                if f.is_repeated:
-                    value = [_codec.to_array(t, f"{name}[{i}]", max_bytes=max_tensor_bytes) for i, t in enumerate(wire)]
-                else:
-                    value = None if wire is None else _codec.to_array(wire, name, max_bytes=max_tensor_bytes)
-            except _codec.WireError as exc:
-                raise errors.from_wire(exc) from None
-        elif f.enum_type is not None:
-            value = _wire.decode_enum(f.enum_type, getattr(message, name))
-        elif f.is_repeated:
-            value = list(getattr(message, name)) or None
-        elif f.has_presence:
-            value = getattr(message, name) if message.HasField(name) else None
-        else:
-            value = getattr(message, name)
+        try:
+            if kind == _TENSOR:
+                wire = tensors.get(name)
+                value = None if wire is None else _codec.to_array(wire, name, max_bytes=max_tensor_bytes)
+            elif kind == _TENSORS:
+                value = [_codec.to_array(t, f"{name}[{i}]", max_bytes=max_tensor_bytes)
+                         for i, t in enumerate(tensors[name])]
+            elif kind == _ENUM:
+                value = names.get(getattr(message, name))  # UNSPECIFIED or unknown: not given
+            elif kind == _REPEATED:
+                value = list(getattr(message, name)) or None
+            elif kind == _OPTIONAL:
+                value = getattr(message, name) if message.HasField(name) else None
+            else:
+                value = getattr(message, name)
+        except _codec.WireError as exc:
+            raise errors.from_wire(exc) from None
         if value is None and name in defaults:
             continue
         kwargs[name] = value

@@ -74,3 +74,4 @@ class TensorOpsServer:
         self.store.close_all()
         self.metrics.stop()
         self._pool.shutdown(wait=False)
+

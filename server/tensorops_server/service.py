@@ -64,6 +64,7 @@ class Instrumented:
         self._request_bytes = m.request_bytes.labels(label)
         self._response_bytes = m.response_bytes.labels(label)
         self._duration = m.request_duration
+        self._duration_ok = m.request_duration.labels(label, "OK")
         self._errors = m.errors
 
     def __call__(self, incoming: Incoming, context: grpc.ServicerContext) -> bytes:
@@ -90,8 +91,10 @@ class Instrumented:
         finally:
             elapsed = time.perf_counter() - start
             self._in_flight.dec()
-            self._duration.labels(self.label, code.name).observe(elapsed)
-            if code is not grpc.StatusCode.OK:
+            if code is grpc.StatusCode.OK:
+                self._duration_ok.observe(elapsed)
+            else:
+                self._duration.labels(self.label, code.name).observe(elapsed)
                 self._errors.labels(self.label, code.name).inc()
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("call", extra=fields(operation=self.label, code=code.name, seconds=round(elapsed, 6),
@@ -113,16 +116,20 @@ class Service:
         self._qip_class = qip_class or getattr(tensorops_native, "QuantizedInnerProduct", None)
 
     # ---- helpers
-    def _run(self, label: str, context, fn, *args, **kwargs):
-        """Call tensorops_native: the kernel runs here (GIL released), timed."""
+    def _run(self, timer, context, fn, *args, **kwargs):
+        """Call tensorops_native: the kernel runs here (GIL released), timed by `timer`
+        (a child of the kernel duration histogram)."""
         ensure_active(context)
         start = time.perf_counter()
         try:
             result = fn(*args, **kwargs)
         except errors.NATIVE_ERRORS as exc:
             raise errors.from_native(exc) from None
-        self.metrics.kernel_duration.labels(label).observe(time.perf_counter() - start)
+        timer.observe(time.perf_counter() - start)
         return result
+
+    def _timer(self, label: str):
+        return self.metrics.kernel_duration.labels(label)
 
     @staticmethod
     def _encode(op: _wire.Operation, result, fmt: int) -> bytes:
@@ -137,7 +144,8 @@ class Service:
         info = tensorops_pb2.SessionInfo(
             session_id=session.id, info=str(context.info), internal_buffer_size=int(context.internal_buffer_size),
             n=session.shape[0], k=session.shape[1], bytes=session.nbytes,
-            idle_seconds=max(0.0, time.monotonic() - session.last_used), forward_count=session.forward_count)
+            idle_seconds=max(0.0, time.monotonic() - session.last_used), forward_count=session.forward_count,
+            max_m=int(getattr(context, "max_m", 1)))
         if m is not None:
             info.m = m
             info.external_buffer_size = int(context.external_buffer_size_for(m))
@@ -145,9 +153,11 @@ class Service:
 
     # ---- stateless operations
     def operation(self, entry: optable.Entry) -> Callable:
+        timer = self._timer(entry.name)
+
         def behavior(decoded: _codec.Decoded, context) -> bytes:
             kwargs, fmt = entry.arguments(decoded, self.config.max_tensor_bytes)
-            result = self._run(entry.name, context, entry.native, **kwargs)
+            result = self._run(timer, context, entry.native, **kwargs)
             return self._encode(entry.op, result, fmt)
         return behavior
 
@@ -157,24 +167,25 @@ class Service:
             raise errors.Failure(grpc.StatusCode.UNIMPLEMENTED, "this build has no quantized inner product")
         entry = optable.Entry(_wire.CREATE_SESSION, self._qip_class)
         kwargs, _ = entry.arguments(decoded, self.config.max_tensor_bytes)
-        qip = self._run("create_quantized_inner_product", context, self._qip_class, **kwargs)
+        qip = self._run(self._timer("create_quantized_inner_product"), context, self._qip_class, **kwargs)
         b = kwargs["b"]
         shape = (b.shape[0], b.shape[1]) if kwargs.get("trans_b") else (b.shape[1], b.shape[0])
         session = self.store.add(qip, int(qip.internal_buffer_size), shape)
         log.info("session created", extra=fields(n=shape[0], k=shape[1], bytes=session.nbytes))
-        return self._session_info(session, 1).SerializeToString()
+        return self._session_info(session, int(getattr(qip, "max_m", 1))).SerializeToString()
 
     def forward_session(self, decoded: _codec.Decoded, context) -> bytes:
         op = _wire.FORWARD_SESSION
         kwargs = optable.native_arguments(op, decoded, self.config.max_tensor_bytes, skip=("session_id",))
         with self.store.use(decoded.message.session_id, forward=True) as session:
-            result = self._run("quantized_inner_product_forward", context, session.context.forward, **kwargs)
+            result = self._run(self._timer("quantized_inner_product_forward"), context, session.context.forward,
+                              **kwargs)
         return self._encode(op, result, 0)
 
     def describe_session(self, decoded: _codec.Decoded, context) -> bytes:
         request = decoded.message
-        m = request.m if request.HasField("m") else 1
         with self.store.use(request.session_id) as session:
+            m = request.m if request.HasField("m") else int(getattr(session.context, "max_m", 1))
             try:
                 return self._session_info(session, m).SerializeToString()
             except errors.NATIVE_ERRORS as exc:

@@ -174,4 +174,5 @@ class Sweeper(threading.Thread):
 
     def stop(self) -> None:
         self._halt.set()
-        self.join()
+        if self.is_alive():
+            self.join()

@@ -13,7 +13,8 @@ class FakeQuantizedInnerProduct:
     instances: list["FakeQuantizedInnerProduct"] = []
     lock = threading.Lock()
 
-    def __init__(self, b, *, b_scale, a_scale, a_zero, c_scale, c_zero, bias=None, trans_b=False):
+    def __init__(self, b, *, b_scale, a_scale, a_zero, c_scale, c_zero, bias=None, trans_b=False, max_m=1,
+                 algorithm=None):
         if not isinstance(b, np.ndarray) or b.dtype != np.int8 or b.ndim != 2:
             raise tn.ArgumentTypeError("b", "expected a 2-D int8 array")
         if a_scale is None:
@@ -24,6 +25,7 @@ class FakeQuantizedInnerProduct:
         self.bias = np.zeros(n, np.int64) if bias is None else np.asarray(bias, np.int64)
         self.norm = (np.float32(a_scale) * self.b_scale / np.float32(c_scale)).astype(np.float32)
         self.a_zero, self.c_zero = int(a_zero), int(c_zero)
+        self.max_m = max_m
         self.closed = False
         self.forwards = 0
         with self.lock:

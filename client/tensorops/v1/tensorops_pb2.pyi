@@ -196,7 +196,7 @@ class UnaryRequest(_message.Message):
     def __init__(self, x: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., op: _Optional[_Union[UnaryOp, str]] = ...) -> None: ...
 
 class QuantizedInnerProductRequest(_message.Message):
-    __slots__ = ("a", "b", "b_scale", "a_scale", "a_zero", "c_scale", "c_zero", "bias", "trans_b")
+    __slots__ = ("a", "b", "b_scale", "a_scale", "a_zero", "c_scale", "c_zero", "bias", "trans_b", "algorithm")
     A_FIELD_NUMBER: _ClassVar[int]
     B_FIELD_NUMBER: _ClassVar[int]
     B_SCALE_FIELD_NUMBER: _ClassVar[int]
@@ -206,6 +206,7 @@ class QuantizedInnerProductRequest(_message.Message):
     C_ZERO_FIELD_NUMBER: _ClassVar[int]
     BIAS_FIELD_NUMBER: _ClassVar[int]
     TRANS_B_FIELD_NUMBER: _ClassVar[int]
+    ALGORITHM_FIELD_NUMBER: _ClassVar[int]
     a: _tensor_pb2.Tensor
     b: _tensor_pb2.Tensor
     b_scale: _tensor_pb2.Tensor
@@ -215,7 +216,8 @@ class QuantizedInnerProductRequest(_message.Message):
     c_zero: int
     bias: _tensor_pb2.Tensor
     trans_b: bool
-    def __init__(self, a: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., b: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., b_scale: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., a_scale: _Optional[float] = ..., a_zero: _Optional[int] = ..., c_scale: _Optional[float] = ..., c_zero: _Optional[int] = ..., bias: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., trans_b: _Optional[bool] = ...) -> None: ...
+    algorithm: str
+    def __init__(self, a: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., b: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., b_scale: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., a_scale: _Optional[float] = ..., a_zero: _Optional[int] = ..., c_scale: _Optional[float] = ..., c_zero: _Optional[int] = ..., bias: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., trans_b: _Optional[bool] = ..., algorithm: _Optional[str] = ...) -> None: ...
 
 class QuantizedInnerProductResponse(_message.Message):
     __slots__ = ("c",)
@@ -224,7 +226,7 @@ class QuantizedInnerProductResponse(_message.Message):
     def __init__(self, c: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
 
 class CreateQuantizedInnerProductRequest(_message.Message):
-    __slots__ = ("b", "b_scale", "a_scale", "a_zero", "c_scale", "c_zero", "bias", "trans_b")
+    __slots__ = ("b", "b_scale", "a_scale", "a_zero", "c_scale", "c_zero", "bias", "trans_b", "max_m", "algorithm")
     B_FIELD_NUMBER: _ClassVar[int]
     B_SCALE_FIELD_NUMBER: _ClassVar[int]
     A_SCALE_FIELD_NUMBER: _ClassVar[int]
@@ -233,6 +235,8 @@ class CreateQuantizedInnerProductRequest(_message.Message):
     C_ZERO_FIELD_NUMBER: _ClassVar[int]
     BIAS_FIELD_NUMBER: _ClassVar[int]
     TRANS_B_FIELD_NUMBER: _ClassVar[int]
+    MAX_M_FIELD_NUMBER: _ClassVar[int]
+    ALGORITHM_FIELD_NUMBER: _ClassVar[int]
     b: _tensor_pb2.Tensor
     b_scale: _tensor_pb2.Tensor
     a_scale: float
@@ -241,7 +245,9 @@ class CreateQuantizedInnerProductRequest(_message.Message):
     c_zero: int
     bias: _tensor_pb2.Tensor
     trans_b: bool
-    def __init__(self, b: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., b_scale: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., a_scale: _Optional[float] = ..., a_zero: _Optional[int] = ..., c_scale: _Optional[float] = ..., c_zero: _Optional[int] = ..., bias: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., trans_b: _Optional[bool] = ...) -> None: ...
+    max_m: int
+    algorithm: str
+    def __init__(self, b: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., b_scale: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., a_scale: _Optional[float] = ..., a_zero: _Optional[int] = ..., c_scale: _Optional[float] = ..., c_zero: _Optional[int] = ..., bias: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., trans_b: _Optional[bool] = ..., max_m: _Optional[int] = ..., algorithm: _Optional[str] = ...) -> None: ...
 
 class QuantizedInnerProductForwardRequest(_message.Message):
     __slots__ = ("session_id", "a")
@@ -252,7 +258,7 @@ class QuantizedInnerProductForwardRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., a: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
 
 class SessionInfo(_message.Message):
-    __slots__ = ("session_id", "info", "internal_buffer_size", "external_buffer_size", "m", "n", "k", "bytes", "idle_seconds", "forward_count")
+    __slots__ = ("session_id", "info", "internal_buffer_size", "external_buffer_size", "m", "n", "k", "bytes", "idle_seconds", "forward_count", "max_m")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     INFO_FIELD_NUMBER: _ClassVar[int]
     INTERNAL_BUFFER_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -263,6 +269,7 @@ class SessionInfo(_message.Message):
     BYTES_FIELD_NUMBER: _ClassVar[int]
     IDLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     FORWARD_COUNT_FIELD_NUMBER: _ClassVar[int]
+    MAX_M_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     info: str
     internal_buffer_size: int
@@ -273,7 +280,8 @@ class SessionInfo(_message.Message):
     bytes: int
     idle_seconds: float
     forward_count: int
-    def __init__(self, session_id: _Optional[str] = ..., info: _Optional[str] = ..., internal_buffer_size: _Optional[int] = ..., external_buffer_size: _Optional[int] = ..., m: _Optional[int] = ..., n: _Optional[int] = ..., k: _Optional[int] = ..., bytes: _Optional[int] = ..., idle_seconds: _Optional[float] = ..., forward_count: _Optional[int] = ...) -> None: ...
+    max_m: int
+    def __init__(self, session_id: _Optional[str] = ..., info: _Optional[str] = ..., internal_buffer_size: _Optional[int] = ..., external_buffer_size: _Optional[int] = ..., m: _Optional[int] = ..., n: _Optional[int] = ..., k: _Optional[int] = ..., bytes: _Optional[int] = ..., idle_seconds: _Optional[float] = ..., forward_count: _Optional[int] = ..., max_m: _Optional[int] = ...) -> None: ...
 
 class DescribeSessionRequest(_message.Message):
     __slots__ = ("session_id", "m")
