@@ -120,7 +120,7 @@ def test_unavailable_server():
             c.softmax(np.zeros(3, np.float32))
 
 
-def slow_request(n_inputs=30_000):
+def slow_request(n_inputs=60_000):
     """A request that keeps a worker busy for a while without any kernel: many empty
     inputs to decode and validate."""
     return dict(inputs=[np.zeros(0, np.float32)] * n_inputs, op="sum")
@@ -142,3 +142,33 @@ def test_expired_call_does_not_start_its_kernel(start_server):
     text = srv.metrics_text()
     assert metric_value(text, "tensorops_kernel_duration_seconds_count", operation="softmax") == 0
     assert metric_value(text, "tensorops_kernel_duration_seconds_count", operation="eltwise") == 1
+
+
+def test_concurrency_limit_is_resource_exhausted(start_server):
+    srv = start_server("--max-concurrent-rpcs", "1", "--workers", "2")
+    with tensorops.Client(srv.target, timeout=60) as c:
+        busy = threading.Thread(target=c.eltwise, kwargs=slow_request())
+        busy.start()
+        deadline = time.monotonic() + 10
+        while metric_value(srv.metrics_text(), "tensorops_requests_in_flight", operation="eltwise") < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        with pytest.raises(tensorops.ResourceExhaustedError):
+            c.softmax(np.zeros((0, 3), np.float32))
+        busy.join()
+
+
+def test_async_client_raises_the_same_errors(server, run_async):
+    async def calls(c):
+        found = []
+        for call in (lambda: c.softmax(np.zeros(3, np.float64)),
+                     lambda: c.unary(np.zeros(3, np.float32), "nope"),
+                     lambda: c.softmax(np.zeros((0, 3), np.float32), timeout=1e-6)):
+            try:
+                await call()
+            except tensorops.TensorOpsError as exc:
+                found.append((type(exc), exc.field))
+        return found
+    assert run_async(server.target, calls) == [(tensorops.InvalidArgumentError, "x"),
+                                              (tensorops.InvalidArgumentError, "op"),
+                                              (tensorops.DeadlineExceededError, None)]
