@@ -171,19 +171,21 @@ def build_request(op: Operation, arguments: dict[str, Any]) -> Request:
         if name in codec.numbers:
             tensor_format = fmt if name in op.layout else 0
             if name in codec.repeated:
-                items = [_codec.encode_tensor(v, f"{name}[{i}]", tensor_format)
-                         for i, v in enumerate(_sequence(value, name))]
-                tensors[name] = items
-                bits |= any(_is_bits(v) for v in _sequence(value, name))
+                items = _sequence(value, name)
+                tensors[name] = [_codec.encode_tensor(v, f"{name}[{i}]", tensor_format) for i, v in enumerate(items)]
+                bits |= any(_is_bits(v) for v in items)
             else:
                 tensors[name] = _codec.encode_tensor(value, name, tensor_format)
                 bits |= _is_bits(value)
         elif f.enum_type is not None:
             setattr(message, name, encode_enum(f.enum_type, value, name))
         else:
+            values = _sequence(value, name) if f.is_repeated else [value]
+            if f.type != f.TYPE_BOOL and any(isinstance(v, (bool, np.bool_)) for v in values):
+                raise WireError(name, f"expected {_type_name(f)}, got a bool")  # as the operation would say
             try:
                 if f.is_repeated:
-                    getattr(message, name).extend(_sequence(value, name))
+                    getattr(message, name).extend(values)
                 else:
                     setattr(message, name, value)
             except (TypeError, ValueError) as exc:

@@ -52,6 +52,8 @@ def test_uint16_inputs_mark_bf16_results_as_bits():
     ("eltwise", dict(inputs="ab", op="sum"), "inputs"),
     ("layer_norm_spatial", dict(x=np.zeros((1, 1)), scale=[1], shift=[0], eps=1e-5, format="nwhc"), "format"),
     ("shuffle", dict(x0=np.zeros((1, 2)), x1=np.zeros((1, 2)), type=0, channels=(1.5, 2)), "channels"),
+    ("normalize_l2", dict(x=np.zeros((1, 1)), scale=[1.0], eps=True), "eps"),
+    ("lrn_cross_channels", dict(x=np.zeros((1, 1)), half=np.True_, k=[1, 1, 1]), "half"),
 ])
 def test_unencodable_arguments_raise_invalid_argument_naming_them(op, args, field):
     with pytest.raises(tensorops.InvalidArgumentError) as err:
