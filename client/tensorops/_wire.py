@@ -19,6 +19,8 @@ from . import _codec
 from ._codec import WireError
 from .v1 import tensor_pb2, tensorops_pb2
 
+TENSOR, TENSORS, ENUM, SCALAR, REPEATED = range(5)  # kinds of request fields
+
 SERVICE = tensorops_pb2.DESCRIPTOR.services_by_name["TensorOps"]
 SERVICE_NAME = SERVICE.full_name
 
@@ -63,6 +65,24 @@ class Operation:
     def response_codec(self) -> _codec.MessageCodec:
         return _codec.MessageCodec(self.response_class)
 
+    @cached_property
+    def request_plan(self) -> dict[str, tuple[int, Any]]:
+        """How each argument is encoded: name -> (kind, detail), computed once."""
+        plan = {}
+        codec = self.request_codec
+        for f in self.request_class.DESCRIPTOR.fields:
+            if f.name in codec.numbers:
+                plan[f.name] = (TENSORS if f.is_repeated else TENSOR, f.name in self.layout)
+            elif f.enum_type is not None:
+                plan[f.name] = (ENUM, f.enum_type)
+            else:
+                plan[f.name] = (REPEATED if f.is_repeated else SCALAR, f)
+        return plan
+
+    @cached_property
+    def response_fields(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.response_class.DESCRIPTOR.fields)
+
     @property
     def path(self) -> str:
         return method_path(self.rpc)
@@ -98,10 +118,17 @@ def _enum_prefix(enum_descriptor) -> str:
     return unspecified[: -len("UNSPECIFIED")]
 
 
+_ENUM_NAMES: dict[str, dict[int, str]] = {}
+
+
 def enum_names(enum_descriptor) -> dict[int, str]:
     """Wire number -> API name ('exp'), without the UNSPECIFIED value."""
-    prefix = _enum_prefix(enum_descriptor)
-    return {v.number: v.name[len(prefix):].lower() for v in enum_descriptor.values if v.number}
+    names = _ENUM_NAMES.get(enum_descriptor.full_name)
+    if names is None:
+        prefix = _enum_prefix(enum_descriptor)
+        names = _ENUM_NAMES[enum_descriptor.full_name] = {
+            v.number: v.name[len(prefix):].lower() for v in enum_descriptor.values if v.number}
+    return names
 
 
 def encode_enum(enum_descriptor, value, name: str) -> int:
@@ -154,48 +181,47 @@ def _sequence(value, name: str) -> list:
 
 def build_request(op: Operation, arguments: dict[str, Any]) -> Request:
     """Encode call arguments (None = the default) as the request of `op`."""
-    arguments = dict(arguments)
-    fmt = 0
-    if "format" in arguments:
-        value = arguments.pop("format")
-        fmt = encode_format(value) if value is not None else 0
+    plan = op.request_plan
+    fmt_value = arguments.get("format")
+    fmt = encode_format(fmt_value) if fmt_value is not None else 0
     message = op.request_class()
-    fields = op.request_class.DESCRIPTOR.fields_by_name
-    codec = op.request_codec
     tensors: dict[str, Any] = {}
     bits = False
     for name, value in arguments.items():
-        f = fields[name]
-        if value is None:
+        if value is None or name == "format":
             continue
-        if name in codec.numbers:
-            tensor_format = fmt if name in op.layout else 0
-            if name in codec.repeated:
-                items = _sequence(value, name)
-                tensors[name] = [_codec.encode_tensor(v, f"{name}[{i}]", tensor_format) for i, v in enumerate(items)]
-                bits |= any(_is_bits(v) for v in items)
-            else:
-                tensors[name] = _codec.encode_tensor(value, name, tensor_format)
-                bits |= _is_bits(value)
-        elif f.enum_type is not None:
-            setattr(message, name, encode_enum(f.enum_type, value, name))
+        kind, detail = plan[name]
+        if kind == TENSOR:
+            arr, code = _codec.wire_array(value, name)
+            tensors[name] = (arr, code, fmt if detail else 0)
+            bits = bits or _is_bits(value)
+        elif kind == TENSORS:
+            items = _sequence(value, name)
+            tensors[name] = [_codec.encode_tensor(v, f"{name}[{i}]", fmt if detail else 0)
+                             for i, v in enumerate(items)]
+            bits = bits or any(_is_bits(v) for v in items)
+        elif kind == ENUM:
+            setattr(message, name, encode_enum(detail, value, name))
         else:
-            values = _sequence(value, name) if f.is_repeated else [value]
-            if f.type != f.TYPE_BOOL and any(isinstance(v, (bool, np.bool_)) for v in values):
-                raise WireError(name, f"expected {_type_name(f)}, got a bool")  # as the operation would say
+            values = _sequence(value, name) if kind == REPEATED else (value,)
+            if detail.type != detail.TYPE_BOOL and any(isinstance(v, (bool, np.bool_)) for v in values):
+                raise WireError(name, f"expected {_type_name(detail)}, got a bool")  # as the operation would say
             try:
-                if f.is_repeated:
+                if kind == REPEATED:
                     getattr(message, name).extend(values)
                 else:
                     setattr(message, name, value)
             except (TypeError, ValueError) as exc:
-                raise WireError(name, f"cannot be sent as {_type_name(f)}: {exc}") from None
-    return Request(codec.encode(message, tensors), bits)
+                raise WireError(name, f"cannot be sent as {_type_name(detail)}: {exc}") from None
+    return Request(op.request_codec.encode(message, tensors), bits)
+
+
+_UINT16 = np.dtype(np.uint16)
 
 
 def _is_bits(value) -> bool:
     dtype = getattr(value, "dtype", None)
-    return dtype is not None and np.dtype(dtype) == np.uint16
+    return dtype is not None and dtype == _UINT16
 
 
 def _type_name(f) -> str:
@@ -210,11 +236,11 @@ def decode_response(op: Operation, raw: bytes, bf16_bits: bool = False):
     Arrays are new and writable, as in-process results are."""
     decoded = op.response_codec.decode(raw)
     results = []
-    for f in op.response_class.DESCRIPTOR.fields:
-        wire = decoded.tensors.get(f.name)
+    for name in op.response_fields:
+        wire = decoded.tensors.get(name)
         if wire is None:
-            raise WireError(f.name, "missing from the response")
-        arr = _codec.to_array(wire, f.name).copy()
+            raise WireError(name, "missing from the response")
+        arr = _codec.to_array(wire, name).copy()
         if bf16_bits and wire.dtype == tensor_pb2.DATA_TYPE_BF16:
             arr = arr.view(np.uint16)
         results.append(arr)

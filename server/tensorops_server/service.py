@@ -135,8 +135,7 @@ class Service:
     def _encode(op: _wire.Operation, result, fmt: int) -> bytes:
         results = result if isinstance(result, tuple) else (result,)
         out_fmt = fmt if op.layout and op.image_outputs else 0
-        tensors = {f.name: _codec.encode_tensor(arr, f.name, out_fmt)
-                   for f, arr in zip(op.response_class.DESCRIPTOR.fields, results)}
+        tensors = {name: _codec.encode_tensor(arr, name, out_fmt) for name, arr in zip(op.response_fields, results)}
         return op.response_codec.encode(None, tensors)
 
     def _session_info(self, session, m: int | None = None) -> tensorops_pb2.SessionInfo:
