@@ -11,6 +11,12 @@
 
 #define TN_ELTWISE_BLOCK 2048 /* floats: 8 KB of dst stay in L1 while the inputs stream by */
 
+/* Floats from p to the next 64-byte boundary. */
+static inline size_t gap(const float * p)
+{
+    return ((0 - (uintptr_t)p) & 63) / sizeof(float);
+}
+
 enum { OP_PRODUCT, OP_SUM_FIRST, OP_SUM_NEXT, OP_MAX, OP_MIN };
 
 static inline __attribute__((always_inline)) __m512 combine(int op, __m512 a, __m512 b, __m512 wa, __m512 wb)
@@ -29,7 +35,11 @@ static inline __attribute__((always_inline)) void span(int op, const float * a, 
                                                        float * d, size_t n)
 {
     const __m512 va = _mm512_set1_ps(wa), vb = _mm512_set1_ps(wb);
-    size_t j = 0;
+    size_t j = gap(d) < n ? gap(d) : n;
+    if (j) { /* up to the first 64-byte boundary of d: the other stores never split a line */
+        __mmask16 m = tn_avx512_tail_mask(j);
+        _mm512_mask_storeu_ps(d, m, combine(op, _mm512_maskz_loadu_ps(m, a), _mm512_maskz_loadu_ps(m, b), va, vb));
+    }
     for (; j + 4 * TN_AVX512_F <= n; j += 4 * TN_AVX512_F) {
         __m512 r0 = combine(op, _mm512_loadu_ps(a + j + 0 * TN_AVX512_F), _mm512_loadu_ps(b + j + 0 * TN_AVX512_F), va, vb);
         __m512 r1 = combine(op, _mm512_loadu_ps(a + j + 1 * TN_AVX512_F), _mm512_loadu_ps(b + j + 1 * TN_AVX512_F), va, vb);
@@ -52,8 +62,9 @@ static inline __attribute__((always_inline)) void run(int first, int next, float
                                                       const float * weight, size_t count, size_t size, float * dst)
 {
     int sum = first == OP_SUM_FIRST;
-    for (size_t b = 0; b < size; b += TN_ELTWISE_BLOCK) {
-        size_t n = size - b < TN_ELTWISE_BLOCK ? size - b : TN_ELTWISE_BLOCK;
+    /* The first block also takes dst's unaligned head, so the others start on a line. */
+    for (size_t b = 0, n = gap(dst) + TN_ELTWISE_BLOCK; b < size; b += n, n = TN_ELTWISE_BLOCK) {
+        n = size - b < n ? size - b : n;
         span(first, src[0] + b, src[1] + b, sum ? weight[0] : 1.0f, sum ? weight[1] : 1.0f, dst + b, n);
         for (size_t i = 2; i < count; ++i)
             span(next, dst + b, src[i] + b, 1.0f, sum ? weight[i] : 1.0f, dst + b, n);
