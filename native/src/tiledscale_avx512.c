@@ -205,8 +205,19 @@ static void nhwc_rows(const float * src, size_t channels, size_t height, size_t 
             __mmask16 m = tn_avx512_tail_mask(i);
             _mm512_mask_storeu_ps(y, m, scale(_mm512_maskz_loadu_ps(m, x), _mm512_maskz_loadu_ps(m, ver), _mm512_loadu_ps(t)));
         }
-        for (; i + F <= n; i += F) {
+        for (; i + 2 * F <= n; i += 2 * F) {
+            size_t f1 = f + step;
+            f1 -= f1 >= channels ? channels : 0;
+            __m512 r0 = scale(_mm512_loadu_ps(x + i), _mm512_loadu_ps(ver + i), _mm512_loadu_ps(t + f));
+            __m512 r1 = scale(_mm512_loadu_ps(x + i + F), _mm512_loadu_ps(ver + i + F), _mm512_loadu_ps(t + f1));
+            _mm512_storeu_ps(y + i, r0);
+            _mm512_storeu_ps(y + i + F, r1);
+            f = f1 + step;
+            f -= f >= channels ? channels : 0;
+        }
+        if (i + F <= n) {
             _mm512_storeu_ps(y + i, scale(_mm512_loadu_ps(x + i), _mm512_loadu_ps(ver + i), _mm512_loadu_ps(t + f)));
+            i += F;
             f += step;
             f -= f >= channels ? channels : 0;
         }
