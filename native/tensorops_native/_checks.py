@@ -55,7 +55,9 @@ def _as_array(value, name: str) -> np.ndarray:
 def _native_contiguous(arr: np.ndarray) -> np.ndarray:
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
-    return np.ascontiguousarray(arr)
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)  # (not for 0-d arrays: it would make them 1-d)
+    return arr
 
 
 def f32_tensor(value, name: str) -> np.ndarray:
