@@ -169,16 +169,12 @@ def test_layer_norm_large_offset(rng, kind, fmt, channels, spatial):
 @pytest.mark.parametrize("kind", ["v2", "v3"])
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_layer_norm_of_constant_gives_shift(rng, kind, fmt):
-    """Zero variance: y = 0 * norm * scale + shift = shift exactly for a value whose mean is
-    exact (a power of two)."""
-    fn, _, kernel, _ = LAYER_NORMS[kind]
-    require(kernel)
+    """Zero variance: eps keeps the norm finite and y = shift (0.5: a value whose mean is
+    exact; the tolerance's max|x| * norm term allows for kernels that fold the mean into
+    the shift)."""
     shape = image_shape(2, 8, 16, fmt)
-    x = np.full(shape, 0.5, np.float32)
-    scale, shift = params(rng, 8)
-    y = fn(x, scale, shift, format=fmt)
-    expected = np.broadcast_to(shift.reshape((1, 8) + (1,) * (len(shape) - 2)) if fmt == "nchw" else shift, shape)
-    np.testing.assert_array_equal(y, expected)
+    y = check_layer_norm(rng, kind, fmt, 8, 16, 2, x=np.full(shape, 0.5, np.float32))
+    assert np.isfinite(y).all()
 
 
 @pytest.mark.parametrize("kind", ["l2", "v2", "v3", "v4"])

@@ -61,7 +61,7 @@ def type1_channels(half, variant):
     return (0, 2 * half) if variant == "all-second" else (2 * half, 0)
 
 
-# the default (equal halves) needs an even input channel count (odd ones: test_validation)
+# the default (equal halves) needs an even input channel count (odd ones: test_arguments)
 TYPE1_CASES = [pytest.param(h, v, id=f"{h}-{v}") for h in TYPE1_HALVES for v in ("default", "unequal")
                if not (v == "default" and h % 2)]
 
