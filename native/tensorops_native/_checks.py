@@ -17,6 +17,9 @@ import ml_dtypes
 import numpy as np
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
+F32 = np.dtype(np.float32)
+U16 = np.dtype(np.uint16)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 FORMATS = {"nchw": 0, "nhwc": 1}
 FORMAT_NAMES = {v: k for k, v in FORMATS.items()}
 
@@ -52,11 +55,15 @@ def _as_array(value, name: str) -> np.ndarray:
 def _native_contiguous(arr: np.ndarray) -> np.ndarray:
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
-    return np.ascontiguousarray(arr)
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)  # (not for 0-d arrays: it would make them 1-d)
+    return arr
 
 
 def f32_tensor(value, name: str) -> np.ndarray:
     """A float32 tensor, C-contiguous, native byte order."""
+    if type(value) is np.ndarray and value.dtype is F32 and value.flags.c_contiguous:
+        return value  # the common case, checked cheaply
     arr = _as_array(value, name)
     if arr.dtype.kind != "f" or arr.dtype.itemsize != 4:
         raise ArgumentTypeError(name, f"expected a float32 array, got dtype {arr.dtype}")
@@ -65,6 +72,8 @@ def f32_tensor(value, name: str) -> np.ndarray:
 
 def bf16_tensor(value, name: str) -> np.ndarray:
     """A BF16 tensor (ml_dtypes.bfloat16, or uint16 holding BF16 bits), contiguous."""
+    if type(value) is np.ndarray and (value.dtype is BF16 or value.dtype is U16) and value.flags.c_contiguous:
+        return value
     arr = _as_array(value, name)
     if arr.dtype != BF16 and not (arr.dtype.kind == "u" and arr.dtype.itemsize == 2):
         raise ArgumentTypeError(name, f"expected a bfloat16 array (ml_dtypes.bfloat16 or uint16 bits), got dtype {arr.dtype}")
@@ -84,6 +93,8 @@ def bits16(arr: np.ndarray) -> np.ndarray:
 def f32_params(value, name: str, shape: tuple[int, ...]) -> np.ndarray:
     """Per-channel (or similar) float parameters: any real array-like of exactly `shape`,
     converted to contiguous float32."""
+    if type(value) is np.ndarray and value.dtype is F32 and value.shape == shape and value.flags.c_contiguous:
+        return value
     arr = _as_array(value, name)
     if arr.dtype.kind not in "fiu":
         raise ArgumentTypeError(name, f"expected real numbers, got dtype {arr.dtype}")
@@ -94,16 +105,18 @@ def f32_params(value, name: str, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def finite_float(value, name: str, *, minimum: float | None = None) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise ArgumentTypeError(name, f"expected a real number, got {type(value).__name__}")
-    result = float(value)
-    if not math.isfinite(result):
-        raise ArgumentError(name, f"must be finite, got {result}")
-    if minimum is not None and result < minimum:
-        raise ArgumentError(name, f"must be >= {minimum}, got {result}")
-    if not math.isfinite(float(np.float32(result))):
-        raise ArgumentError(name, f"must fit in float32, got {result}")
-    return result
+    """A real number that is finite as a float32 (and >= minimum)."""
+    if type(value) is not float:
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+            raise ArgumentTypeError(name, f"expected a real number, got {type(value).__name__}")
+        value = float(value)
+    if not math.isfinite(value):
+        raise ArgumentError(name, f"must be finite, got {value}")
+    if minimum is not None and value < minimum:
+        raise ArgumentError(name, f"must be >= {minimum}, got {value}")
+    if abs(value) > FLOAT32_MAX:
+        raise ArgumentError(name, f"must fit in float32 (|value| <= {FLOAT32_MAX:.6g}), got {value}")
+    return value
 
 
 def integer(value, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -125,7 +138,7 @@ def boolean(value, name: str) -> bool:
 
 def choice(value, name: str, names: dict[str, int]) -> int:
     """An enumeration given by (case-insensitive) name or by its integer value."""
-    if isinstance(value, str):
+    if type(value) is str:
         key = value.lower()
         if key in names:
             return names[key]

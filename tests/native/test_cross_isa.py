@@ -1,0 +1,116 @@
+"""The same inputs at every ISA level, each in its own interpreter (TENSOROPS_ISA=scalar,
+avx2, avx512; a level this CPU lacks is skipped with the reason):
+
+- BF16 outputs (layer_norm_channels, softmax) are identical bit for bit, NaNs included
+  (KERNELS.md: every level produces bit-identical BF16 outputs);
+- unary results: bit-identical for the exact ops, within each other's accuracy bounds
+  (twice the KERNELS.md bound, same NaN and infinity positions) for the others.
+"""
+import numpy as np
+import pytest
+
+import tensorops_native as tn
+import reference as ref
+from tn_testing import (CHANNELS, EXACT_OPS, UNARY_OPS, assert_same_bits, image_shape, require, unary_checked_mask,
+                        unary_inputs, unary_tolerance)
+
+PAIRS = [("scalar", "avx2"), ("scalar", "avx512"), ("avx2", "avx512")]
+PAIR_IDS = [f"{a}-vs-{b}" for a, b in PAIRS]
+
+BF16_SCRIPT = """
+import ml_dtypes
+for key in sorted(inputs):
+    if not key.endswith("_x"):
+        continue
+    name = key[:-2]
+    x = inputs[key].view(ml_dtypes.bfloat16)
+    if name.startswith("ln"):
+        fmt = ("nchw", "nhwc")[int(inputs[name + "_fmt"])]
+        y = tn.layer_norm_channels(x, inputs[name + "_scale"], inputs[name + "_shift"], format=fmt)
+    else:
+        y = tn.softmax(x, axis=int(inputs[name + "_axis"]))
+    outputs[name] = y.view(np.uint16)
+"""
+
+UNARY_SCRIPT = """
+for op in inputs["ops"].tolist():
+    outputs[op] = tn.unary(inputs["x_" + op], op)
+"""
+
+
+def bf16_inputs():
+    rng = np.random.default_rng(20240603)
+    inputs = {}
+    i = 0
+    for fmt_code, fmt in enumerate(("nchw", "nhwc")):
+        for channels in CHANNELS:
+            for spatial in (1, 5, 16, 49, 3136) if channels in (3, 16, 17, 67) else (5, 16):
+                shape = image_shape(1 + i % 2 * 2, channels, spatial, fmt)
+                x = (rng.normal(0.3, 1.0, shape)).astype(np.float32).astype(ref.BF16)
+                if i % 5 == 0:
+                    x.view(np.uint16).reshape(-1)[[0, -1]] = [0x7FC0, 0xFF80]
+                inputs[f"ln{i:03d}_x"] = x.view(np.uint16)
+                inputs[f"ln{i:03d}_scale"] = rng.uniform(-1.5, 1.5, channels).astype(np.float32)
+                inputs[f"ln{i:03d}_shift"] = rng.uniform(-1, 1, channels).astype(np.float32)
+                inputs[f"ln{i:03d}_fmt"] = np.array(fmt_code)
+                i += 1
+    shapes = [((c,), -1) for c in CHANNELS] + [((3, c, 5), 1) for c in CHANNELS] + \
+             [((c, 16), 0) for c in CHANNELS] + [((2, 3136), -1), ((1, 67, 49), 1), ((4, 33, 1), 1)]
+    for j, (shape, axis) in enumerate(shapes):
+        x = (rng.normal(size=shape) * 4).astype(np.float32).astype(ref.BF16)
+        if j % 4 == 0 and x.size > 2:
+            x.view(np.uint16).reshape(-1)[[1]] = 0x7F80           # a +inf: its row is NaN
+        inputs[f"sm{j:03d}_x"] = x.view(np.uint16)
+        inputs[f"sm{j:03d}_axis"] = np.array(axis)
+    return inputs
+
+
+@pytest.fixture(scope="session")
+def bf16_case():
+    return bf16_inputs()
+
+
+@pytest.mark.parametrize("a,b", PAIRS, ids=PAIR_IDS)
+def test_bf16_outputs_identical_across_isa_levels(isa_runner, bf16_case, a, b):
+    require("SynetNormalizeLayerForward16bV2", "SynetSoftmax16b")
+    ya = isa_runner.run("bf16", a, BF16_SCRIPT, bf16_case)
+    yb = isa_runner.run("bf16", b, BF16_SCRIPT, bf16_case)
+    assert ya.keys() == yb.keys() and len(ya) > 50
+    for name in sorted(ya):
+        assert_same_bits(yb[name], ya[name], what=f"{name} at {b} vs {a}")
+
+
+@pytest.fixture(scope="session")
+def unary_case():
+    rng = np.random.default_rng(7)
+    inputs = {"ops": np.array(UNARY_OPS)}
+    for op in UNARY_OPS:
+        inputs["x_" + op] = unary_inputs(op, rng, n=1 << 17)
+    return inputs
+
+
+@pytest.mark.parametrize("a,b", PAIRS, ids=PAIR_IDS)
+def test_unary_agrees_across_isa_levels(isa_runner, unary_case, a, b):
+    require("SynetUnaryOperation32f")
+    ya = isa_runner.run("unary", a, UNARY_SCRIPT, unary_case)
+    yb = isa_runner.run("unary", b, UNARY_SCRIPT, unary_case)
+    problems = []
+    for op in UNARY_OPS:
+        x, p, q = unary_case["x_" + op], ya[op], yb[op]
+        if op in EXACT_OPS:
+            if op in ("abs", "neg", "not", "zero"):
+                diff = p.view(np.uint32) != q.view(np.uint32)
+            else:   # NaN payloads are not part of IEEE's exact results
+                diff = (p.view(np.uint32) != q.view(np.uint32)) & ~(np.isnan(p) & np.isnan(q))
+        else:
+            r = ref.synet_unary_operation_32f(x, op)
+            with np.errstate(invalid="ignore", over="ignore"):
+                p64, q64 = p.astype(np.float64), q.astype(np.float64)
+                same_class = (np.isnan(p) == np.isnan(q)) & (np.isinf(p) == np.isinf(q))
+                close = np.isnan(p) | (p64 == q64) | (np.abs(p64 - q64) <= 2 * unary_tolerance(op, r))
+            diff = ~(same_class & close) & unary_checked_mask(op, x)
+        if diff.any():
+            i = np.flatnonzero(diff)[0]
+            problems.append(f"{op}: {int(diff.sum())} differ, e.g. x={x[i]!r}: {a} {p[i]!r}, {b} {q[i]!r}")
+    assert not problems, "\n".join(problems)
+
