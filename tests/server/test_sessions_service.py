@@ -161,7 +161,7 @@ def test_ttl_expiry_and_recreation(serve, rng):
         time.sleep(0.45)
         assert c.list_sessions() == []  # expired
         assert np.array_equal(s.forward(a), Fake(b, **p).forward(a))
-        assert s.recreated == 1
+        assert s.recreated >= 1  # once, or twice on a machine slow enough to expire it early
 
 
 def test_recreation_after_server_restart(rng):
