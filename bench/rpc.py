@@ -147,18 +147,22 @@ def latency_table(target: str, echo_port: int, op_name: str, sizes: dict, base_r
             args, kwargs = build(nbytes)
             request = _wire.build_request(_wire.OPERATIONS[fname], dict(zip(_arg_names(fname), args), **kwargs)).data
             repeat = repeats_for(nbytes, base_repeat)
-            # interleave the two so drifts of the machine hit both alike
+            # alternate short runs of each, so drifts of the machine hit both alike while
+            # each side runs as it would in a loop of its own calls
             t_echo, t_call = [], []
+            block = max(1, min(10, repeat // 10))
             for _ in range(2):
                 echo(request)
                 fn(*args, **kwargs)
-            for _ in range(repeat):
-                start = time.perf_counter()
-                echo(request)
-                t_echo.append(time.perf_counter() - start)
-                start = time.perf_counter()
-                fn(*args, **kwargs)
-                t_call.append(time.perf_counter() - start)
+            for _ in range(0, repeat, block):
+                for _ in range(block):
+                    start = time.perf_counter()
+                    echo(request)
+                    t_echo.append(time.perf_counter() - start)
+                for _ in range(block):
+                    start = time.perf_counter()
+                    fn(*args, **kwargs)
+                    t_call.append(time.perf_counter() - start)
             e, c = statistics.median(t_echo), statistics.median(t_call)
             k = median_time(lambda: native(*args, **kwargs), repeat)
             print(f"| {label} | {e * 1e3:.3f} | {c * 1e3:.3f} | {c / e:.2f} | {k * 1e3:.3f} | {c / (e + k):.2f} |",
