@@ -126,22 +126,30 @@ def slow_request(n_inputs=60_000):
     return dict(inputs=[np.zeros(0, np.float32)] * n_inputs, op="sum")
 
 
-def test_expired_call_does_not_start_its_kernel(start_server):
+def test_expired_or_cancelled_call_does_not_start_its_kernel(start_server):
     srv = start_server("--workers", "1")
     with tensorops.Client(srv.target, timeout=60) as c:
-        busy = threading.Thread(target=c.eltwise, kwargs=slow_request())
-        busy.start()
+        busy = [threading.Thread(target=c.eltwise, kwargs=slow_request()) for _ in range(2)]
+        busy[0].start()
         deadline = time.monotonic() + 10
         while metric_value(srv.metrics_text(), "tensorops_requests_in_flight", operation="eltwise") < 1:
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        with pytest.raises(tensorops.DeadlineExceededError):  # queued behind the busy worker
+        busy[1].start()  # queued behind the first: the single worker stays busy a while longer
+        time.sleep(0.05)
+        with grpc.insecure_channel(srv.target) as channel:  # queued, then cancelled
+            request = _wire.build_request(_wire.OPERATIONS["unary"], dict(x=np.zeros(0, np.float32), op="exp"))
+            future = channel.unary_unary(_wire.OPERATIONS["unary"].path).future(request.data)
+            assert future.cancel()
+        with pytest.raises(tensorops.DeadlineExceededError):  # queued, and its deadline passes
             c.softmax(np.zeros((0, 3), np.float32), timeout=0.05)
-        busy.join()
+        for t in busy:
+            t.join()
         time.sleep(0.2)
     text = srv.metrics_text()
     assert metric_value(text, "tensorops_kernel_duration_seconds_count", operation="softmax") == 0
-    assert metric_value(text, "tensorops_kernel_duration_seconds_count", operation="eltwise") == 1
+    assert metric_value(text, "tensorops_kernel_duration_seconds_count", operation="unary") == 0
+    assert metric_value(text, "tensorops_kernel_duration_seconds_count", operation="eltwise") == 2
 
 
 def test_concurrency_limit_is_resource_exhausted(start_server):
