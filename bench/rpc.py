@@ -209,7 +209,6 @@ def throughput_table(target: str, echo_port: int, op_name: str, client_counts, d
     import grpc
 
     import tensorops
-    import tensorops_native as tn
     from tensorops import _wire
 
     fname, _, build = OPERATIONS[op_name]

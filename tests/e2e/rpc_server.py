@@ -95,8 +95,3 @@ def metric_value(text: str, name: str, **labels) -> float:
             return float(value)
     return 0.0
 
-
-def kill_on_exit(proc: ServerProcess) -> None:
-    if proc.proc is not None and proc.proc.poll() is None:
-        proc.proc.send_signal(signal.SIGKILL)
-        proc.proc.wait()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import tensorops
-from tensorops import _codec, _errors, _wire
+from tensorops import _errors, _wire
 from tensorops.v1 import tensor_pb2
 from tensorops.v1 import tensorops_pb2 as pb
 from rpc_server import metric_value

@@ -87,7 +87,7 @@ def test_idle_sessions_expire_and_use_refreshes():
     store, clock, evicted = make(ttl=10.0)
     ca, cb = Context(), Context()
     a = store.add(ca, 1, (1, 1))
-    b = store.add(cb, 1, (1, 1))
+    store.add(cb, 1, (1, 1))
     clock.now += 8
     with store.use(a.id):
         pass
