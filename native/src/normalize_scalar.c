@@ -1,20 +1,19 @@
 /*
  * Normalize layer family (seed 000), scalar level: L2 normalization (V1), layer norm across
  * channels (V2, and its BF16 twin 16bV2), layer norm across spatial positions (V3) and
- * channel norm (V4), NCHW and NHWC.
+ * channel norm (V4), NCHW and NHWC. The AVX2 and AVX-512 files follow the same layout.
  *
- * Memory layout of the work, shared by the three ISA levels:
- * - A reduction along contiguous memory (a row) is done row by row: the row stays in L1
- *   between its passes (statistics, then output).
- * - A reduction across rows (across channels in NCHW, across spatial positions in NHWC)
- *   streams whole rows and keeps one accumulator per position in `buf`. Positions are cut
- *   into chunks whose rows fit in L2 (chunk_width), so the second and third passes over a
- *   chunk read L2, not memory. A chunk's second per-position value (the norm) lives on the
- *   stack.
- * Scratch (`buf`) is used by: L2 NCHW without acrossSpatial (spatial floats), V2 NCHW
- * (spatial), V3 NHWC (channels) and V4 (channels); 16bV2 needs none (a BF16 row stays in L1
- * and is converted again in each pass). A NULL buf is replaced by a malloc'ed one; if that
- * fails, dst is filled with NaN.
+ * Work layout:
+ * - Statistics along a contiguous row (V2/L2 NHWC, V3 NCHW, V4 NCHW) are computed row by
+ *   row while the row stays in L1 between its passes.
+ * - Statistics across rows (V2/L2/16bV2 NCHW across channels, V3/V4 NHWC across spatial
+ *   positions) stream whole rows into one accumulator per position, never gathering one
+ *   value per row. The mean (or the L2 factor) per position is kept in buf; a second
+ *   per-position array (the norm) is on the stack, so positions are taken in chunks of at
+ *   most TN_NORM_CHUNK.
+ * Scratch (buf): L2 NCHW without acrossSpatial and V2 NCHW use `spatial` floats, V3 NHWC and
+ * V4 `channels` floats; the rest need none. A NULL buf is replaced by a malloc'ed one; if
+ * that fails, dst is filled with NaN.
  *
  * Mean and variance are multiplied by 1/count; the variance is the mean of the squared
  * deviations from the mean (two passes), never E[x^2] - E[x]^2.
@@ -23,7 +22,8 @@
  * same data). For every spatial position its sums over channels use the canonical order:
  * channel c goes to lane c % 16, each lane adds its channels in increasing order starting
  * from +0.0f, and the 16 lanes are reduced as tn_avx512_hsum does: lanes i + (i + 8), then
- * i + (i + 4), then (0 + 2) + (1 + 3). Lanes without any channel (channels < 16) or without
+ * i + (i + 4), then (0 + 2) + (1 + 3). In NCHW the lanes run over the channels at a fixed
+ * spatial position exactly as in NHWC. Lanes without any channel (channels < 16) or without
  * a channel in the last block of 16 would only add +0.0f, which leaves every such sum
  * unchanged (a lane sum started at +0.0f and rounded to nearest is never -0.0f), so code may
  * skip those additions. The sequence, identical on every level:
@@ -39,23 +39,9 @@
 #include "kernels.h"
 #include "tensorops.h"
 
-#define TN_NORM_CHUNK 1024                /* positions per chunk at most (stack arrays) */
-#define TN_NORM_CHUNK_BYTES (512 * 1024)  /* rows of one chunk, kept in L2 between passes */
-#define TN_NORM_LANES_CHUNK 256           /* positions per chunk of 16bV2 NCHW (16 lanes) */
-#define TN_NORM_SUM_BLOCK 4096            /* long sums add partial sums of this many values */
-
-/* Width of the chunks of `count` positions reduced over `rows` rows of `elem` bytes: the
- * chunk's rows fit TN_NORM_CHUNK_BYTES, the chunks are balanced and, unless there is only
- * one, a multiple of 16 positions (whole cache lines of fp32) between 64 and `limit`. */
-static size_t chunk_width(size_t count, size_t rows, size_t elem, size_t limit)
-{
-    size_t w = TN_NORM_CHUNK_BYTES / (rows * elem);
-    w = w < 64 ? 64 : w > limit ? limit : w & ~(size_t)15;
-    if (count <= w)
-        return count;
-    size_t n = (count + w - 1) / w;
-    return ((count + n - 1) / n + 15) & ~(size_t)15;
-}
+#define TN_NORM_CHUNK 2048        /* positions per chunk at most (stack array) */
+#define TN_NORM_LANES_CHUNK 256   /* positions per chunk of 16bV2 NCHW (16 lane arrays) */
+#define TN_NORM_SUM_BLOCK 4096    /* long sums add partial sums of this many values */
 
 static void fill_nan(float * dst, size_t n)
 {
@@ -119,22 +105,16 @@ static float sum_squared_deviations(const float * x, size_t n, float mean)
 /* NCHW, one batch item, across channels at each position: k[s] accumulates in buf. */
 static void l2_nchw(const float * x, size_t C, size_t S, const float * scale, float eps, float * k, float * y)
 {
-    const size_t W = chunk_width(S, C, sizeof(float), TN_NORM_CHUNK);
-    for (size_t s0 = 0; s0 < S; s0 += W) {
-        size_t w = S - s0 < W ? S - s0 : W;
-        const float * xs = x + s0;
-        float * ys = y + s0, * ks = k + s0;
-        for (size_t s = 0; s < w; ++s)
-            ks[s] = 0.0f;
-        for (size_t c = 0; c < C; ++c)
-            for (size_t s = 0; s < w; ++s)
-                ks[s] += xs[c * S + s] * xs[c * S + s];
-        for (size_t s = 0; s < w; ++s)
-            ks[s] = 1.0f / sqrtf(ks[s] + eps);
-        for (size_t c = 0; c < C; ++c)
-            for (size_t s = 0; s < w; ++s)
-                ys[c * S + s] = xs[c * S + s] * (scale[c] * ks[s]);
-    }
+    for (size_t s = 0; s < S; ++s)
+        k[s] = 0.0f;
+    for (size_t c = 0; c < C; ++c)
+        for (size_t s = 0; s < S; ++s)
+            k[s] += x[c * S + s] * x[c * S + s];
+    for (size_t s = 0; s < S; ++s)
+        k[s] = 1.0f / sqrtf(k[s] + eps);
+    for (size_t c = 0; c < C; ++c)
+        for (size_t s = 0; s < S; ++s)
+            y[c * S + s] = x[c * S + s] * (scale[c] * k[s]);
 }
 
 void tn_scalar_SynetNormalizeLayerForward(const float * src, size_t batch, size_t channels, size_t spatial,
@@ -204,7 +184,7 @@ static void layer_norm_across(const float * x, size_t rows, size_t count, size_t
                               const float * shift, int perRow, float eps, float * mean, float * y)
 {
     const float inv = 1.0f / (float)rows;
-    const size_t W = chunk_width(count, rows, sizeof(float), TN_NORM_CHUNK);
+    const size_t W = TN_NORM_CHUNK;
     float norm[TN_NORM_CHUNK];
     for (size_t p0 = 0; p0 < count; p0 += W) {
         size_t w = count - p0 < W ? count - p0 : W;
@@ -430,7 +410,7 @@ static void layer_norm_nchw_bf16(const uint16_t * x, size_t C, size_t S, const f
 {
     const float inv = 1.0f / (float)C;
     const size_t L = C < 16 ? C : 16;
-    const size_t W = chunk_width(S, C, sizeof(uint16_t), TN_NORM_LANES_CHUNK);
+    const size_t W = TN_NORM_LANES_CHUNK;
     float lane[16][TN_NORM_LANES_CHUNK], mean[TN_NORM_LANES_CHUNK], norm[TN_NORM_LANES_CHUNK];
     for (size_t s0 = 0; s0 < S; s0 += W) {
         size_t w = S - s0 < W ? S - s0 : W;
