@@ -299,8 +299,8 @@ INLINE void scale_row(const float * x, size_t n, const float * scale, size_t ste
 }
 
 void tn_avx2_SynetNormalizeLayerForward(const float * src, size_t batch, size_t channels, size_t spatial,
-                                          const float * scale, const float * eps, int acrossSpatial, int format,
-                                          float * buf, float * dst)
+                                        const float * scale, const float * eps, int acrossSpatial, int format,
+                                        float * buf, float * dst)
 {
     const size_t size = channels * spatial;
     const float e = eps[0];
@@ -424,8 +424,8 @@ INLINE void layer_norm_row1(const float * x, size_t n, float scale, float shift,
 }
 
 void tn_avx2_SynetNormalizeLayerForwardV2(const float * src, size_t batch, size_t channels, size_t spatial,
-                                            const float * scale, const float * shift, const float * eps, int format,
-                                            float * buf, float * dst)
+                                          const float * scale, const float * shift, const float * eps, int format,
+                                          float * buf, float * dst)
 {
     const size_t size = channels * spatial;
     const float e = eps[0];
@@ -456,8 +456,8 @@ void tn_avx2_SynetNormalizeLayerForwardV2(const float * src, size_t batch, size_
 }
 
 void tn_avx2_SynetNormalizeLayerForwardV3(const float * src, size_t batch, size_t channels, size_t spatial,
-                                            const float * scale, const float * shift, const float * eps, int format,
-                                            float * buf, float * dst)
+                                          const float * scale, const float * shift, const float * eps, int format,
+                                          float * buf, float * dst)
 {
     const size_t size = channels * spatial;
     const float e = eps[0];
@@ -481,8 +481,8 @@ void tn_avx2_SynetNormalizeLayerForwardV3(const float * src, size_t batch, size_
 /* ---- V4: channel norm -------------------------------------------------------------------- */
 
 void tn_avx2_SynetNormalizeLayerForwardV4(const float * src, size_t batch, size_t channels, size_t spatial,
-                                            const float * scale, const float * shift, const float * eps, int format,
-                                            float * buf, float * dst)
+                                          const float * scale, const float * shift, const float * eps, int format,
+                                          float * buf, float * dst)
 {
     const size_t size = channels * spatial;
     const float e = eps[0], inv = 1.0f / (float)channels;
@@ -625,8 +625,9 @@ INLINE void layer_norm_rows_bf16(const uint16_t * x, size_t R, size_t n, const f
     }
 }
 
-/* NCHW: the chunk engine of layer_norm_across with the canonical lanes: for every position,
- * channel c adds into lane[c % 16] (16 stack arrays of TN_NORM_LANES_CHUNK positions). */
+/* NCHW: rows streamed as in layer_norm_across, with the canonical lanes: for every position,
+ * channel c adds into lane[c % 16] (16 stack arrays of TN_NORM_LANES_CHUNK positions, so the
+ * positions are taken in chunks of that many). */
 #define TN_NORM_LANES_CHUNK 256
 
 /* lane[c % 16][p] (+)= x[c * S + p] for one channel c: the first 16 channels start the lanes. */
@@ -707,8 +708,8 @@ static void layer_norm_across_bf16(const uint16_t * x, size_t C, size_t S, const
 }
 
 void tn_avx2_SynetNormalizeLayerForward16bV2(const uint16_t * src, size_t batch, size_t channels, size_t spatial,
-                                               const float * scale, const float * shift, const float * eps,
-                                               int format, float * buf, uint16_t * dst)
+                                             const float * scale, const float * shift, const float * eps,
+                                             int format, float * buf, uint16_t * dst)
 {
     const size_t size = channels * spatial;
     const float e = eps[0];

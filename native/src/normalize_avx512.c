@@ -581,8 +581,9 @@ INLINE void layer_norm_rows_bf16(const uint16_t * x, size_t R, size_t n, const f
     }
 }
 
-/* NCHW: the chunk engine of layer_norm_across with the canonical lanes: for every position,
- * channel c adds into lane[c % 16] (16 stack arrays of TN_NORM_LANES_CHUNK positions). */
+/* NCHW: rows streamed as in layer_norm_across, with the canonical lanes: for every position,
+ * channel c adds into lane[c % 16] (16 stack arrays of TN_NORM_LANES_CHUNK positions, so the
+ * positions are taken in chunks of that many). */
 #define TN_NORM_LANES_CHUNK 256
 
 /* lane[c % 16][p] (+)= x[c * S + p] for one channel c: the first 16 channels start the lanes. */
