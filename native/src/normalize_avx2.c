@@ -70,6 +70,15 @@ INLINE void store_bf16(uint16_t * p, size_t n, __m256 v)
     }
 }
 
+/* Prefetch into L2 the cache lines of [p, p + bytes), bytes > 0, all inside the tensor. */
+INLINE void prefetch_l2(const void * p, size_t bytes)
+{
+    const char * c = (const char *)p;
+    for (size_t i = 0; i < bytes; i += 64)
+        _mm_prefetch(c + i, _MM_HINT_T1);
+    _mm_prefetch(c + bytes - 1, _MM_HINT_T1);
+}
+
 static void fill_nan(float * dst, size_t n)
 {
     for (size_t i = 0; i < n; i += F)
@@ -689,10 +698,15 @@ static void layer_norm_across_bf16(const uint16_t * x, size_t C, size_t S, const
             __m256 v = _mm256_add_ps(_mm256_mul_ps(_mm256_load_ps(lane[0] + p), vinv), ve);
             _mm256_store_ps(norm + p, _mm256_div_ps(one, _mm256_sqrt_ps(v)));
         }
+        /* The rows' next chunks are only short segments, which the hardware prefetchers
+         * hardly pick up: prefetch them into L2 while this chunk is written. */
+        const size_t wn = s0 + w < S ? (S - s0 - w < TN_NORM_LANES_CHUNK ? S - s0 - w : TN_NORM_LANES_CHUNK) : 0;
         for (size_t c = 0; c < C; ++c) {
             const uint16_t * q = xs + c * S;
             uint16_t * o = ys + c * S;
             const __m256 sc = _mm256_set1_ps(scale[c]), sh = _mm256_set1_ps(shift[c]);
+            if (wn)
+                prefetch_l2(q + w, wn * sizeof(uint16_t));
             size_t p = 0;
             for (; p + F <= w; p += F) {
                 __m256 d = _mm256_sub_ps(tn_avx2_load_bf16(q + p), _mm256_load_ps(mean + p));

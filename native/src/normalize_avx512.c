@@ -39,6 +39,15 @@ INLINE __mmask16 lanes(size_t n)
 INLINE __m512 load(const float * p, __mmask16 k) { return _mm512_maskz_loadu_ps(k, p); }
 INLINE void store(float * p, __mmask16 k, __m512 v) { _mm512_mask_storeu_ps(p, k, v); }
 
+/* Prefetch into L2 the cache lines of [p, p + bytes), bytes > 0, all inside the tensor. */
+INLINE void prefetch_l2(const void * p, size_t bytes)
+{
+    const char * c = (const char *)p;
+    for (size_t i = 0; i < bytes; i += 64)
+        _mm_prefetch(c + i, _MM_HINT_T1);
+    _mm_prefetch(c + bytes - 1, _MM_HINT_T1);
+}
+
 static void fill_nan(float * dst, size_t n)
 {
     for (size_t i = 0; i < n; i += F)
@@ -645,10 +654,15 @@ static void layer_norm_across_bf16(const uint16_t * x, size_t C, size_t S, const
             __m512 v = _mm512_add_ps(_mm512_mul_ps(_mm512_load_ps(lane[0] + p), vinv), ve);
             _mm512_store_ps(norm + p, _mm512_div_ps(one, _mm512_sqrt_ps(v)));
         }
+        /* The rows' next chunks are only short segments, which the hardware prefetchers
+         * hardly pick up: prefetch them into L2 while this chunk is written. */
+        const size_t wn = s0 + w < S ? (S - s0 - w < TN_NORM_LANES_CHUNK ? S - s0 - w : TN_NORM_LANES_CHUNK) : 0;
         for (size_t c = 0; c < C; ++c) {
             const uint16_t * q = xs + c * S;
             uint16_t * o = ys + c * S;
             const __m512 sc = _mm512_set1_ps(scale[c]), sh = _mm512_set1_ps(shift[c]);
+            if (wn)
+                prefetch_l2(q + w, wn * sizeof(uint16_t));
             size_t p = 0;
             for (; p + F <= w; p += F) {
                 __m512 d = _mm512_sub_ps(tn_avx512_load_bf16(q + p), _mm512_load_ps(mean + p));
