@@ -1,0 +1,281 @@
+/*
+ * Softmax along the count axis (SynetSoftmax32f, SynetSoftmax16b), AVX2 + FMA.
+ * Same operation sequence as softmax_scalar.c (see there): BF16 results are bit-identical.
+ *
+ * inner == 1: a row is contiguous; three passes over it while it sits in L1 (max; exp,
+ *   stored, and summed in two accumulators holding the lanes 0-7 and 8-15 of the
+ *   canonical 16-lane order; scale by 1 / sum).
+ * inner > 1: vectors run along inner; a block of up to four vectors of columns is walked
+ *   over count with stride inner, one sequential sum per column.
+ */
+#include "vmath_avx2.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#define SM_INLINE static inline __attribute__((always_inline))
+#define SM_STACK_FLOATS 4096 /* BF16 scratch up to this size lives on the stack */
+#define SM_BF16_NAN 0x7fc0u
+
+/* Element access for fp32 (bf == 0) or BF16 (bf == 1) data; i counts elements. The "n"
+ * forms touch only the first n (< 8) elements; the other lanes read as 0. */
+SM_INLINE __m256 ld(const void * p, size_t i, int bf)
+{
+    return bf ? tn_avx2_load_bf16((const uint16_t *)p + i) : _mm256_loadu_ps((const float *)p + i);
+}
+
+SM_INLINE __m256 ldn(const void * p, size_t i, size_t n, int bf)
+{
+    if (bf) {
+        uint16_t t[8] = {0};
+        memcpy(t, (const uint16_t *)p + i, n * sizeof(uint16_t));
+        return tn_avx2_load_bf16(t);
+    }
+    return _mm256_maskload_ps((const float *)p + i, tn_avx2_tail_mask(n));
+}
+
+SM_INLINE void st(void * p, size_t i, __m256 v, int bf)
+{
+    if (bf)
+        tn_avx2_store_bf16((uint16_t *)p + i, v);
+    else
+        _mm256_storeu_ps((float *)p + i, v);
+}
+
+SM_INLINE void stn(void * p, size_t i, size_t n, __m256 v, int bf)
+{
+    if (bf) {
+        uint16_t t[8];
+        tn_avx2_store_bf16(t, v);
+        memcpy((uint16_t *)p + i, t, n * sizeof(uint16_t));
+    } else {
+        _mm256_maskstore_ps((float *)p + i, tn_avx2_tail_mask(n), v);
+    }
+}
+
+SM_INLINE void fill_nan(void * p, size_t n, int bf)
+{
+    for (size_t i = 0; i < n; ++i) {
+        if (bf)
+            ((uint16_t *)p)[i] = SM_BF16_NAN;
+        else
+            ((float *)p)[i] = NAN;
+    }
+}
+
+/* ---- inner == 1 ---- */
+
+SM_INLINE float row_max(const void * src, size_t n, int bf)
+{
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    __m256 m0 = ninf, m1 = ninf, m2 = ninf, m3 = ninf;
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        m0 = _mm256_max_ps(m0, ld(src, i, bf));
+        m1 = _mm256_max_ps(m1, ld(src, i + 8, bf));
+        m2 = _mm256_max_ps(m2, ld(src, i + 16, bf));
+        m3 = _mm256_max_ps(m3, ld(src, i + 24, bf));
+    }
+    for (; i + 8 <= n; i += 8)
+        m0 = _mm256_max_ps(m0, ld(src, i, bf));
+    if (i < n) {
+        __m256 k = _mm256_castsi256_ps(tn_avx2_tail_mask(n - i));
+        m1 = _mm256_max_ps(m1, _mm256_blendv_ps(ninf, ldn(src, i, n - i, bf), k));
+    }
+    return tn_avx2_hmax(_mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
+}
+
+/* e[i] = exp(x[i] - mx); returns their sum, element i in lane i % 16 (lo: lanes 0-7,
+ * hi: lanes 8-15). */
+SM_INLINE float row_exp(const void * src, size_t n, float mx, float * e, int bf)
+{
+    const __m256 m = _mm256_set1_ps(mx);
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256 e0 = tn_avx2_exp(_mm256_sub_ps(ld(src, i, bf), m));
+        __m256 e1 = tn_avx2_exp(_mm256_sub_ps(ld(src, i + 8, bf), m));
+        __m256 e2 = tn_avx2_exp(_mm256_sub_ps(ld(src, i + 16, bf), m));
+        __m256 e3 = tn_avx2_exp(_mm256_sub_ps(ld(src, i + 24, bf), m));
+        _mm256_storeu_ps(e + i, e0);
+        _mm256_storeu_ps(e + i + 8, e1);
+        _mm256_storeu_ps(e + i + 16, e2);
+        _mm256_storeu_ps(e + i + 24, e3);
+        lo = _mm256_add_ps(lo, e0);
+        hi = _mm256_add_ps(hi, e1);
+        lo = _mm256_add_ps(lo, e2);
+        hi = _mm256_add_ps(hi, e3);
+    }
+    if (i + 16 <= n) {
+        __m256 e0 = tn_avx2_exp(_mm256_sub_ps(ld(src, i, bf), m));
+        __m256 e1 = tn_avx2_exp(_mm256_sub_ps(ld(src, i + 8, bf), m));
+        _mm256_storeu_ps(e + i, e0);
+        _mm256_storeu_ps(e + i + 8, e1);
+        lo = _mm256_add_ps(lo, e0);
+        hi = _mm256_add_ps(hi, e1);
+        i += 16;
+    }
+    if (i + 8 <= n) {
+        __m256 e0 = tn_avx2_exp(_mm256_sub_ps(ld(src, i, bf), m));
+        _mm256_storeu_ps(e + i, e0);
+        lo = _mm256_add_ps(lo, e0);
+        i += 8;
+        if (i < n) { /* lanes 8.. of the last 16 */
+            __m256i k = tn_avx2_tail_mask(n - i);
+            __m256 e1 = tn_avx2_exp(_mm256_sub_ps(ldn(src, i, n - i, bf), m));
+            _mm256_maskstore_ps(e + i, k, e1);
+            hi = _mm256_add_ps(hi, _mm256_and_ps(e1, _mm256_castsi256_ps(k)));
+        }
+    } else if (i < n) {
+        __m256i k = tn_avx2_tail_mask(n - i);
+        __m256 e0 = tn_avx2_exp(_mm256_sub_ps(ldn(src, i, n - i, bf), m));
+        _mm256_maskstore_ps(e + i, k, e0);
+        lo = _mm256_add_ps(lo, _mm256_and_ps(e0, _mm256_castsi256_ps(k)));
+    }
+    return tn_avx2_hsum(_mm256_add_ps(lo, hi));
+}
+
+/* dst[i] = e[i] * (1 / sum); e may be dst itself (fp32). */
+SM_INLINE void row_scale(const float * e, size_t n, float sum, void * dst, int bf)
+{
+    if (sum != sum) {
+        fill_nan(dst, n, bf);
+        return;
+    }
+    const __m256 r = _mm256_set1_ps(1.0f / sum);
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256 y0 = _mm256_mul_ps(_mm256_loadu_ps(e + i), r);
+        __m256 y1 = _mm256_mul_ps(_mm256_loadu_ps(e + i + 8), r);
+        __m256 y2 = _mm256_mul_ps(_mm256_loadu_ps(e + i + 16), r);
+        __m256 y3 = _mm256_mul_ps(_mm256_loadu_ps(e + i + 24), r);
+        st(dst, i, y0, bf);
+        st(dst, i + 8, y1, bf);
+        st(dst, i + 16, y2, bf);
+        st(dst, i + 24, y3, bf);
+    }
+    for (; i + 8 <= n; i += 8)
+        st(dst, i, _mm256_mul_ps(_mm256_loadu_ps(e + i), r), bf);
+    if (i < n)
+        stn(dst, i, n - i, _mm256_mul_ps(_mm256_maskload_ps(e + i, tn_avx2_tail_mask(n - i)), r), bf);
+}
+
+/* ---- inner > 1 ---- */
+
+/* V (1..4, a constant after inlining) vectors of columns, the last one holding ln (1..8)
+ * columns. src and dst point at the block's first column of row 0; e (row stride es) gets
+ * the exps and may be dst itself (fp32). */
+SM_INLINE void cols(const void * src, size_t count, size_t inner, int V, size_t ln, float * e, size_t es,
+                    void * dst, int bf)
+{
+    __m256 mx[4], s[4], r[4], nan[4];
+    const __m256i lk = tn_avx2_tail_mask(ln & 7);
+#define SM_FULL(v) ((v) < V - 1 || ln == 8)
+#define SM_LD(i, v) (SM_FULL(v) ? ld(src, (i) + 8 * (v), bf) : ldn(src, (i) + 8 * (v), ln, bf))
+    for (int v = 0; v < V; ++v) {
+        mx[v] = SM_LD(0, v);
+        s[v] = _mm256_setzero_ps();
+    }
+    for (size_t c = 1; c < count; ++c)
+        for (int v = 0; v < V; ++v)
+            mx[v] = _mm256_max_ps(mx[v], SM_LD(c * inner, v));
+    for (size_t c = 0; c < count; ++c)
+        for (int v = 0; v < V; ++v) {
+            __m256 x = tn_avx2_exp(_mm256_sub_ps(SM_LD(c * inner, v), mx[v]));
+            if (SM_FULL(v))
+                _mm256_storeu_ps(e + c * es + 8 * v, x);
+            else
+                _mm256_maskstore_ps(e + c * es + 8 * v, lk, x);
+            s[v] = _mm256_add_ps(s[v], x);
+        }
+    for (int v = 0; v < V; ++v) {
+        r[v] = _mm256_div_ps(_mm256_set1_ps(1.0f), s[v]);
+        nan[v] = _mm256_cmp_ps(s[v], s[v], _CMP_UNORD_Q);
+    }
+    const __m256 qnan = _mm256_set1_ps(NAN);
+    for (size_t c = 0; c < count; ++c)
+        for (int v = 0; v < V; ++v) {
+            const float * pe = e + c * es + 8 * v;
+            size_t i = c * inner + 8 * v;
+            if (SM_FULL(v)) {
+                __m256 y = _mm256_mul_ps(_mm256_loadu_ps(pe), r[v]);
+                st(dst, i, _mm256_blendv_ps(y, qnan, nan[v]), bf);
+            } else {
+                __m256 y = _mm256_mul_ps(_mm256_maskload_ps(pe, lk), r[v]);
+                stn(dst, i, ln, _mm256_blendv_ps(y, qnan, nan[v]), bf);
+            }
+        }
+#undef SM_LD
+#undef SM_FULL
+}
+
+/* Vectors per column block: keep the block's rows (src, dst, exps) in L2. */
+static size_t block_vectors(size_t count)
+{
+    return count <= 1024 ? 4 : count <= 2048 ? 2 : 1;
+}
+
+SM_INLINE void softmax(const void * src, size_t outer, size_t count, size_t inner, void * dst, float * scratch,
+                       int bf)
+{
+    const size_t esz = bf ? 2 : 4, slab = count * inner;
+    const size_t bv = block_vectors(count), bw = 8 * bv;
+    for (size_t o = 0; o < outer; ++o) {
+        const char * s = (const char *)src + o * slab * esz;
+        char * d = (char *)dst + o * slab * esz;
+        if (inner == 1) {
+            float * e = bf ? scratch : (float *)d;
+            row_scale(e, count, row_exp(s, count, row_max(s, count, bf), e, bf), d, bf);
+            continue;
+        }
+        size_t es = bf ? (inner < bw ? inner : bw) : inner;
+        size_t j = 0;
+        for (; j + bw <= inner; j += bw) {
+            float * e = bf ? scratch : (float *)d + j;
+            if (bv == 4)
+                cols(s + j * esz, count, inner, 4, 8, e, es, d + j * esz, bf);
+            else if (bv == 2)
+                cols(s + j * esz, count, inner, 2, 8, e, es, d + j * esz, bf);
+            else
+                cols(s + j * esz, count, inner, 1, 8, e, es, d + j * esz, bf);
+        }
+        if (j < inner) {
+            size_t rest = inner - j, v = (rest + 7) / 8, ln = rest - 8 * (v - 1);
+            float * e = bf ? scratch : (float *)d + j;
+            if (v == 4)
+                cols(s + j * esz, count, inner, 4, ln, e, es, d + j * esz, bf);
+            else if (v == 3)
+                cols(s + j * esz, count, inner, 3, ln, e, es, d + j * esz, bf);
+            else if (v == 2)
+                cols(s + j * esz, count, inner, 2, ln, e, es, d + j * esz, bf);
+            else
+                cols(s + j * esz, count, inner, 1, ln, e, es, d + j * esz, bf);
+        }
+    }
+}
+
+void tn_avx2_SynetSoftmax32f(const float * src, size_t outer, size_t count, size_t inner, float * dst)
+{
+    if (count == 0 || inner == 0)
+        return;
+    softmax(src, outer, count, inner, dst, NULL, 0);
+}
+
+void tn_avx2_SynetSoftmax16b(const uint16_t * src, size_t outer, size_t count, size_t inner, uint16_t * dst)
+{
+    if (count == 0 || inner == 0)
+        return;
+    float stack[SM_STACK_FLOATS];
+    size_t bw = 8 * block_vectors(count);
+    size_t need = count * (inner < bw ? inner : bw);
+    float * e = need <= SM_STACK_FLOATS ? stack : (float *)malloc(need * sizeof(float));
+    if (e == NULL) {
+        fill_nan(dst, outer * count * inner, 1);
+        return;
+    }
+    softmax(src, outer, count, inner, dst, e, 1);
+    if (e != stack)
+        free(e);
+}

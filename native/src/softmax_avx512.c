@@ -1,0 +1,242 @@
+/*
+ * Softmax along the count axis (SynetSoftmax32f, SynetSoftmax16b), AVX-512.
+ * Same operation sequence as softmax_scalar.c (see there): BF16 results are bit-identical.
+ *
+ * inner == 1: a row is contiguous; three passes over it while it sits in L1 (max; exp,
+ *   stored, and summed in one 16-lane accumulator; scale by 1 / sum), masked tails.
+ * inner > 1: vectors run along inner; a block of up to four vectors of columns is walked
+ *   over count with stride inner, one sequential sum per column.
+ */
+#include "vmath_avx512.h"
+
+#include <stdlib.h>
+
+#include "kernels.h"
+
+#define SM_INLINE static inline __attribute__((always_inline))
+#define SM_STACK_FLOATS 4096 /* BF16 scratch up to this size lives on the stack */
+#define SM_BF16_NAN 0x7fc0u
+
+/* Element access for fp32 (bf == 0) or BF16 (bf == 1) data; i counts elements. */
+SM_INLINE __m512 ld(const void * p, size_t i, int bf)
+{
+    return bf ? tn_avx512_load_bf16((const uint16_t *)p + i) : _mm512_loadu_ps((const float *)p + i);
+}
+
+SM_INLINE __m512 ldm(const void * p, size_t i, __mmask16 m, int bf)
+{
+    return bf ? tn_avx512_maskz_load_bf16(m, (const uint16_t *)p + i) : _mm512_maskz_loadu_ps(m, (const float *)p + i);
+}
+
+SM_INLINE void st(void * p, size_t i, __m512 v, int bf)
+{
+    if (bf)
+        tn_avx512_store_bf16((uint16_t *)p + i, v);
+    else
+        _mm512_storeu_ps((float *)p + i, v);
+}
+
+SM_INLINE void stm(void * p, size_t i, __mmask16 m, __m512 v, int bf)
+{
+    if (bf)
+        tn_avx512_mask_store_bf16((uint16_t *)p + i, m, v);
+    else
+        _mm512_mask_storeu_ps((float *)p + i, m, v);
+}
+
+SM_INLINE void fill_nan(void * p, size_t n, int bf)
+{
+    for (size_t i = 0; i < n; ++i) {
+        if (bf)
+            ((uint16_t *)p)[i] = SM_BF16_NAN;
+        else
+            ((float *)p)[i] = NAN;
+    }
+}
+
+/* ---- inner == 1 ---- */
+
+SM_INLINE float row_max(const void * src, size_t n, int bf)
+{
+    __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        m0 = _mm512_max_ps(m0, ld(src, i, bf));
+        m1 = _mm512_max_ps(m1, ld(src, i + 16, bf));
+        m2 = _mm512_max_ps(m2, ld(src, i + 32, bf));
+        m3 = _mm512_max_ps(m3, ld(src, i + 48, bf));
+    }
+    for (; i + 16 <= n; i += 16)
+        m0 = _mm512_max_ps(m0, ld(src, i, bf));
+    if (i < n) {
+        __mmask16 m = tn_avx512_tail_mask(n - i);
+        m1 = _mm512_mask_max_ps(m1, m, m1, ldm(src, i, m, bf));
+    }
+    return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3)));
+}
+
+/* e[i] = exp(x[i] - mx); returns their sum, element i in lane i % 16. */
+SM_INLINE float row_exp(const void * src, size_t n, float mx, float * e, int bf)
+{
+    __m512 m = _mm512_set1_ps(mx), acc = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m512 e0 = tn_avx512_exp(_mm512_sub_ps(ld(src, i, bf), m));
+        __m512 e1 = tn_avx512_exp(_mm512_sub_ps(ld(src, i + 16, bf), m));
+        __m512 e2 = tn_avx512_exp(_mm512_sub_ps(ld(src, i + 32, bf), m));
+        __m512 e3 = tn_avx512_exp(_mm512_sub_ps(ld(src, i + 48, bf), m));
+        _mm512_storeu_ps(e + i, e0);
+        _mm512_storeu_ps(e + i + 16, e1);
+        _mm512_storeu_ps(e + i + 32, e2);
+        _mm512_storeu_ps(e + i + 48, e3);
+        acc = _mm512_add_ps(acc, e0);
+        acc = _mm512_add_ps(acc, e1);
+        acc = _mm512_add_ps(acc, e2);
+        acc = _mm512_add_ps(acc, e3);
+    }
+    for (; i + 16 <= n; i += 16) {
+        __m512 e0 = tn_avx512_exp(_mm512_sub_ps(ld(src, i, bf), m));
+        _mm512_storeu_ps(e + i, e0);
+        acc = _mm512_add_ps(acc, e0);
+    }
+    if (i < n) {
+        __mmask16 k = tn_avx512_tail_mask(n - i);
+        __m512 e0 = tn_avx512_exp(_mm512_sub_ps(ldm(src, i, k, bf), m));
+        _mm512_mask_storeu_ps(e + i, k, e0);
+        acc = _mm512_mask_add_ps(acc, k, acc, e0);
+    }
+    return tn_avx512_hsum(acc);
+}
+
+/* dst[i] = e[i] * (1 / sum); e may be dst itself (fp32). */
+SM_INLINE void row_scale(const float * e, size_t n, float sum, void * dst, int bf)
+{
+    if (sum != sum) {
+        fill_nan(dst, n, bf);
+        return;
+    }
+    __m512 r = _mm512_set1_ps(1.0f / sum);
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m512 y0 = _mm512_mul_ps(_mm512_loadu_ps(e + i), r);
+        __m512 y1 = _mm512_mul_ps(_mm512_loadu_ps(e + i + 16), r);
+        __m512 y2 = _mm512_mul_ps(_mm512_loadu_ps(e + i + 32), r);
+        __m512 y3 = _mm512_mul_ps(_mm512_loadu_ps(e + i + 48), r);
+        st(dst, i, y0, bf);
+        st(dst, i + 16, y1, bf);
+        st(dst, i + 32, y2, bf);
+        st(dst, i + 48, y3, bf);
+    }
+    for (; i + 16 <= n; i += 16)
+        st(dst, i, _mm512_mul_ps(_mm512_loadu_ps(e + i), r), bf);
+    if (i < n) {
+        __mmask16 k = tn_avx512_tail_mask(n - i);
+        stm(dst, i, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, e + i), r), bf);
+    }
+}
+
+/* ---- inner > 1 ---- */
+
+/* V (1..4, a constant after inlining) vectors of columns, the last one masked by lm.
+ * src and dst point at the block's first column of row 0; e (row stride es) gets the exps
+ * and may be dst itself (fp32). */
+SM_INLINE void cols(const void * src, size_t count, size_t inner, int V, __mmask16 lm, float * e, size_t es,
+                    void * dst, int bf)
+{
+    __m512 mx[4], s[4], r[4];
+    __mmask16 k[4], nan[4];
+    for (int v = 0; v < V; ++v) {
+        k[v] = v == V - 1 ? lm : (__mmask16)0xffff;
+        mx[v] = ldm(src, 16 * v, k[v], bf);
+        s[v] = _mm512_setzero_ps();
+    }
+    for (size_t c = 1; c < count; ++c)
+        for (int v = 0; v < V; ++v)
+            mx[v] = _mm512_max_ps(mx[v], ldm(src, c * inner + 16 * v, k[v], bf));
+    for (size_t c = 0; c < count; ++c)
+        for (int v = 0; v < V; ++v) {
+            __m512 x = tn_avx512_exp(_mm512_sub_ps(ldm(src, c * inner + 16 * v, k[v], bf), mx[v]));
+            _mm512_mask_storeu_ps(e + c * es + 16 * v, k[v], x);
+            s[v] = _mm512_add_ps(s[v], x);
+        }
+    for (int v = 0; v < V; ++v) {
+        r[v] = _mm512_div_ps(_mm512_set1_ps(1.0f), s[v]);
+        nan[v] = _mm512_cmp_ps_mask(s[v], s[v], _CMP_UNORD_Q);
+    }
+    const __m512 qnan = _mm512_set1_ps(NAN);
+    for (size_t c = 0; c < count; ++c)
+        for (int v = 0; v < V; ++v) {
+            __m512 y = _mm512_mul_ps(_mm512_maskz_loadu_ps(k[v], e + c * es + 16 * v), r[v]);
+            stm(dst, c * inner + 16 * v, k[v], _mm512_mask_mov_ps(y, nan[v], qnan), bf);
+        }
+}
+
+/* Vectors per column block: keep the block's rows (src, dst, exps) in L2. */
+static size_t block_vectors(size_t count)
+{
+    return count <= 1024 ? 4 : count <= 2048 ? 2 : 1;
+}
+
+SM_INLINE void softmax(const void * src, size_t outer, size_t count, size_t inner, void * dst, float * scratch,
+                       int bf)
+{
+    const size_t esz = bf ? 2 : 4, slab = count * inner;
+    const size_t bv = block_vectors(count), bw = 16 * bv;
+    for (size_t o = 0; o < outer; ++o) {
+        const char * s = (const char *)src + o * slab * esz;
+        char * d = (char *)dst + o * slab * esz;
+        if (inner == 1) {
+            float * e = bf ? scratch : (float *)d;
+            row_scale(e, count, row_exp(s, count, row_max(s, count, bf), e, bf), d, bf);
+            continue;
+        }
+        size_t es = bf ? (inner < bw ? inner : bw) : inner;
+        size_t j = 0;
+        for (; j + bw <= inner; j += bw) {
+            float * e = bf ? scratch : (float *)d + j;
+            if (bv == 4)
+                cols(s + j * esz, count, inner, 4, 0xffff, e, es, d + j * esz, bf);
+            else if (bv == 2)
+                cols(s + j * esz, count, inner, 2, 0xffff, e, es, d + j * esz, bf);
+            else
+                cols(s + j * esz, count, inner, 1, 0xffff, e, es, d + j * esz, bf);
+        }
+        if (j < inner) {
+            size_t rest = inner - j, v = (rest + 15) / 16;
+            __mmask16 lm = tn_avx512_tail_mask(rest - 16 * (v - 1));
+            float * e = bf ? scratch : (float *)d + j;
+            if (v == 4)
+                cols(s + j * esz, count, inner, 4, lm, e, es, d + j * esz, bf);
+            else if (v == 3)
+                cols(s + j * esz, count, inner, 3, lm, e, es, d + j * esz, bf);
+            else if (v == 2)
+                cols(s + j * esz, count, inner, 2, lm, e, es, d + j * esz, bf);
+            else
+                cols(s + j * esz, count, inner, 1, lm, e, es, d + j * esz, bf);
+        }
+    }
+}
+
+void tn_avx512_SynetSoftmax32f(const float * src, size_t outer, size_t count, size_t inner, float * dst)
+{
+    if (count == 0 || inner == 0)
+        return;
+    softmax(src, outer, count, inner, dst, NULL, 0);
+}
+
+void tn_avx512_SynetSoftmax16b(const uint16_t * src, size_t outer, size_t count, size_t inner, uint16_t * dst)
+{
+    if (count == 0 || inner == 0)
+        return;
+    float stack[SM_STACK_FLOATS];
+    size_t bw = 16 * block_vectors(count);
+    size_t need = count * (inner < bw ? inner : bw);
+    float * e = need <= SM_STACK_FLOATS ? stack : (float *)malloc(need * sizeof(float));
+    if (e == NULL) {
+        fill_nan(dst, outer * count * inner, 1);
+        return;
+    }
+    softmax(src, outer, count, inner, dst, e, 1);
+    if (e != stack)
+        free(e);
+}
