@@ -65,6 +65,31 @@ SM_INLINE void fill_nan(void * p, size_t n, int bf)
     }
 }
 
+/* exp(x) for x <= 0 or NaN (x - max over a row), bit for bit what tn_avx2_exp returns on
+ * that domain, with fewer instructions: the clamp to TN_EXP_MAX is void there, and
+ * vmaxps(c, x) returns x when x is NaN, so a NaN goes through and comes out NaN (its
+ * payload does not matter: such rows become the default NaN). */
+SM_INLINE __m256 exp_nonpos(__m256 x)
+{
+    __m256 xs = _mm256_max_ps(_mm256_set1_ps(TN_EXP_MIN), x);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(xs, _mm256_set1_ps(TN_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-TN_LN2_HI), xs);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-TN_LN2_LO), r);
+    __m256 p = _mm256_set1_ps(TN_EXP_P0);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(TN_EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(TN_EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(TN_EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(TN_EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(TN_EXP_P5));
+    __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    __m256i ni = _mm256_cvttps_epi32(n);
+    __m256i j1 = _mm256_srai_epi32(ni, 1);
+    __m256i j2 = _mm256_sub_epi32(ni, j1);
+    __m256i bias = _mm256_set1_epi32(127);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(j1, bias), 23)));
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(j2, bias), 23)));
+}
+
 /* ---- inner == 1 ---- */
 
 SM_INLINE float row_max(const void * src, size_t n, int bf)
@@ -95,10 +120,10 @@ SM_INLINE float row_exp(const void * src, size_t n, float mx, float * e, int bf)
     __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
     size_t i = 0;
     for (; i + 32 <= n; i += 32) {
-        __m256 e0 = tn_avx2_exp(_mm256_sub_ps(ld(src, i, bf), m));
-        __m256 e1 = tn_avx2_exp(_mm256_sub_ps(ld(src, i + 8, bf), m));
-        __m256 e2 = tn_avx2_exp(_mm256_sub_ps(ld(src, i + 16, bf), m));
-        __m256 e3 = tn_avx2_exp(_mm256_sub_ps(ld(src, i + 24, bf), m));
+        __m256 e0 = exp_nonpos(_mm256_sub_ps(ld(src, i, bf), m));
+        __m256 e1 = exp_nonpos(_mm256_sub_ps(ld(src, i + 8, bf), m));
+        __m256 e2 = exp_nonpos(_mm256_sub_ps(ld(src, i + 16, bf), m));
+        __m256 e3 = exp_nonpos(_mm256_sub_ps(ld(src, i + 24, bf), m));
         _mm256_storeu_ps(e + i, e0);
         _mm256_storeu_ps(e + i + 8, e1);
         _mm256_storeu_ps(e + i + 16, e2);
@@ -109,8 +134,8 @@ SM_INLINE float row_exp(const void * src, size_t n, float mx, float * e, int bf)
         hi = _mm256_add_ps(hi, e3);
     }
     if (i + 16 <= n) {
-        __m256 e0 = tn_avx2_exp(_mm256_sub_ps(ld(src, i, bf), m));
-        __m256 e1 = tn_avx2_exp(_mm256_sub_ps(ld(src, i + 8, bf), m));
+        __m256 e0 = exp_nonpos(_mm256_sub_ps(ld(src, i, bf), m));
+        __m256 e1 = exp_nonpos(_mm256_sub_ps(ld(src, i + 8, bf), m));
         _mm256_storeu_ps(e + i, e0);
         _mm256_storeu_ps(e + i + 8, e1);
         lo = _mm256_add_ps(lo, e0);
@@ -118,19 +143,19 @@ SM_INLINE float row_exp(const void * src, size_t n, float mx, float * e, int bf)
         i += 16;
     }
     if (i + 8 <= n) {
-        __m256 e0 = tn_avx2_exp(_mm256_sub_ps(ld(src, i, bf), m));
+        __m256 e0 = exp_nonpos(_mm256_sub_ps(ld(src, i, bf), m));
         _mm256_storeu_ps(e + i, e0);
         lo = _mm256_add_ps(lo, e0);
         i += 8;
         if (i < n) { /* lanes 8.. of the last 16 */
             __m256i k = tn_avx2_tail_mask(n - i);
-            __m256 e1 = tn_avx2_exp(_mm256_sub_ps(ldn(src, i, n - i, bf), m));
+            __m256 e1 = exp_nonpos(_mm256_sub_ps(ldn(src, i, n - i, bf), m));
             _mm256_maskstore_ps(e + i, k, e1);
             hi = _mm256_add_ps(hi, _mm256_and_ps(e1, _mm256_castsi256_ps(k)));
         }
     } else if (i < n) {
         __m256i k = tn_avx2_tail_mask(n - i);
-        __m256 e0 = tn_avx2_exp(_mm256_sub_ps(ldn(src, i, n - i, bf), m));
+        __m256 e0 = exp_nonpos(_mm256_sub_ps(ldn(src, i, n - i, bf), m));
         _mm256_maskstore_ps(e + i, k, e0);
         lo = _mm256_add_ps(lo, _mm256_and_ps(e0, _mm256_castsi256_ps(k)));
     }
@@ -183,7 +208,7 @@ SM_INLINE void cols(const void * src, size_t count, size_t inner, int V, size_t 
             mx[v] = _mm256_max_ps(mx[v], SM_LD(c * inner, v));
     for (size_t c = 0; c < count; ++c)
         for (int v = 0; v < V; ++v) {
-            __m256 x = tn_avx2_exp(_mm256_sub_ps(SM_LD(c * inner, v), mx[v]));
+            __m256 x = exp_nonpos(_mm256_sub_ps(SM_LD(c * inner, v), mx[v]));
             if (SM_FULL(v))
                 _mm256_storeu_ps(e + c * es + 8 * v, x);
             else

@@ -54,6 +54,27 @@ SM_INLINE void fill_nan(void * p, size_t n, int bf)
     }
 }
 
+/* exp(x) for x <= 0 or NaN (x - max over a row), bit for bit what tn_avx512_exp returns on
+ * that domain, with fewer instructions: the clamp to TN_EXP_MAX is void there;
+ * vmaxps(c, x) returns x when x is NaN, so a NaN goes through the polynomial and comes out
+ * NaN (its payload does not matter: such rows become the default NaN); VSCALEFPS rounds
+ * y * 2^n once, as the two-step scaling of tn_avx512_exp does. */
+SM_INLINE __m512 exp_nonpos(__m512 x)
+{
+    __m512 xs = _mm512_max_ps(_mm512_set1_ps(TN_EXP_MIN), x);
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xs, _mm512_set1_ps(TN_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-TN_LN2_HI), xs);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(-TN_LN2_LO), r);
+    __m512 p = _mm512_set1_ps(TN_EXP_P0);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(TN_EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(TN_EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(TN_EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(TN_EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(TN_EXP_P5));
+    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(y, n);
+}
+
 /* ---- inner == 1 ---- */
 
 SM_INLINE float row_max(const void * src, size_t n, int bf)
@@ -81,10 +102,10 @@ SM_INLINE float row_exp(const void * src, size_t n, float mx, float * e, int bf)
     __m512 m = _mm512_set1_ps(mx), acc = _mm512_setzero_ps();
     size_t i = 0;
     for (; i + 64 <= n; i += 64) {
-        __m512 e0 = tn_avx512_exp(_mm512_sub_ps(ld(src, i, bf), m));
-        __m512 e1 = tn_avx512_exp(_mm512_sub_ps(ld(src, i + 16, bf), m));
-        __m512 e2 = tn_avx512_exp(_mm512_sub_ps(ld(src, i + 32, bf), m));
-        __m512 e3 = tn_avx512_exp(_mm512_sub_ps(ld(src, i + 48, bf), m));
+        __m512 e0 = exp_nonpos(_mm512_sub_ps(ld(src, i, bf), m));
+        __m512 e1 = exp_nonpos(_mm512_sub_ps(ld(src, i + 16, bf), m));
+        __m512 e2 = exp_nonpos(_mm512_sub_ps(ld(src, i + 32, bf), m));
+        __m512 e3 = exp_nonpos(_mm512_sub_ps(ld(src, i + 48, bf), m));
         _mm512_storeu_ps(e + i, e0);
         _mm512_storeu_ps(e + i + 16, e1);
         _mm512_storeu_ps(e + i + 32, e2);
@@ -95,13 +116,13 @@ SM_INLINE float row_exp(const void * src, size_t n, float mx, float * e, int bf)
         acc = _mm512_add_ps(acc, e3);
     }
     for (; i + 16 <= n; i += 16) {
-        __m512 e0 = tn_avx512_exp(_mm512_sub_ps(ld(src, i, bf), m));
+        __m512 e0 = exp_nonpos(_mm512_sub_ps(ld(src, i, bf), m));
         _mm512_storeu_ps(e + i, e0);
         acc = _mm512_add_ps(acc, e0);
     }
     if (i < n) {
         __mmask16 k = tn_avx512_tail_mask(n - i);
-        __m512 e0 = tn_avx512_exp(_mm512_sub_ps(ldm(src, i, k, bf), m));
+        __m512 e0 = exp_nonpos(_mm512_sub_ps(ldm(src, i, k, bf), m));
         _mm512_mask_storeu_ps(e + i, k, e0);
         acc = _mm512_mask_add_ps(acc, k, acc, e0);
     }
@@ -155,7 +176,7 @@ SM_INLINE void cols(const void * src, size_t count, size_t inner, int V, __mmask
             mx[v] = _mm512_max_ps(mx[v], ldm(src, c * inner + 16 * v, k[v], bf));
     for (size_t c = 0; c < count; ++c)
         for (int v = 0; v < V; ++v) {
-            __m512 x = tn_avx512_exp(_mm512_sub_ps(ldm(src, c * inner + 16 * v, k[v], bf), mx[v]));
+            __m512 x = exp_nonpos(_mm512_sub_ps(ldm(src, c * inner + 16 * v, k[v], bf), mx[v]));
             _mm512_mask_storeu_ps(e + c * es + 16 * v, k[v], x);
             s[v] = _mm512_add_ps(s[v], x);
         }
