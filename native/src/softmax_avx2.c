@@ -5,8 +5,10 @@
  * inner == 1: a row is contiguous; three passes over it while it sits in L1 (max; exp,
  *   stored, and summed in two accumulators holding the lanes 0-7 and 8-15 of the
  *   canonical 16-lane order; scale by 1 / sum).
- * inner > 1: vectors run along inner; a block of up to four vectors of columns is walked
- *   over count with stride inner, one sequential sum per column.
+ * 1 < inner < SM_FLAT_INNER: the contiguous slab is walked in periods of lcm(inner, 16)
+ *   elements with one accumulator per lane of the period.
+ * inner >= SM_FLAT_INNER: vectors run along inner; a block of up to four vectors of columns
+ *   is walked over count with stride inner, one sequential sum per column.
  */
 #include "vmath_avx2.h"
 
@@ -18,6 +20,8 @@
 #define SM_INLINE static inline __attribute__((always_inline))
 #define SM_STACK_FLOATS 4096 /* BF16 scratch up to this size lives on the stack */
 #define SM_BF16_NAN 0x7fc0u
+#define SM_FLAT_INNER 16
+#define SM_FLAT_MAX 240 /* lcm(inner, 16) for inner < SM_FLAT_INNER */
 
 /* Element access for fp32 (bf == 0) or BF16 (bf == 1) data; i counts elements. The "n"
  * forms touch only the first n (< 8) elements; the other lanes read as 0. */
@@ -187,7 +191,114 @@ SM_INLINE void row_scale(const float * e, size_t n, float sum, void * dst, int b
         stn(dst, i, n - i, _mm256_mul_ps(_mm256_maskload_ps(e + i, tn_avx2_tail_mask(n - i)), r), bf);
 }
 
-/* ---- inner > 1 ---- */
+/* ---- 1 < inner < SM_FLAT_INNER ---- */
+
+static size_t flat_period(size_t inner)
+{
+    size_t low = inner & (~inner + 1);
+    return 16 * inner / (low < 16 ? low : 16);
+}
+
+static void flat_column_sums(const float * acc, size_t inner, size_t p, float * sum)
+{
+    for (size_t j = 0; j < inner; ++j) {
+        float s = acc[j];
+        for (size_t q = j + inner; q < p; q += inner)
+            s += acc[q];
+        sum[j] = s;
+    }
+}
+
+/* The slab (count x inner, contiguous) in periods of p = 8 * NV elements; lane q of the
+ * period accumulates elements i with i % p == q. NV is a constant after inlining for the
+ * common NV == 2 (inner 2, 4, 8). e may be dst itself (fp32). */
+SM_INLINE void flat(const void * src, size_t count, size_t inner, size_t NV, float * e, void * dst, int bf)
+{
+    const size_t n = count * inner, p = 8 * NV;
+    float lane[SM_FLAT_MAX] __attribute__((aligned(32)));
+    float pat[SM_FLAT_MAX] __attribute__((aligned(32)));
+    float cs[SM_FLAT_INNER];
+    __m256 a[SM_FLAT_MAX / 8];
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    size_t i, k;
+    /* max of each column (order-free) */
+    for (k = 0; k < NV; ++k)
+        a[k] = ninf;
+    for (i = 0; i + p <= n; i += p)
+        for (k = 0; k < NV; ++k)
+            a[k] = _mm256_max_ps(a[k], ld(src, i + 8 * k, bf));
+    for (k = 0; i + 8 * k < n; ++k) {
+        size_t r = n - i - 8 * k;
+        if (r >= 8)
+            a[k] = _mm256_max_ps(a[k], ld(src, i + 8 * k, bf));
+        else
+            a[k] = _mm256_max_ps(a[k], _mm256_blendv_ps(ninf, ldn(src, i + 8 * k, r, bf), _mm256_castsi256_ps(tn_avx2_tail_mask(r))));
+    }
+    for (k = 0; k < NV; ++k)
+        _mm256_store_ps(lane + 8 * k, a[k]);
+    for (size_t j = 0; j < inner; ++j) {
+        float v = lane[j];
+        for (size_t q = j + inner; q < p; q += inner)
+            v = lane[q] > v ? lane[q] : v;
+        cs[j] = v;
+    }
+    for (size_t q = 0; q < p; ++q)
+        pat[q] = cs[q % inner];
+    /* exps and their sums per lane */
+    for (k = 0; k < NV; ++k)
+        a[k] = _mm256_setzero_ps();
+    for (i = 0; i + p <= n; i += p)
+        for (k = 0; k < NV; ++k) {
+            __m256 x = exp_nonpos(_mm256_sub_ps(ld(src, i + 8 * k, bf), _mm256_load_ps(pat + 8 * k)));
+            _mm256_storeu_ps(e + i + 8 * k, x);
+            a[k] = _mm256_add_ps(a[k], x);
+        }
+    for (k = 0; i + 8 * k < n; ++k) {
+        size_t r = n - i - 8 * k;
+        if (r >= 8) {
+            __m256 x = exp_nonpos(_mm256_sub_ps(ld(src, i + 8 * k, bf), _mm256_load_ps(pat + 8 * k)));
+            _mm256_storeu_ps(e + i + 8 * k, x);
+            a[k] = _mm256_add_ps(a[k], x);
+        } else {
+            __m256i m = tn_avx2_tail_mask(r);
+            __m256 x = exp_nonpos(_mm256_sub_ps(ldn(src, i + 8 * k, r, bf), _mm256_load_ps(pat + 8 * k)));
+            _mm256_maskstore_ps(e + i + 8 * k, m, x);
+            a[k] = _mm256_add_ps(a[k], _mm256_and_ps(x, _mm256_castsi256_ps(m)));
+        }
+    }
+    for (k = 0; k < NV; ++k)
+        _mm256_store_ps(lane + 8 * k, a[k]);
+    flat_column_sums(lane, inner, p, cs);
+    int any_nan = 0;
+    for (size_t j = 0; j < inner; ++j) {
+        any_nan |= cs[j] != cs[j];
+        cs[j] = 1.0f / cs[j];
+    }
+    for (size_t q = 0; q < p; ++q)
+        pat[q] = cs[q % inner];
+    /* scale */
+    for (i = 0; i + p <= n; i += p)
+        for (k = 0; k < NV; ++k)
+            st(dst, i + 8 * k, _mm256_mul_ps(_mm256_loadu_ps(e + i + 8 * k), _mm256_load_ps(pat + 8 * k)), bf);
+    for (k = 0; i + 8 * k < n; ++k) {
+        size_t r = n - i - 8 * k;
+        if (r >= 8)
+            st(dst, i + 8 * k, _mm256_mul_ps(_mm256_loadu_ps(e + i + 8 * k), _mm256_load_ps(pat + 8 * k)), bf);
+        else
+            stn(dst, i + 8 * k, r, _mm256_mul_ps(_mm256_maskload_ps(e + i + 8 * k, tn_avx2_tail_mask(r)), _mm256_load_ps(pat + 8 * k)), bf);
+    }
+    if (any_nan)
+        for (size_t j = 0; j < inner; ++j)
+            if (cs[j] != cs[j])
+                for (size_t c = 0; c < count; ++c) {
+                    if (bf)
+                        ((uint16_t *)dst)[c * inner + j] = SM_BF16_NAN;
+                    else
+                        ((float *)dst)[c * inner + j] = NAN;
+                }
+}
+
+/* ---- inner >= SM_FLAT_INNER ---- */
 
 /* V (1..4, a constant after inlining) vectors of columns, the last one holding ln (1..8)
  * columns. src and dst point at the block's first column of row 0; e (row stride es) gets
@@ -255,6 +366,15 @@ SM_INLINE void softmax(const void * src, size_t outer, size_t count, size_t inne
             row_scale(e, count, row_exp(s, count, row_max(s, count, bf), e, bf), d, bf);
             continue;
         }
+        if (inner < SM_FLAT_INNER) {
+            float * e = bf ? scratch : (float *)d;
+            size_t nv = flat_period(inner) / 8;
+            if (nv == 2)
+                flat(s, count, inner, 2, e, d, bf);
+            else
+                flat(s, count, inner, nv, e, d, bf);
+            continue;
+        }
         size_t es = bf ? (inner < bw ? inner : bw) : inner;
         size_t j = 0;
         for (; j + bw <= inner; j += bw) {
@@ -294,7 +414,7 @@ void tn_avx2_SynetSoftmax16b(const uint16_t * src, size_t outer, size_t count, s
         return;
     float stack[SM_STACK_FLOATS];
     size_t bw = 8 * block_vectors(count);
-    size_t need = count * (inner < bw ? inner : bw);
+    size_t need = count * (inner < SM_FLAT_INNER ? inner : inner < bw ? inner : bw);
     float * e = need <= SM_STACK_FLOATS ? stack : (float *)malloc(need * sizeof(float));
     if (e == NULL) {
         fill_nan(dst, outer * count * inner, 1);

@@ -4,8 +4,10 @@
  *
  * inner == 1: a row is contiguous; three passes over it while it sits in L1 (max; exp,
  *   stored, and summed in one 16-lane accumulator; scale by 1 / sum), masked tails.
- * inner > 1: vectors run along inner; a block of up to four vectors of columns is walked
- *   over count with stride inner, one sequential sum per column.
+ * 1 < inner < SM_FLAT_INNER: the contiguous slab is walked in periods of lcm(inner, 16)
+ *   elements with one accumulator per lane of the period.
+ * inner >= SM_FLAT_INNER: vectors run along inner; a block of up to four vectors of columns
+ *   is walked over count with stride inner, one sequential sum per column.
  */
 #include "vmath_avx512.h"
 
@@ -16,6 +18,8 @@
 #define SM_INLINE static inline __attribute__((always_inline))
 #define SM_STACK_FLOATS 4096 /* BF16 scratch up to this size lives on the stack */
 #define SM_BF16_NAN 0x7fc0u
+#define SM_FLAT_INNER 16
+#define SM_FLAT_MAX 240 /* lcm(inner, 16) for inner < SM_FLAT_INNER */
 
 /* Element access for fp32 (bf == 0) or BF16 (bf == 1) data; i counts elements. */
 SM_INLINE __m512 ld(const void * p, size_t i, int bf)
@@ -156,7 +160,103 @@ SM_INLINE void row_scale(const float * e, size_t n, float sum, void * dst, int b
     }
 }
 
-/* ---- inner > 1 ---- */
+/* ---- 1 < inner < SM_FLAT_INNER ---- */
+
+static size_t flat_period(size_t inner)
+{
+    size_t low = inner & (~inner + 1);
+    return 16 * inner / (low < 16 ? low : 16);
+}
+
+static void flat_column_sums(const float * acc, size_t inner, size_t p, float * sum)
+{
+    for (size_t j = 0; j < inner; ++j) {
+        float s = acc[j];
+        for (size_t q = j + inner; q < p; q += inner)
+            s += acc[q];
+        sum[j] = s;
+    }
+}
+
+/* The slab (count x inner, contiguous) in periods of p = 16 * PV elements; lane q of the
+ * period accumulates elements i with i % p == q. PV is a constant after inlining for the
+ * common PV == 1 (inner 2, 4, 8). e may be dst itself (fp32). */
+SM_INLINE void flat(const void * src, size_t count, size_t inner, size_t PV, float * e, void * dst, int bf)
+{
+    const size_t n = count * inner, p = 16 * PV;
+    float lane[SM_FLAT_MAX] __attribute__((aligned(64)));
+    float pat[SM_FLAT_MAX] __attribute__((aligned(64)));
+    float cs[SM_FLAT_INNER];
+    __m512 a[SM_FLAT_MAX / 16];
+    size_t i, k;
+    /* max of each column (order-free) */
+    for (k = 0; k < PV; ++k)
+        a[k] = _mm512_set1_ps(-INFINITY);
+    for (i = 0; i + p <= n; i += p)
+        for (k = 0; k < PV; ++k)
+            a[k] = _mm512_max_ps(a[k], ld(src, i + 16 * k, bf));
+    for (k = 0; i + 16 * k < n; ++k) {
+        size_t r = n - i - 16 * k;
+        __mmask16 m = tn_avx512_tail_mask(r < 16 ? r : 16);
+        a[k] = _mm512_mask_max_ps(a[k], m, a[k], ldm(src, i + 16 * k, m, bf));
+    }
+    for (k = 0; k < PV; ++k)
+        _mm512_store_ps(lane + 16 * k, a[k]);
+    for (size_t j = 0; j < inner; ++j) {
+        float v = lane[j];
+        for (size_t q = j + inner; q < p; q += inner)
+            v = lane[q] > v ? lane[q] : v;
+        cs[j] = v;
+    }
+    for (size_t q = 0; q < p; ++q)
+        pat[q] = cs[q % inner];
+    /* exps and their sums per lane */
+    for (k = 0; k < PV; ++k)
+        a[k] = _mm512_setzero_ps();
+    for (i = 0; i + p <= n; i += p)
+        for (k = 0; k < PV; ++k) {
+            __m512 x = exp_nonpos(_mm512_sub_ps(ld(src, i + 16 * k, bf), _mm512_load_ps(pat + 16 * k)));
+            _mm512_storeu_ps(e + i + 16 * k, x);
+            a[k] = _mm512_add_ps(a[k], x);
+        }
+    for (k = 0; i + 16 * k < n; ++k) {
+        size_t r = n - i - 16 * k;
+        __mmask16 m = tn_avx512_tail_mask(r < 16 ? r : 16);
+        __m512 x = exp_nonpos(_mm512_sub_ps(ldm(src, i + 16 * k, m, bf), _mm512_load_ps(pat + 16 * k)));
+        _mm512_mask_storeu_ps(e + i + 16 * k, m, x);
+        a[k] = _mm512_mask_add_ps(a[k], m, a[k], x);
+    }
+    for (k = 0; k < PV; ++k)
+        _mm512_store_ps(lane + 16 * k, a[k]);
+    flat_column_sums(lane, inner, p, cs);
+    int any_nan = 0;
+    for (size_t j = 0; j < inner; ++j) {
+        any_nan |= cs[j] != cs[j];
+        cs[j] = 1.0f / cs[j];
+    }
+    for (size_t q = 0; q < p; ++q)
+        pat[q] = cs[q % inner];
+    /* scale */
+    for (i = 0; i + p <= n; i += p)
+        for (k = 0; k < PV; ++k)
+            st(dst, i + 16 * k, _mm512_mul_ps(_mm512_loadu_ps(e + i + 16 * k), _mm512_load_ps(pat + 16 * k)), bf);
+    for (k = 0; i + 16 * k < n; ++k) {
+        size_t r = n - i - 16 * k;
+        __mmask16 m = tn_avx512_tail_mask(r < 16 ? r : 16);
+        stm(dst, i + 16 * k, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, e + i + 16 * k), _mm512_load_ps(pat + 16 * k)), bf);
+    }
+    if (any_nan)
+        for (size_t j = 0; j < inner; ++j)
+            if (cs[j] != cs[j])
+                for (size_t c = 0; c < count; ++c) {
+                    if (bf)
+                        ((uint16_t *)dst)[c * inner + j] = SM_BF16_NAN;
+                    else
+                        ((float *)dst)[c * inner + j] = NAN;
+                }
+}
+
+/* ---- inner >= SM_FLAT_INNER ---- */
 
 /* V (1..4, a constant after inlining) vectors of columns, the last one masked by lm.
  * src and dst point at the block's first column of row 0; e (row stride es) gets the exps
@@ -211,6 +311,15 @@ SM_INLINE void softmax(const void * src, size_t outer, size_t count, size_t inne
             row_scale(e, count, row_exp(s, count, row_max(s, count, bf), e, bf), d, bf);
             continue;
         }
+        if (inner < SM_FLAT_INNER) {
+            float * e = bf ? scratch : (float *)d;
+            size_t pv = flat_period(inner) / 16;
+            if (pv == 1)
+                flat(s, count, inner, 1, e, d, bf);
+            else
+                flat(s, count, inner, pv, e, d, bf);
+            continue;
+        }
         size_t es = bf ? (inner < bw ? inner : bw) : inner;
         size_t j = 0;
         for (; j + bw <= inner; j += bw) {
@@ -251,7 +360,7 @@ void tn_avx512_SynetSoftmax16b(const uint16_t * src, size_t outer, size_t count,
         return;
     float stack[SM_STACK_FLOATS];
     size_t bw = 16 * block_vectors(count);
-    size_t need = count * (inner < bw ? inner : bw);
+    size_t need = count * (inner < bw ? inner : bw); /* also count * inner when inner < SM_FLAT_INNER */
     float * e = need <= SM_STACK_FLOATS ? stack : (float *)malloc(need * sizeof(float));
     if (e == NULL) {
         fill_nan(dst, outer * count * inner, 1);

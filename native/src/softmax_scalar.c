@@ -10,7 +10,10 @@
  * bit-identical on every level:
  *  - inner == 1 (contiguous rows): exp values are summed in 16 lanes (element i to lane
  *    i % 16, in order), reduced as tn_avx512_hsum does;
- *  - inner > 1: each column (inner index) is summed sequentially over count.
+ *  - 1 < inner < SM_FLAT_INNER: the slab (count x inner, contiguous) is cut into periods of
+ *    P = lcm(inner, 16) elements; element i goes to lane i % P (P running sums, in order);
+ *    column j's sum is lane j + lane j+inner + ... in increasing lane order;
+ *  - inner >= SM_FLAT_INNER: each column (inner index) is summed sequentially over count.
  */
 #include "vmath_scalar.h"
 
@@ -18,7 +21,9 @@
 
 #include "kernels.h"
 
-#define SM_COLS 16            /* columns per block when inner > 1 */
+#define SM_COLS 16            /* columns per block when inner >= SM_FLAT_INNER */
+#define SM_FLAT_INNER 16
+#define SM_FLAT_MAX 240       /* lcm(inner, 16) for inner < SM_FLAT_INNER */
 #define SM_STACK_FLOATS 4096  /* BF16 scratch up to this size lives on the stack */
 #define SM_BF16_NAN 0x7fc0u
 
@@ -104,6 +109,72 @@ static void cols_exp_bf16(const uint16_t * src, size_t count, size_t inner, size
         }
 }
 
+/* Period of the flat order: lcm(inner, 16). */
+static size_t flat_period(size_t inner)
+{
+    size_t low = inner & (~inner + 1); /* largest power of two dividing inner */
+    return 16 * inner / (low < 16 ? low : 16);
+}
+
+/* Column max of a contiguous count x inner slab, repeated over one period: pat[q] is the
+ * max of column q % inner. */
+static void flat_max_pattern(const float * cm, size_t inner, size_t p, float * pat)
+{
+    for (size_t q = 0; q < p; ++q)
+        pat[q] = cm[q % inner];
+}
+
+/* Column sums from the period's lanes, in increasing lane order. */
+static void flat_column_sums(const float * acc, size_t inner, size_t p, float * sum)
+{
+    for (size_t j = 0; j < inner; ++j) {
+        float s = acc[j];
+        for (size_t q = j + inner; q < p; q += inner)
+            s += acc[q];
+        sum[j] = s;
+    }
+}
+
+/* 1 < inner < SM_FLAT_INNER: e[i] = exp(x[i] - max of its column); sum[j] = column sums in
+ * the flat order. */
+static void flat_exp_f32(const float * src, size_t count, size_t inner, float * e, float * sum)
+{
+    size_t p = flat_period(inner), n = count * inner;
+    float cm[SM_FLAT_INNER], pat[SM_FLAT_MAX], acc[SM_FLAT_MAX] = {0};
+    for (size_t j = 0; j < inner; ++j)
+        cm[j] = src[j];
+    for (size_t c = 1; c < count; ++c)
+        for (size_t j = 0; j < inner; ++j)
+            cm[j] = max_f(cm[j], src[c * inner + j]);
+    flat_max_pattern(cm, inner, p, pat);
+    for (size_t i = 0; i < n; i += p)
+        for (size_t q = 0; q < p && i + q < n; ++q) {
+            float v = tn_exp_f32(src[i + q] - pat[q]);
+            e[i + q] = v;
+            acc[q] += v;
+        }
+    flat_column_sums(acc, inner, p, sum);
+}
+
+static void flat_exp_bf16(const uint16_t * src, size_t count, size_t inner, float * e, float * sum)
+{
+    size_t p = flat_period(inner), n = count * inner;
+    float cm[SM_FLAT_INNER], pat[SM_FLAT_MAX], acc[SM_FLAT_MAX] = {0};
+    for (size_t j = 0; j < inner; ++j)
+        cm[j] = tn_bf16_to_f32(src[j]);
+    for (size_t c = 1; c < count; ++c)
+        for (size_t j = 0; j < inner; ++j)
+            cm[j] = max_f(cm[j], tn_bf16_to_f32(src[c * inner + j]));
+    flat_max_pattern(cm, inner, p, pat);
+    for (size_t i = 0; i < n; i += p)
+        for (size_t q = 0; q < p && i + q < n; ++q) {
+            float v = tn_exp_f32(tn_bf16_to_f32(src[i + q]) - pat[q]);
+            e[i + q] = v;
+            acc[q] += v;
+        }
+    flat_column_sums(acc, inner, p, sum);
+}
+
 void tn_scalar_SynetSoftmax32f(const float * src, size_t outer, size_t count, size_t inner, float * dst)
 {
     if (count == 0 || inner == 0)
@@ -114,6 +185,18 @@ void tn_scalar_SynetSoftmax32f(const float * src, size_t outer, size_t count, si
             float r = 1.0f / sum;
             for (size_t i = 0; i < count; ++i)
                 dst[i] = sum != sum ? NAN : dst[i] * r;
+            continue;
+        }
+        if (inner < SM_FLAT_INNER) {
+            float sum[SM_FLAT_INNER], r[SM_FLAT_INNER];
+            flat_exp_f32(src, count, inner, dst, sum);
+            for (size_t j = 0; j < inner; ++j)
+                r[j] = 1.0f / sum[j];
+            for (size_t c = 0; c < count; ++c)
+                for (size_t j = 0; j < inner; ++j) {
+                    float * y = dst + c * inner + j;
+                    *y = sum[j] != sum[j] ? NAN : *y * r[j];
+                }
             continue;
         }
         for (size_t j = 0; j < inner; j += SM_COLS) {
@@ -137,7 +220,7 @@ void tn_scalar_SynetSoftmax16b(const uint16_t * src, size_t outer, size_t count,
         return;
     float stack[SM_STACK_FLOATS];
     size_t es = inner < SM_COLS ? inner : SM_COLS; /* scratch row stride when inner > 1 */
-    size_t need = inner == 1 ? count : count * es;
+    size_t need = inner < SM_FLAT_INNER ? count * inner : count * es;
     float * e = need <= SM_STACK_FLOATS ? stack : (float *)malloc(need * sizeof(float));
     if (e == NULL) {
         for (size_t i = 0, n = outer * count * inner; i < n; ++i)
@@ -150,6 +233,18 @@ void tn_scalar_SynetSoftmax16b(const uint16_t * src, size_t outer, size_t count,
             float r = 1.0f / sum;
             for (size_t i = 0; i < count; ++i)
                 dst[i] = sum != sum ? SM_BF16_NAN : tn_f32_to_bf16(e[i] * r);
+            continue;
+        }
+        if (inner < SM_FLAT_INNER) {
+            float sum[SM_FLAT_INNER], r[SM_FLAT_INNER];
+            flat_exp_bf16(src, count, inner, e, sum);
+            for (size_t j = 0; j < inner; ++j)
+                r[j] = 1.0f / sum[j];
+            for (size_t c = 0; c < count; ++c)
+                for (size_t j = 0; j < inner; ++j) {
+                    size_t i = c * inner + j;
+                    dst[i] = sum[j] != sum[j] ? SM_BF16_NAN : tn_f32_to_bf16(e[i] * r[j]);
+                }
             continue;
         }
         for (size_t j = 0; j < inner; j += SM_COLS) {
