@@ -191,6 +191,49 @@ SM_INLINE void row_scale(const float * e, size_t n, float sum, void * dst, int b
         stn(dst, i, n - i, _mm256_mul_ps(_mm256_maskload_ps(e + i, tn_avx2_tail_mask(n - i)), r), bf);
 }
 
+/* A short row (n <= 8 * V, V = 1..4 a constant after inlining) kept in registers: the
+ * same operations as row_max / row_exp / row_scale without the loops and the stores and
+ * reloads of the exps. The last vector holds ln (1..8) elements; its other lanes are zero
+ * in the sum. Vectors 0, 2 hold lanes 0-7 of the 16-lane order, vectors 1, 3 lanes 8-15. */
+SM_INLINE void row_short(const void * src, void * dst, int V, size_t ln, int bf)
+{
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    const __m256 lk = _mm256_castsi256_ps(tn_avx2_tail_mask(ln & 7));
+    __m256 x[4], e[4];
+    for (int v = 0; v < V - 1; ++v)
+        x[v] = ld(src, 8 * v, bf);
+    if (ln == 8)
+        x[V - 1] = ld(src, 8 * (V - 1), bf);
+    else
+        x[V - 1] = _mm256_blendv_ps(ninf, ldn(src, 8 * (V - 1), ln, bf), lk);
+    __m256 m = x[0];
+    for (int v = 1; v < V; ++v)
+        m = _mm256_max_ps(m, x[v]);
+    m = _mm256_set1_ps(tn_avx2_hmax(m));
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    for (int v = 0; v < V; ++v) {
+        e[v] = exp_nonpos(_mm256_sub_ps(x[v], m));
+        if (v == V - 1 && ln != 8)
+            e[v] = _mm256_and_ps(e[v], lk);
+        if (v & 1)
+            hi = _mm256_add_ps(hi, e[v]);
+        else
+            lo = _mm256_add_ps(lo, e[v]);
+    }
+    float sum = tn_avx2_hsum(_mm256_add_ps(lo, hi));
+    if (sum != sum) {
+        fill_nan(dst, 8 * (V - 1) + ln, bf);
+        return;
+    }
+    __m256 r = _mm256_set1_ps(1.0f / sum);
+    for (int v = 0; v < V - 1; ++v)
+        st(dst, 8 * v, _mm256_mul_ps(e[v], r), bf);
+    if (ln == 8)
+        st(dst, 8 * (V - 1), _mm256_mul_ps(e[V - 1], r), bf);
+    else
+        stn(dst, 8 * (V - 1), ln, _mm256_mul_ps(e[V - 1], r), bf);
+}
+
 /* ---- 1 < inner < SM_FLAT_INNER ---- */
 
 static size_t flat_period(size_t inner)
@@ -358,6 +401,22 @@ SM_INLINE void softmax(const void * src, size_t outer, size_t count, size_t inne
 {
     const size_t esz = bf ? 2 : 4, slab = count * inner;
     const size_t bv = block_vectors(count), bw = 8 * bv;
+    if (inner == 1 && count <= 32) {
+        size_t v = (count + 7) / 8, ln = count - 8 * (v - 1);
+        const char * s = (const char *)src;
+        char * d = (char *)dst;
+        for (size_t o = 0; o < outer; ++o, s += count * esz, d += count * esz) {
+            if (v == 1)
+                row_short(s, d, 1, ln, bf);
+            else if (v == 2)
+                row_short(s, d, 2, ln, bf);
+            else if (v == 3)
+                row_short(s, d, 3, ln, bf);
+            else
+                row_short(s, d, 4, ln, bf);
+        }
+        return;
+    }
     for (size_t o = 0; o < outer; ++o) {
         const char * s = (const char *)src + o * slab * esz;
         char * d = (char *)dst + o * slab * esz;

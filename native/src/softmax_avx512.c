@@ -160,6 +160,86 @@ SM_INLINE void row_scale(const float * e, size_t n, float sum, void * dst, int b
     }
 }
 
+/* A short row (n <= 16 * V, V = 1..4 a constant after inlining) kept in registers: the
+ * same operations as row_max / row_exp / row_scale without the loops and the stores and
+ * reloads of the exps. The last vector holds the remaining lanes (mask lm); its other
+ * lanes are zero in the sum, as in the 16-lane order. */
+SM_INLINE void row_short(const void * src, void * dst, int V, __mmask16 lm, int bf)
+{
+    __m512 x[4], e[4];
+    for (int v = 0; v < V - 1; ++v)
+        x[v] = ld(src, 16 * v, bf);
+    x[V - 1] = _mm512_mask_blend_ps(lm, _mm512_set1_ps(-INFINITY), ldm(src, 16 * (V - 1), lm, bf));
+    __m512 m = x[0];
+    for (int v = 1; v < V; ++v)
+        m = _mm512_max_ps(m, x[v]);
+    m = _mm512_set1_ps(_mm512_reduce_max_ps(m));
+    __m512 acc = _mm512_setzero_ps();
+    for (int v = 0; v < V; ++v) {
+        e[v] = exp_nonpos(_mm512_sub_ps(x[v], m));
+        if (v == V - 1)
+            e[v] = _mm512_maskz_mov_ps(lm, e[v]);
+        acc = _mm512_add_ps(acc, e[v]);
+    }
+    float sum = tn_avx512_hsum(acc);
+    if (sum != sum) {
+        fill_nan(dst, 16 * (V - 1) + (size_t)__builtin_popcount(lm), bf);
+        return;
+    }
+    __m512 r = _mm512_set1_ps(1.0f / sum);
+    for (int v = 0; v < V - 1; ++v)
+        st(dst, 16 * v, _mm512_mul_ps(e[v], r), bf);
+    stm(dst, 16 * (V - 1), lm, _mm512_mul_ps(e[V - 1], r), bf);
+}
+
+/* Sixteen short rows (count <= SM_ROWS_MAX < 16) at once, one row per lane: the columns
+ * are gathered (t[c] holds element c of the 16 rows), so max, exp, sum and scale run on
+ * full vectors. The sum follows the 16-lane order of a row: lane l of a row holds element
+ * l, absent lanes are zero, then the tree of tn_avx512_hsum. BF16 rows are widened to fp32
+ * in buf first and narrowed from it at the end. (Beyond 15 the gathers and scatters cost
+ * more than row_short.) */
+#define SM_ROWS_MAX 15
+
+SM_INLINE void rows16(const void * src, size_t count, void * dst, float * t, float * buf, int bf)
+{
+    const size_t n = 16 * count;
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32((int)count));
+    const float * x = (const float *)src;
+    float * y = (float *)dst;
+    if (bf) {
+        size_t i = 0;
+        for (; i + 16 <= n; i += 16)
+            _mm512_storeu_ps(buf + i, ld(src, i, 1));
+        x = y = buf;
+    }
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (size_t c = 0; c < count; ++c) {
+        __m512 g = _mm512_i32gather_ps(idx, x + c, 4);
+        _mm512_store_ps(t + 16 * c, g);
+        mx = _mm512_max_ps(mx, g);
+    }
+    for (size_t c = 0; c < count; ++c)
+        _mm512_store_ps(t + 16 * c, exp_nonpos(_mm512_sub_ps(_mm512_load_ps(t + 16 * c), mx)));
+    __m512 a[16];
+    for (size_t l = 0; l < 16; ++l)
+        a[l] = l < count ? _mm512_load_ps(t + 16 * l) : _mm512_setzero_ps();
+    for (int l = 0; l < 8; ++l)
+        a[l] = _mm512_add_ps(a[l], a[l + 8]);
+    for (int l = 0; l < 4; ++l)
+        a[l] = _mm512_add_ps(a[l], a[l + 4]);
+    __m512 sum = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
+    __mmask16 nan = _mm512_cmp_ps_mask(sum, sum, _CMP_UNORD_Q);
+    __m512 r = _mm512_div_ps(_mm512_set1_ps(1.0f), sum);
+    for (size_t c = 0; c < count; ++c) {
+        __m512 v = _mm512_mask_mov_ps(_mm512_mul_ps(_mm512_load_ps(t + 16 * c), r), nan, _mm512_set1_ps(NAN));
+        _mm512_i32scatter_ps(y + c, idx, v, 4);
+    }
+    if (bf)
+        for (size_t i = 0; i < n; i += 16)
+            st(dst, i, _mm512_load_ps(buf + i), 1);
+}
+
 /* ---- 1 < inner < SM_FLAT_INNER ---- */
 
 static size_t flat_period(size_t inner)
@@ -303,6 +383,29 @@ SM_INLINE void softmax(const void * src, size_t outer, size_t count, size_t inne
 {
     const size_t esz = bf ? 2 : 4, slab = count * inner;
     const size_t bv = block_vectors(count), bw = 16 * bv;
+    if (inner == 1 && count <= 64) {
+        size_t v = (count + 15) / 16, o = 0;
+        __mmask16 lm = tn_avx512_tail_mask(count - 16 * (v - 1));
+        const char * s = (const char *)src;
+        char * d = (char *)dst;
+        if (count <= SM_ROWS_MAX && outer >= 16) {
+            float t[16 * SM_ROWS_MAX] __attribute__((aligned(64)));
+            float buf[16 * SM_ROWS_MAX] __attribute__((aligned(64)));
+            for (; o + 16 <= outer; o += 16, s += 16 * count * esz, d += 16 * count * esz)
+                rows16(s, count, d, t, buf, bf);
+        }
+        for (; o < outer; ++o, s += count * esz, d += count * esz) {
+            if (v == 1)
+                row_short(s, d, 1, lm, bf);
+            else if (v == 2)
+                row_short(s, d, 2, lm, bf);
+            else if (v == 3)
+                row_short(s, d, 3, lm, bf);
+            else
+                row_short(s, d, 4, lm, bf);
+        }
+        return;
+    }
     for (size_t o = 0; o < outer; ++o) {
         const char * s = (const char *)src + o * slab * esz;
         char * d = (char *)dst + o * slab * esz;
