@@ -4,7 +4,7 @@
  *
  * inner == 1: a row is contiguous; three passes over it while it sits in L1 (max; exp,
  *   stored, and summed in two accumulators holding the lanes 0-7 and 8-15 of the
- *   canonical 16-lane order; scale by 1 / sum).
+ *   canonical 16-lane order; scale by 1 / sum). Rows of up to 32 stay in registers.
  * 1 < inner < SM_FLAT_INNER: the contiguous slab is walked in periods of lcm(inner, 16)
  *   elements with one accumulator per lane of the period.
  * inner >= SM_FLAT_INNER: vectors run along inner; a block of up to four vectors of columns
@@ -70,9 +70,15 @@ SM_INLINE void fill_nan(void * p, size_t n, int bf)
 }
 
 /* exp(x) for x <= 0 or NaN (x - max over a row), bit for bit what tn_avx2_exp returns on
- * that domain, with fewer instructions: the clamp to TN_EXP_MAX is void there, and
- * vmaxps(c, x) returns x when x is NaN, so a NaN goes through and comes out NaN (its
- * payload does not matter: such rows become the default NaN). */
+ * that domain, with fewer instructions and no slow microcode assists:
+ *  - the clamp to TN_EXP_MAX is void there; vmaxps(c, x) returns x when x is NaN, so a NaN
+ *    goes through and comes out NaN (its payload does not matter: such rows become the
+ *    default NaN);
+ *  - results below FLT_MIN (n <= -126) would make the scaling underflow, which costs a
+ *    microcode assist of about a hundred cycles per instruction: the scaling runs with
+ *    n clamped to -125, and those lanes take instead y * 2^(n + 149) (exact, at least 0.35)
+ *    rounded to an integer, ties to even, which is the result in units of the smallest
+ *    denormal, i.e. its bit pattern. */
 SM_INLINE __m256 exp_nonpos(__m256 x)
 {
     __m256 xs = _mm256_max_ps(_mm256_set1_ps(TN_EXP_MIN), x);
@@ -86,12 +92,20 @@ SM_INLINE __m256 exp_nonpos(__m256 x)
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(TN_EXP_P4));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(TN_EXP_P5));
     __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-    __m256i ni = _mm256_cvttps_epi32(n);
+    __m256i ni = _mm256_cvttps_epi32(_mm256_max_ps(n, _mm256_set1_ps(-125.0f)));
     __m256i j1 = _mm256_srai_epi32(ni, 1);
     __m256i j2 = _mm256_sub_epi32(ni, j1);
     __m256i bias = _mm256_set1_epi32(127);
-    y = _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(j1, bias), 23)));
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(j2, bias), 23)));
+    __m256 res = _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(j1, bias), 23)));
+    res = _mm256_mul_ps(res, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(j2, bias), 23)));
+    __m256 tiny = _mm256_cmp_ps(n, _mm256_set1_ps(-126.0f), _CMP_LE_OQ);
+    if (!_mm256_testz_ps(tiny, tiny)) {
+        __m256i k = _mm256_cvttps_epi32(_mm256_min_ps(n, _mm256_set1_ps(-126.0f)));
+        __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(149 + 127)), 23));
+        __m256 t = _mm256_round_ps(_mm256_mul_ps(y, scale), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        res = _mm256_blendv_ps(res, _mm256_castsi256_ps(_mm256_cvtps_epi32(t)), tiny);
+    }
+    return res;
 }
 
 /* ---- inner == 1 ---- */
@@ -153,13 +167,13 @@ SM_INLINE float row_exp(const void * src, size_t n, float mx, float * e, int bf)
         i += 8;
         if (i < n) { /* lanes 8.. of the last 16 */
             __m256i k = tn_avx2_tail_mask(n - i);
-            __m256 e1 = exp_nonpos(_mm256_sub_ps(ldn(src, i, n - i, bf), m));
+            __m256 e1 = exp_nonpos(_mm256_sub_ps(_mm256_blendv_ps(m, ldn(src, i, n - i, bf), _mm256_castsi256_ps(k)), m));
             _mm256_maskstore_ps(e + i, k, e1);
             hi = _mm256_add_ps(hi, _mm256_and_ps(e1, _mm256_castsi256_ps(k)));
         }
     } else if (i < n) {
         __m256i k = tn_avx2_tail_mask(n - i);
-        __m256 e0 = exp_nonpos(_mm256_sub_ps(ldn(src, i, n - i, bf), m));
+        __m256 e0 = exp_nonpos(_mm256_sub_ps(_mm256_blendv_ps(m, ldn(src, i, n - i, bf), _mm256_castsi256_ps(k)), m));
         _mm256_maskstore_ps(e + i, k, e0);
         lo = _mm256_add_ps(lo, _mm256_and_ps(e0, _mm256_castsi256_ps(k)));
     }
@@ -210,6 +224,8 @@ SM_INLINE void row_short(const void * src, void * dst, int V, size_t ln, int bf)
     for (int v = 1; v < V; ++v)
         m = _mm256_max_ps(m, x[v]);
     m = _mm256_set1_ps(tn_avx2_hmax(m));
+    if (ln != 8) /* exp(0) past the row, kept out of the sum */
+        x[V - 1] = _mm256_blendv_ps(m, x[V - 1], lk);
     __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
     for (int v = 0; v < V; ++v) {
         e[v] = exp_nonpos(_mm256_sub_ps(x[v], m));

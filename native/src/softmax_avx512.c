@@ -3,7 +3,8 @@
  * Same operation sequence as softmax_scalar.c (see there): BF16 results are bit-identical.
  *
  * inner == 1: a row is contiguous; three passes over it while it sits in L1 (max; exp,
- *   stored, and summed in one 16-lane accumulator; scale by 1 / sum), masked tails.
+ *   stored, and summed in one 16-lane accumulator; scale by 1 / sum), masked tails. Rows
+ *   of up to 64 stay in registers; rows shorter than 16 go 16 at a time, one per lane.
  * 1 < inner < SM_FLAT_INNER: the contiguous slab is walked in periods of lcm(inner, 16)
  *   elements with one accumulator per lane of the period.
  * inner >= SM_FLAT_INNER: vectors run along inner; a block of up to four vectors of columns
@@ -59,10 +60,15 @@ SM_INLINE void fill_nan(void * p, size_t n, int bf)
 }
 
 /* exp(x) for x <= 0 or NaN (x - max over a row), bit for bit what tn_avx512_exp returns on
- * that domain, with fewer instructions: the clamp to TN_EXP_MAX is void there;
- * vmaxps(c, x) returns x when x is NaN, so a NaN goes through the polynomial and comes out
- * NaN (its payload does not matter: such rows become the default NaN); VSCALEFPS rounds
- * y * 2^n once, as the two-step scaling of tn_avx512_exp does. */
+ * that domain, with fewer instructions and no slow microcode assists:
+ *  - the clamp to TN_EXP_MAX is void there; vmaxps(c, x) returns x when x is NaN, so a NaN
+ *    goes through the polynomial and comes out NaN (its payload does not matter: such rows
+ *    become the default NaN);
+ *  - VSCALEFPS rounds y * 2^n once, as the two-step scaling of tn_avx512_exp does;
+ *  - results below FLT_MIN (n <= -126) would make the scaling underflow, which costs a
+ *    microcode assist of about a hundred cycles per instruction: those lanes take instead
+ *    y * 2^(n + 149) (exact, at least 0.35) rounded to an integer, ties to even, which is
+ *    the result in units of the smallest denormal, i.e. its bit pattern. */
 SM_INLINE __m512 exp_nonpos(__m512 x)
 {
     __m512 xs = _mm512_max_ps(_mm512_set1_ps(TN_EXP_MIN), x);
@@ -76,7 +82,14 @@ SM_INLINE __m512 exp_nonpos(__m512 x)
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(TN_EXP_P4));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(TN_EXP_P5));
     __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(y, n);
+    __m512 res = _mm512_scalef_ps(y, _mm512_max_ps(n, _mm512_set1_ps(-125.0f)));
+    __mmask16 tiny = _mm512_cmp_ps_mask(n, _mm512_set1_ps(-126.0f), _CMP_LE_OQ);
+    if (tiny) {
+        __m512 k = _mm512_add_ps(_mm512_min_ps(n, _mm512_set1_ps(-126.0f)), _mm512_set1_ps(149.0f));
+        __m512i d = _mm512_cvt_roundps_epi32(_mm512_scalef_ps(y, k), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        res = _mm512_mask_mov_ps(res, tiny, _mm512_castsi512_ps(d));
+    }
+    return res;
 }
 
 /* ---- inner == 1 ---- */
@@ -124,9 +137,9 @@ SM_INLINE float row_exp(const void * src, size_t n, float mx, float * e, int bf)
         _mm512_storeu_ps(e + i, e0);
         acc = _mm512_add_ps(acc, e0);
     }
-    if (i < n) {
+    if (i < n) { /* the lanes past the row read as max: exp(0), kept out of the sum */
         __mmask16 k = tn_avx512_tail_mask(n - i);
-        __m512 e0 = exp_nonpos(_mm512_sub_ps(ldm(src, i, k, bf), m));
+        __m512 e0 = exp_nonpos(_mm512_sub_ps(_mm512_mask_blend_ps(k, m, ldm(src, i, k, bf)), m));
         _mm512_mask_storeu_ps(e + i, k, e0);
         acc = _mm512_mask_add_ps(acc, k, acc, e0);
     }
@@ -174,6 +187,7 @@ SM_INLINE void row_short(const void * src, void * dst, int V, __mmask16 lm, int 
     for (int v = 1; v < V; ++v)
         m = _mm512_max_ps(m, x[v]);
     m = _mm512_set1_ps(_mm512_reduce_max_ps(m));
+    x[V - 1] = _mm512_mask_blend_ps(lm, m, x[V - 1]); /* exp(0) past the row, kept out of the sum */
     __m512 acc = _mm512_setzero_ps();
     for (int v = 0; v < V; ++v) {
         e[v] = exp_nonpos(_mm512_sub_ps(x[v], m));
