@@ -250,6 +250,54 @@ SM_INLINE void row_short(const void * src, void * dst, int V, size_t ln, int bf)
         stn(dst, 8 * (V - 1), ln, _mm256_mul_ps(e[V - 1], r), bf);
 }
 
+/* Eight short rows (count <= SM_ROWS_MAX < 16) at once. The reductions run one row per
+ * lane on gathered columns; the exps and the scaling run on the contiguous block, with the
+ * row's max and 1 / sum brought to each element by a permutation (pidx[k] holds the row of
+ * each lane of vector k). The sum follows the 16-lane order of a row: lane l holds element
+ * l, absent lanes are zero, then the tree of tn_avx2_hsum / tn_avx512_hsum. BF16 rows are
+ * widened to fp32 in buf first. */
+#define SM_ROWS_MAX 15
+
+SM_INLINE void rows8(const void * src, size_t count, void * dst, const __m256i * pidx, float * buf, int bf)
+{
+    const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)count));
+    const float * x = (const float *)src;
+    float * e = (float *)dst;
+    if (bf) {
+        for (size_t k = 0; k < count; ++k)
+            _mm256_store_ps(buf + 8 * k, ld(src, 8 * k, 1));
+        x = e = buf;
+    }
+    __m256 mx = _mm256_set1_ps(-INFINITY);
+    for (size_t c = 0; c < count; ++c)
+        mx = _mm256_max_ps(mx, _mm256_i32gather_ps(x + c, idx, 4));
+    for (size_t k = 0; k < count; ++k) {
+        __m256 v = _mm256_loadu_ps(x + 8 * k);
+        _mm256_storeu_ps(e + 8 * k, exp_nonpos(_mm256_sub_ps(v, _mm256_permutevar8x32_ps(mx, pidx[k]))));
+    }
+    __m256 a[16];
+    for (size_t l = 0; l < 16; ++l)
+        a[l] = l < count ? _mm256_i32gather_ps(e + l, idx, 4) : _mm256_setzero_ps();
+    for (int l = 0; l < 8; ++l)
+        a[l] = _mm256_add_ps(a[l], a[l + 8]);
+    for (int l = 0; l < 4; ++l)
+        a[l] = _mm256_add_ps(a[l], a[l + 4]);
+    __m256 sum = _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3]));
+    __m256 r = _mm256_div_ps(_mm256_set1_ps(1.0f), sum); /* NaN for the NaN rows */
+    __m256 nan = _mm256_cmp_ps(sum, sum, _CMP_UNORD_Q);
+    if (!_mm256_testz_ps(nan, nan)) {
+        const __m256 qnan = _mm256_set1_ps(NAN);
+        for (size_t k = 0; k < count; ++k) {
+            __m256 rk = _mm256_permutevar8x32_ps(r, pidx[k]);
+            __m256 y = _mm256_mul_ps(_mm256_loadu_ps(e + 8 * k), rk);
+            st(dst, 8 * k, _mm256_blendv_ps(y, qnan, _mm256_cmp_ps(rk, rk, _CMP_UNORD_Q)), bf);
+        }
+    } else {
+        for (size_t k = 0; k < count; ++k)
+            st(dst, 8 * k, _mm256_mul_ps(_mm256_loadu_ps(e + 8 * k), _mm256_permutevar8x32_ps(r, pidx[k])), bf);
+    }
+}
+
 /* ---- 1 < inner < SM_FLAT_INNER ---- */
 
 static size_t flat_period(size_t inner)
@@ -418,10 +466,19 @@ SM_INLINE void softmax(const void * src, size_t outer, size_t count, size_t inne
     const size_t esz = bf ? 2 : 4, slab = count * inner;
     const size_t bv = block_vectors(count), bw = 8 * bv;
     if (inner == 1 && count <= 32) {
-        size_t v = (count + 7) / 8, ln = count - 8 * (v - 1);
+        size_t v = (count + 7) / 8, ln = count - 8 * (v - 1), o = 0;
         const char * s = (const char *)src;
         char * d = (char *)dst;
-        for (size_t o = 0; o < outer; ++o, s += count * esz, d += count * esz) {
+        if (count <= SM_ROWS_MAX && outer >= 8) {
+            __m256i pidx[SM_ROWS_MAX];
+            float buf[8 * SM_ROWS_MAX] __attribute__((aligned(32)));
+            for (size_t k = 0; k < count; ++k)
+                for (int l = 0; l < 8; ++l)
+                    ((int32_t *)&pidx[k])[l] = (int32_t)((8 * k + (size_t)l) / count);
+            for (; o + 8 <= outer; o += 8, s += 8 * count * esz, d += 8 * count * esz)
+                rows8(s, count, d, pidx, buf, bf);
+        }
+        for (; o < outer; ++o, s += count * esz, d += count * esz) {
             if (v == 1)
                 row_short(s, d, 1, ln, bf);
             else if (v == 2)

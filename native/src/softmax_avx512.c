@@ -206,52 +206,52 @@ SM_INLINE void row_short(const void * src, void * dst, int V, __mmask16 lm, int 
     stm(dst, 16 * (V - 1), lm, _mm512_mul_ps(e[V - 1], r), bf);
 }
 
-/* Sixteen short rows (count <= SM_ROWS_MAX < 16) at once, one row per lane: the columns
- * are gathered (t[c] holds element c of the 16 rows), so max, exp, sum and scale run on
- * full vectors. The sum follows the 16-lane order of a row: lane l of a row holds element
+/* Sixteen short rows (count <= SM_ROWS_MAX < 16) at once. The reductions run one row per
+ * lane on gathered columns; the exps and the scaling run on the contiguous block, with the
+ * row's max and 1 / sum brought to each element by a permutation (pidx[k] holds the row of
+ * each lane of vector k). The sum follows the 16-lane order of a row: lane l holds element
  * l, absent lanes are zero, then the tree of tn_avx512_hsum. BF16 rows are widened to fp32
- * in buf first and narrowed from it at the end. (Beyond 15 the gathers and scatters cost
- * more than row_short.) */
+ * in buf first. */
 #define SM_ROWS_MAX 15
 
-SM_INLINE void rows16(const void * src, size_t count, void * dst, float * t, float * buf, int bf)
+SM_INLINE void rows16(const void * src, size_t count, void * dst, const __m512i * pidx, float * buf, int bf)
 {
-    const size_t n = 16 * count;
     const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                            _mm512_set1_epi32((int)count));
     const float * x = (const float *)src;
-    float * y = (float *)dst;
+    float * e = (float *)dst;
     if (bf) {
-        size_t i = 0;
-        for (; i + 16 <= n; i += 16)
-            _mm512_storeu_ps(buf + i, ld(src, i, 1));
-        x = y = buf;
+        for (size_t k = 0; k < count; ++k)
+            _mm512_store_ps(buf + 16 * k, ld(src, 16 * k, 1));
+        x = e = buf;
     }
     __m512 mx = _mm512_set1_ps(-INFINITY);
-    for (size_t c = 0; c < count; ++c) {
-        __m512 g = _mm512_i32gather_ps(idx, x + c, 4);
-        _mm512_store_ps(t + 16 * c, g);
-        mx = _mm512_max_ps(mx, g);
-    }
     for (size_t c = 0; c < count; ++c)
-        _mm512_store_ps(t + 16 * c, exp_nonpos(_mm512_sub_ps(_mm512_load_ps(t + 16 * c), mx)));
+        mx = _mm512_max_ps(mx, _mm512_i32gather_ps(idx, x + c, 4));
+    for (size_t k = 0; k < count; ++k) {
+        __m512 v = _mm512_loadu_ps(x + 16 * k);
+        _mm512_storeu_ps(e + 16 * k, exp_nonpos(_mm512_sub_ps(v, _mm512_permutexvar_ps(pidx[k], mx))));
+    }
     __m512 a[16];
     for (size_t l = 0; l < 16; ++l)
-        a[l] = l < count ? _mm512_load_ps(t + 16 * l) : _mm512_setzero_ps();
+        a[l] = l < count ? _mm512_i32gather_ps(idx, e + l, 4) : _mm512_setzero_ps();
     for (int l = 0; l < 8; ++l)
         a[l] = _mm512_add_ps(a[l], a[l + 8]);
     for (int l = 0; l < 4; ++l)
         a[l] = _mm512_add_ps(a[l], a[l + 4]);
     __m512 sum = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
-    __mmask16 nan = _mm512_cmp_ps_mask(sum, sum, _CMP_UNORD_Q);
-    __m512 r = _mm512_div_ps(_mm512_set1_ps(1.0f), sum);
-    for (size_t c = 0; c < count; ++c) {
-        __m512 v = _mm512_mask_mov_ps(_mm512_mul_ps(_mm512_load_ps(t + 16 * c), r), nan, _mm512_set1_ps(NAN));
-        _mm512_i32scatter_ps(y + c, idx, v, 4);
+    __m512 r = _mm512_div_ps(_mm512_set1_ps(1.0f), sum); /* NaN for the NaN rows */
+    const __m512 qnan = _mm512_set1_ps(NAN);
+    if (_mm512_cmp_ps_mask(sum, sum, _CMP_UNORD_Q)) {
+        for (size_t k = 0; k < count; ++k) {
+            __m512 rk = _mm512_permutexvar_ps(pidx[k], r);
+            __m512 y = _mm512_mul_ps(_mm512_loadu_ps(e + 16 * k), rk);
+            st(dst, 16 * k, _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(rk, rk, _CMP_UNORD_Q), qnan), bf);
+        }
+    } else {
+        for (size_t k = 0; k < count; ++k)
+            st(dst, 16 * k, _mm512_mul_ps(_mm512_loadu_ps(e + 16 * k), _mm512_permutexvar_ps(pidx[k], r)), bf);
     }
-    if (bf)
-        for (size_t i = 0; i < n; i += 16)
-            st(dst, i, _mm512_load_ps(buf + i), 1);
 }
 
 /* ---- 1 < inner < SM_FLAT_INNER ---- */
@@ -403,10 +403,16 @@ SM_INLINE void softmax(const void * src, size_t outer, size_t count, size_t inne
         const char * s = (const char *)src;
         char * d = (char *)dst;
         if (count <= SM_ROWS_MAX && outer >= 16) {
-            float t[16 * SM_ROWS_MAX] __attribute__((aligned(64)));
+            __m512i pidx[SM_ROWS_MAX];
             float buf[16 * SM_ROWS_MAX] __attribute__((aligned(64)));
+            for (size_t k = 0; k < count; ++k) {
+                __m512i q = _mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                             _mm512_set1_epi32((int)(16 * k)));
+                pidx[k] = _mm512_cvttps_epi32(_mm512_div_round_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps((float)count),
+                                                                  _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC));
+            }
             for (; o + 16 <= outer; o += 16, s += 16 * count * esz, d += 16 * count * esz)
-                rows16(s, count, d, t, buf, bf);
+                rows16(s, count, d, pidx, buf, bf);
         }
         for (; o < outer; ++o, s += count * esz, d += count * esz) {
             if (v == 1)
