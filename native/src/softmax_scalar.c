@@ -116,9 +116,8 @@ static size_t flat_period(size_t inner)
     return 16 * inner / (low < 16 ? low : 16);
 }
 
-/* Column max of a contiguous count x inner slab, repeated over one period: pat[q] is the
- * max of column q % inner. */
-static void flat_max_pattern(const float * cm, size_t inner, size_t p, float * pat)
+/* A per-column value repeated over one period: pat[q] = cm[q % inner]. */
+static void flat_pattern(const float * cm, size_t inner, size_t p, float * pat)
 {
     for (size_t q = 0; q < p; ++q)
         pat[q] = cm[q % inner];
@@ -146,7 +145,7 @@ static void flat_exp_f32(const float * src, size_t count, size_t inner, float * 
     for (size_t c = 1; c < count; ++c)
         for (size_t j = 0; j < inner; ++j)
             cm[j] = max_f(cm[j], src[c * inner + j]);
-    flat_max_pattern(cm, inner, p, pat);
+    flat_pattern(cm, inner, p, pat);
     for (size_t i = 0; i < n; i += p)
         for (size_t q = 0; q < p && i + q < n; ++q) {
             float v = tn_exp_f32(src[i + q] - pat[q]);
@@ -165,7 +164,7 @@ static void flat_exp_bf16(const uint16_t * src, size_t count, size_t inner, floa
     for (size_t c = 1; c < count; ++c)
         for (size_t j = 0; j < inner; ++j)
             cm[j] = max_f(cm[j], tn_bf16_to_f32(src[c * inner + j]));
-    flat_max_pattern(cm, inner, p, pat);
+    flat_pattern(cm, inner, p, pat);
     for (size_t i = 0; i < n; i += p)
         for (size_t q = 0; q < p && i + q < n; ++q) {
             float v = tn_exp_f32(tn_bf16_to_f32(src[i + q]) - pat[q]);
