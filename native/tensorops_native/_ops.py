@@ -7,6 +7,8 @@ calling these functions run in parallel.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import _checks as ck
@@ -235,9 +237,9 @@ def softmax(x, axis=-1):
     if x.ndim < 1:
         raise ck.ArgumentError("x", "expected at least 1 dimension, got a scalar")
     ax = ck.axis_index(axis, x.ndim)
-    outer = int(np.prod(x.shape[:ax], dtype=np.int64))
+    outer = math.prod(x.shape[:ax])
     count = x.shape[ax]
-    inner = int(np.prod(x.shape[ax + 1:], dtype=np.int64))
+    inner = math.prod(x.shape[ax + 1:])
     y = np.empty_like(x)
     if x.size:
         if bf16:

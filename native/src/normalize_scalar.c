@@ -1,0 +1,464 @@
+/*
+ * Normalize layer family (seed 000), scalar level: L2 normalization (V1), layer norm across
+ * channels (V2, and its BF16 twin 16bV2), layer norm across spatial positions (V3) and
+ * channel norm (V4), NCHW and NHWC. The AVX2 and AVX-512 files follow the same layout.
+ *
+ * Work layout:
+ * - Statistics along a contiguous row (V2/L2 NHWC, V3 NCHW, V4 NCHW) are computed row by
+ *   row while the row stays in L1 between its passes.
+ * - Statistics across rows (V2/L2/16bV2 NCHW across channels, V3/V4 NHWC across spatial
+ *   positions) stream whole rows into one accumulator per position, never gathering one
+ *   value per row. The mean (or the L2 factor) per position is kept in buf; a second
+ *   per-position array (the norm) is on the stack, so positions are taken in chunks of at
+ *   most TN_NORM_CHUNK.
+ * Scratch (buf): L2 NCHW without acrossSpatial and V2 NCHW use `spatial` floats, V3 NHWC and
+ * V4 `channels` floats; the rest need none. A NULL buf is replaced by a malloc'ed one; if
+ * that fails, dst is filled with NaN.
+ *
+ * Mean and variance are multiplied by 1/count; the variance is the mean of the squared
+ * deviations from the mean (two passes), never E[x^2] - E[x]^2.
+ *
+ * 16bV2 (BF16) gives bit-identical results on every ISA level (and in both formats for the
+ * same data). For every spatial position its sums over channels use the canonical order:
+ * channel c goes to lane c % 16, each lane adds its channels in increasing order starting
+ * from +0.0f, and the 16 lanes are reduced as tn_avx512_hsum does: lanes i + (i + 8), then
+ * i + (i + 4), then (0 + 2) + (1 + 3). In NCHW the lanes run over the channels at a fixed
+ * spatial position exactly as in NHWC. Lanes without any channel (channels < 16) or without
+ * a channel in the last block of 16 would only add +0.0f, which leaves every such sum
+ * unchanged (a lane sum started at +0.0f and rounded to nearest is never -0.0f), so code may
+ * skip those additions. The sequence, identical on every level:
+ *     mean = sum(x) * (1 / channels)
+ *     d    = x - mean;  sum of squares accumulated as fma(d, d, lane)
+ *     norm = 1 / sqrt(sumsq * (1 / channels) + eps)
+ *     y    = bf16(fma(d * norm, scale[c], shift[c]))
+ */
+#include "vmath_scalar.h"
+
+#include <stdlib.h>
+
+#include "kernels.h"
+#include "tensorops.h"
+
+#define TN_NORM_CHUNK 2048        /* positions per chunk at most (stack array) */
+#define TN_NORM_LANES_CHUNK 256   /* positions per chunk of 16bV2 NCHW (16 lane arrays) */
+#define TN_NORM_SUM_BLOCK 4096    /* long sums add partial sums of this many values */
+
+static void fill_nan(float * dst, size_t n)
+{
+    for (size_t i = 0; i < n; ++i)
+        dst[i] = NAN;
+}
+
+/* Sums use 8 interleaved partial sums (like the vector levels' lanes), which is both faster
+ * and more accurate than one running sum. */
+static float sum_of(const float * x, size_t n)
+{
+    float a[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; ++j)
+            a[j] += x[i + j];
+    for (; i < n; ++i)
+        a[i % 8] += x[i];
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
+static float block_sum_squares(const float * x, size_t n)
+{
+    float a[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; ++j)
+            a[j] += x[i + j] * x[i + j];
+    for (; i < n; ++i)
+        a[i % 8] += x[i] * x[i];
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
+/* Long sums of squares add partial sums of TN_NORM_SUM_BLOCK values (smaller error). */
+static float sum_squares_of(const float * x, size_t n)
+{
+    float total = 0.0f;
+    for (size_t i = 0; i < n; i += TN_NORM_SUM_BLOCK)
+        total += block_sum_squares(x + i, n - i < TN_NORM_SUM_BLOCK ? n - i : TN_NORM_SUM_BLOCK);
+    return total;
+}
+
+static float sum_squared_deviations(const float * x, size_t n, float mean)
+{
+    float a[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; ++j) {
+            float d = x[i + j] - mean;
+            a[j] += d * d;
+        }
+    for (; i < n; ++i) {
+        float d = x[i] - mean;
+        a[i % 8] += d * d;
+    }
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
+/* ---- V1: L2 normalization ------------------------------------------------------------ */
+
+/* NCHW, one batch item, across channels at each position: k[s] accumulates in buf. */
+static void l2_nchw(const float * x, size_t C, size_t S, const float * scale, float eps, float * k, float * y)
+{
+    for (size_t s = 0; s < S; ++s)
+        k[s] = 0.0f;
+    for (size_t c = 0; c < C; ++c)
+        for (size_t s = 0; s < S; ++s)
+            k[s] += x[c * S + s] * x[c * S + s];
+    for (size_t s = 0; s < S; ++s)
+        k[s] = 1.0f / sqrtf(k[s] + eps);
+    for (size_t c = 0; c < C; ++c)
+        for (size_t s = 0; s < S; ++s)
+            y[c * S + s] = x[c * S + s] * (scale[c] * k[s]);
+}
+
+void tn_scalar_SynetNormalizeLayerForward(const float * src, size_t batch, size_t channels, size_t spatial,
+                                          const float * scale, const float * eps, int acrossSpatial, int format,
+                                          float * buf, float * dst)
+{
+    const size_t size = channels * spatial;
+    const float e = eps[0];
+    const int nhwc = format == TnTensorFormatNhwc;
+    float * own = NULL;
+    if (size == 0)
+        return;
+    if (!acrossSpatial && !nhwc && buf == NULL) {
+        if ((own = malloc(spatial * sizeof(float))) == NULL) {
+            fill_nan(dst, batch * size);
+            return;
+        }
+        buf = own;
+    }
+    for (size_t b = 0; b < batch; ++b) {
+        const float * x = src + b * size;
+        float * y = dst + b * size;
+        if (acrossSpatial) {
+            float k = 1.0f / sqrtf(sum_squares_of(x, size) + e);
+            if (nhwc)
+                for (size_t s = 0; s < spatial; ++s)
+                    for (size_t c = 0; c < channels; ++c)
+                        y[s * channels + c] = x[s * channels + c] * (scale[c] * k);
+            else
+                for (size_t c = 0; c < channels; ++c)
+                    for (size_t s = 0; s < spatial; ++s)
+                        y[c * spatial + s] = x[c * spatial + s] * (scale[c] * k);
+        } else if (nhwc) {
+            for (size_t s = 0; s < spatial; ++s) {
+                const float * xr = x + s * channels;
+                float * yr = y + s * channels;
+                float k = 1.0f / sqrtf(sum_squares_of(xr, channels) + e);
+                for (size_t c = 0; c < channels; ++c)
+                    yr[c] = xr[c] * (scale[c] * k);
+            }
+        } else {
+            l2_nchw(x, channels, spatial, scale, e, buf, y);
+        }
+    }
+    free(own);
+}
+
+/* ---- V2 / V3: layer normalization ---------------------------------------------------- */
+
+/* One contiguous row of n values; scale and shift advance with the row (step 1) or are one
+ * value for the whole row (step 0). */
+static void layer_norm_row(const float * x, size_t n, const float * scale, const float * shift, size_t step,
+                           float eps, float * y)
+{
+    const float inv = 1.0f / (float)n;
+    float mean = sum_of(x, n) * inv;
+    float norm = 1.0f / sqrtf(sum_squared_deviations(x, n, mean) * inv + eps);
+    for (size_t i = 0; i < n; ++i)
+        y[i] = (x[i] - mean) * norm * scale[i * step] + shift[i * step];
+}
+
+/* Layer norm across `rows` rows of `count` positions (row stride `stride`): the statistics
+ * of position p run over x[r * stride + p]. Used by V2 NCHW (rows = channels, positions =
+ * spatial, scale/shift per row) and V3 NHWC (rows = spatial, positions = channels,
+ * scale/shift per position). mean has `count` floats. */
+static void layer_norm_across(const float * x, size_t rows, size_t count, size_t stride, const float * scale,
+                              const float * shift, int perRow, float eps, float * mean, float * y)
+{
+    const float inv = 1.0f / (float)rows;
+    const size_t W = TN_NORM_CHUNK;
+    float norm[TN_NORM_CHUNK];
+    for (size_t p0 = 0; p0 < count; p0 += W) {
+        size_t w = count - p0 < W ? count - p0 : W;
+        const float * xs = x + p0;
+        float * ys = y + p0, * m = mean + p0;
+        for (size_t p = 0; p < w; ++p)
+            m[p] = 0.0f;
+        /* Rows are added four at a time: shorter running sums, smaller error. */
+        size_t r = 0;
+        for (; r + 4 <= rows; r += 4) {
+            const float * q = xs + r * stride;
+            for (size_t p = 0; p < w; ++p)
+                m[p] += (q[p] + q[stride + p]) + (q[2 * stride + p] + q[3 * stride + p]);
+        }
+        for (; r < rows; ++r)
+            for (size_t p = 0; p < w; ++p)
+                m[p] += xs[r * stride + p];
+        for (size_t p = 0; p < w; ++p) {
+            m[p] *= inv;
+            norm[p] = 0.0f;
+        }
+        for (r = 0; r + 4 <= rows; r += 4) {
+            const float * q = xs + r * stride;
+            for (size_t p = 0; p < w; ++p) {
+                float d0 = q[p] - m[p], d1 = q[stride + p] - m[p];
+                float d2 = q[2 * stride + p] - m[p], d3 = q[3 * stride + p] - m[p];
+                norm[p] += (d0 * d0 + d1 * d1) + (d2 * d2 + d3 * d3);
+            }
+        }
+        for (; r < rows; ++r)
+            for (size_t p = 0; p < w; ++p) {
+                float d = xs[r * stride + p] - m[p];
+                norm[p] += d * d;
+            }
+        for (size_t p = 0; p < w; ++p)
+            norm[p] = 1.0f / sqrtf(norm[p] * inv + eps);
+        for (r = 0; r < rows; ++r) {
+            const float * sc = perRow ? scale + r : scale + p0;
+            const float * sh = perRow ? shift + r : shift + p0;
+            size_t step = perRow ? 0 : 1;
+            for (size_t p = 0; p < w; ++p)
+                ys[r * stride + p] = (xs[r * stride + p] - m[p]) * norm[p] * sc[p * step] + sh[p * step];
+        }
+    }
+}
+
+void tn_scalar_SynetNormalizeLayerForwardV2(const float * src, size_t batch, size_t channels, size_t spatial,
+                                            const float * scale, const float * shift, const float * eps, int format,
+                                            float * buf, float * dst)
+{
+    const size_t size = channels * spatial;
+    const float e = eps[0];
+    const int nhwc = format == TnTensorFormatNhwc;
+    float * own = NULL;
+    if (size == 0)
+        return;
+    if (!nhwc && buf == NULL) {
+        if ((own = malloc(spatial * sizeof(float))) == NULL) {
+            fill_nan(dst, batch * size);
+            return;
+        }
+        buf = own;
+    }
+    for (size_t b = 0; b < batch; ++b) {
+        const float * x = src + b * size;
+        float * y = dst + b * size;
+        if (nhwc)
+            for (size_t s = 0; s < spatial; ++s)
+                layer_norm_row(x + s * channels, channels, scale, shift, 1, e, y + s * channels);
+        else
+            layer_norm_across(x, channels, spatial, spatial, scale, shift, 1, e, buf, y);
+    }
+    free(own);
+}
+
+void tn_scalar_SynetNormalizeLayerForwardV3(const float * src, size_t batch, size_t channels, size_t spatial,
+                                            const float * scale, const float * shift, const float * eps, int format,
+                                            float * buf, float * dst)
+{
+    const size_t size = channels * spatial;
+    const float e = eps[0];
+    const int nhwc = format == TnTensorFormatNhwc;
+    float * own = NULL;
+    if (size == 0)
+        return;
+    if (nhwc && buf == NULL) {
+        if ((own = malloc(channels * sizeof(float))) == NULL) {
+            fill_nan(dst, batch * size);
+            return;
+        }
+        buf = own;
+    }
+    for (size_t b = 0; b < batch; ++b) {
+        const float * x = src + b * size;
+        float * y = dst + b * size;
+        if (nhwc)
+            layer_norm_across(x, spatial, channels, channels, scale, shift, 0, e, buf, y);
+        else
+            for (size_t c = 0; c < channels; ++c)
+                layer_norm_row(x + c * spatial, spatial, scale + c, shift + c, 0, e, y + c * spatial);
+    }
+    free(own);
+}
+
+/* ---- V4: channel norm ----------------------------------------------------------------- */
+
+void tn_scalar_SynetNormalizeLayerForwardV4(const float * src, size_t batch, size_t channels, size_t spatial,
+                                            const float * scale, const float * shift, const float * eps, int format,
+                                            float * buf, float * dst)
+{
+    const size_t size = channels * spatial;
+    const float e = eps[0], inv = 1.0f / (float)channels;
+    const int nhwc = format == TnTensorFormatNhwc;
+    float * own = NULL;
+    if (size == 0)
+        return;
+    if (buf == NULL) {
+        if ((own = malloc(channels * sizeof(float))) == NULL) {
+            fill_nan(dst, batch * size);
+            return;
+        }
+        buf = own;
+    }
+    for (size_t b = 0; b < batch; ++b) {
+        const float * x = src + b * size;
+        float * y = dst + b * size;
+        if (nhwc) {
+            for (size_t c = 0; c < channels; ++c)
+                buf[c] = 0.0f;
+            size_t s = 0;
+            for (; s + 4 <= spatial; s += 4) {
+                const float * q = x + s * channels;
+                for (size_t c = 0; c < channels; ++c) {
+                    float x0 = q[c], x1 = q[channels + c], x2 = q[2 * channels + c], x3 = q[3 * channels + c];
+                    buf[c] += (x0 * x0 + x1 * x1) + (x2 * x2 + x3 * x3);
+                }
+            }
+            for (; s < spatial; ++s)
+                for (size_t c = 0; c < channels; ++c)
+                    buf[c] += x[s * channels + c] * x[s * channels + c];
+        } else {
+            for (size_t c = 0; c < channels; ++c)
+                buf[c] = sum_squares_of(x + c * spatial, spatial);
+        }
+        float sum = 0.0f;
+        for (size_t c = 0; c < channels; ++c) {
+            buf[c] = sqrtf(buf[c]);
+            sum += buf[c];
+        }
+        float norm = 1.0f / (sum * inv + e);
+        for (size_t c = 0; c < channels; ++c)
+            buf[c] = 1.0f + scale[c] * buf[c] * norm;
+        if (nhwc)
+            for (size_t s = 0; s < spatial; ++s)
+                for (size_t c = 0; c < channels; ++c)
+                    y[s * channels + c] = x[s * channels + c] * buf[c] + shift[c];
+        else
+            for (size_t c = 0; c < channels; ++c)
+                for (size_t s = 0; s < spatial; ++s)
+                    y[c * spatial + s] = x[c * spatial + s] * buf[c] + shift[c];
+    }
+    free(own);
+}
+
+/* ---- 16bV2: BF16 layer norm across channels (canonical order, see the top) ----------- */
+
+/* The fixed reduction tree of 16 lanes. */
+static float lanes_sum(const float lane[16])
+{
+    float s[8], q[4];
+    for (int i = 0; i < 8; ++i)
+        s[i] = lane[i] + lane[i + 8];
+    for (int i = 0; i < 4; ++i)
+        q[i] = s[i] + s[i + 4];
+    return (q[0] + q[2]) + (q[1] + q[3]);
+}
+
+/* NHWC: one row of n channels. */
+static void layer_norm_row_bf16(const uint16_t * x, size_t n, const float * scale, const float * shift, float eps,
+                                uint16_t * y)
+{
+    const float inv = 1.0f / (float)n;
+    float lane[16] = {0};
+    for (size_t c = 0; c < n; ++c)
+        lane[c % 16] += tn_bf16_to_f32(x[c]);
+    const float mean = lanes_sum(lane) * inv;
+    for (int i = 0; i < 16; ++i)
+        lane[i] = 0.0f;
+    for (size_t c = 0; c < n; ++c) {
+        float d = tn_bf16_to_f32(x[c]) - mean;
+        lane[c % 16] = fmaf(d, d, lane[c % 16]);
+    }
+    const float norm = 1.0f / sqrtf(lanes_sum(lane) * inv + eps);
+    for (size_t c = 0; c < n; ++c) {
+        float d = tn_bf16_to_f32(x[c]) - mean;
+        y[c] = tn_f32_to_bf16(fmaf(d * norm, scale[c], shift[c]));
+    }
+}
+
+/* In-place reduction of the lanes 0..L-1 (L = min(channels, 16)) of w positions: lane[0]
+ * receives the tree sum; absent lanes are skipped (they would add +0.0f). */
+static void lanes_sum_rows(float (*lane)[TN_NORM_LANES_CHUNK], size_t L, size_t w)
+{
+    for (size_t i = 0; i < 8 && i + 8 < L; ++i)
+        for (size_t p = 0; p < w; ++p)
+            lane[i][p] += lane[i + 8][p];
+    size_t L1 = L < 8 ? L : 8;
+    for (size_t i = 0; i < 4 && i + 4 < L1; ++i)
+        for (size_t p = 0; p < w; ++p)
+            lane[i][p] += lane[i + 4][p];
+    size_t L2 = L1 < 4 ? L1 : 4;
+    for (size_t i = 0; i < 2 && i + 2 < L2; ++i)
+        for (size_t p = 0; p < w; ++p)
+            lane[i][p] += lane[i + 2][p];
+    if (L2 > 1)
+        for (size_t p = 0; p < w; ++p)
+            lane[0][p] += lane[1][p];
+}
+
+/* NCHW, one batch item: chunks of spatial positions, 16 lane accumulators per position. */
+static void layer_norm_nchw_bf16(const uint16_t * x, size_t C, size_t S, const float * scale, const float * shift,
+                                 float eps, uint16_t * y)
+{
+    const float inv = 1.0f / (float)C;
+    const size_t L = C < 16 ? C : 16;
+    const size_t W = TN_NORM_LANES_CHUNK;
+    float lane[16][TN_NORM_LANES_CHUNK], mean[TN_NORM_LANES_CHUNK], norm[TN_NORM_LANES_CHUNK];
+    for (size_t s0 = 0; s0 < S; s0 += W) {
+        size_t w = S - s0 < W ? S - s0 : W;
+        const uint16_t * xs = x + s0;
+        uint16_t * ys = y + s0;
+        for (size_t c = 0; c < C; ++c) {
+            float * a = lane[c % 16];
+            for (size_t p = 0; p < w; ++p)
+                a[p] = (c < 16 ? 0.0f : a[p]) + tn_bf16_to_f32(xs[c * S + p]);
+        }
+        lanes_sum_rows(lane, L, w);
+        for (size_t p = 0; p < w; ++p)
+            mean[p] = lane[0][p] * inv;
+        for (size_t c = 0; c < C; ++c) {
+            float * a = lane[c % 16];
+            for (size_t p = 0; p < w; ++p) {
+                float d = tn_bf16_to_f32(xs[c * S + p]) - mean[p];
+                a[p] = fmaf(d, d, c < 16 ? 0.0f : a[p]);
+            }
+        }
+        lanes_sum_rows(lane, L, w);
+        for (size_t p = 0; p < w; ++p)
+            norm[p] = 1.0f / sqrtf(lane[0][p] * inv + eps);
+        for (size_t c = 0; c < C; ++c)
+            for (size_t p = 0; p < w; ++p) {
+                float d = tn_bf16_to_f32(xs[c * S + p]) - mean[p];
+                ys[c * S + p] = tn_f32_to_bf16(fmaf(d * norm[p], scale[c], shift[c]));
+            }
+    }
+}
+
+void tn_scalar_SynetNormalizeLayerForward16bV2(const uint16_t * src, size_t batch, size_t channels, size_t spatial,
+                                               const float * scale, const float * shift, const float * eps,
+                                               int format, float * buf, uint16_t * dst)
+{
+    const size_t size = channels * spatial;
+    const float e = eps[0];
+    const int nhwc = format == TnTensorFormatNhwc;
+    (void)buf; /* no scratch needed */
+    if (size == 0)
+        return;
+    for (size_t b = 0; b < batch; ++b) {
+        const uint16_t * x = src + b * size;
+        uint16_t * y = dst + b * size;
+        if (nhwc)
+            for (size_t s = 0; s < spatial; ++s)
+                layer_norm_row_bf16(x + s * channels, channels, scale, shift, e, y + s * channels);
+        else
+            layer_norm_nchw_bf16(x, channels, spatial, scale, shift, e, y);
+    }
+}
