@@ -124,4 +124,140 @@ static inline float tn_avx2_hmax(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
+/* ---------------------------------------------------------------------------------------
+ * Unary math and LRN pow: operation-for-operation copies of the scalar functions (see
+ * vmath_scalar.h), bit-identical to them. 8-entry tables are looked up with vpermps.
+ * ------------------------------------------------------------------------------------- */
+
+static inline __m256 tn_avx2_abs(__m256 x)
+{
+    return _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
+}
+
+static inline __m256 tn_avx2_sign_bit(__m256 x)
+{
+    return _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32((int32_t)0x80000000u)));
+}
+
+static inline __m256 tn_avx2_lut8(const float * table, __m256i i)
+{
+    return _mm256_permutevar8x32_ps(_mm256_loadu_ps(table), i);
+}
+
+static inline __m256 tn_avx2_tanh(__m256 x)
+{
+    __m256 sign = tn_avx2_sign_bit(x);
+    __m256 a = _mm256_min_ps(_mm256_set1_ps(TN_TANH_MAXARG), tn_avx2_abs(x));
+    __m256i i = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_castps_si256(a), 23), _mm256_set1_epi32(123));
+    i = _mm256_min_epi32(_mm256_max_epi32(i, _mm256_setzero_si256()), _mm256_set1_epi32(7));
+    __m256 t = _mm256_sub_ps(a, tn_avx2_lut8(TN_TANH_MID, i));
+    __m256 p = tn_avx2_lut8(TN_TANH_C[8], i);
+    for (int k = 7; k >= 0; --k)
+        p = _mm256_fmadd_ps(p, t, tn_avx2_lut8(TN_TANH_C[k], i));
+    p = _mm256_min_ps(_mm256_set1_ps(1.0f), p);
+    return _mm256_or_ps(p, sign);
+}
+
+static inline __m256 tn_avx2_erf(__m256 x)
+{
+    __m256 sign = tn_avx2_sign_bit(x);
+    __m256 a = _mm256_min_ps(_mm256_set1_ps(TN_ERF_MAXARG), tn_avx2_abs(x));
+    __m256i i = _mm256_cvttps_epi32(_mm256_mul_ps(a, _mm256_set1_ps(2.0f)));
+    i = _mm256_min_epi32(i, _mm256_set1_epi32(7));
+    __m256 t = _mm256_sub_ps(a, tn_avx2_lut8(TN_ERF_MID, i));
+    __m256 p = tn_avx2_lut8(TN_ERF_C[6], i);
+    for (int k = 5; k >= 0; --k)
+        p = _mm256_fmadd_ps(p, t, tn_avx2_lut8(TN_ERF_C[k], i));
+    p = _mm256_min_ps(_mm256_set1_ps(1.0f), p);
+    return _mm256_or_ps(p, sign);
+}
+
+static inline __m256 tn_avx2_sincos(__m256 x, int cosine)
+{
+    __m256 sign = cosine ? _mm256_setzero_ps() : tn_avx2_sign_bit(x);
+    __m256 a = tn_avx2_abs(x);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(a, _mm256_set1_ps(TN_2_OVER_PI)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-TN_PIO2_1), a);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-TN_PIO2_2), r);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-TN_PIO2_3), r);
+    __m256i q = _mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(cosine));
+    __m256 z = _mm256_mul_ps(r, r);
+    __m256 ps = _mm256_set1_ps(TN_SIN_S3);
+    ps = _mm256_fmadd_ps(ps, z, _mm256_set1_ps(TN_SIN_S2));
+    ps = _mm256_fmadd_ps(ps, z, _mm256_set1_ps(TN_SIN_S1));
+    __m256 s = _mm256_fmadd_ps(_mm256_mul_ps(r, z), ps, r);
+    __m256 pc = _mm256_set1_ps(TN_COS_C3);
+    pc = _mm256_fmadd_ps(pc, z, _mm256_set1_ps(TN_COS_C2));
+    pc = _mm256_fmadd_ps(pc, z, _mm256_set1_ps(TN_COS_C1));
+    pc = _mm256_fmadd_ps(pc, z, _mm256_set1_ps(-0.5f));
+    __m256 c = _mm256_fmadd_ps(pc, z, _mm256_set1_ps(1.0f));
+    __m256 y = _mm256_blendv_ps(s, c, _mm256_castsi256_ps(_mm256_slli_epi32(q, 31)));
+    __m256 flip = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(q, 30), _mm256_set1_epi32((int32_t)0x80000000u)));
+    y = _mm256_xor_ps(_mm256_xor_ps(y, flip), sign);
+    return _mm256_min_ps(_mm256_set1_ps(1.0f), _mm256_max_ps(_mm256_set1_ps(-1.0f), y));
+}
+
+static inline __m256 tn_avx2_sin(__m256 x) { return tn_avx2_sincos(x, 0); }
+static inline __m256 tn_avx2_cos(__m256 x) { return tn_avx2_sincos(x, 1); }
+
+/* tn_powpos_f32 on 8 lanes (every lane a positive normal base, e finite). */
+static inline __m256 tn_avx2_powpos(__m256 b, __m256 e)
+{
+    __m256i u = _mm256_castps_si256(b);
+    __m256i j = _mm256_srli_epi32(u, 20); /* vpermps reads the low 3 bits */
+    __m256 k = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(u, 23), _mm256_set1_epi32(127)));
+    __m256 m = _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(u, _mm256_set1_epi32(0x007fffff)), _mm256_set1_epi32(0x3f800000)));
+    __m256 r = _mm256_fmadd_ps(m, tn_avx2_lut8(TN_LOG8_C, j), _mm256_set1_ps(-1.0f));
+    __m256 q = _mm256_set1_ps(TN_LOG8_Q3);
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(TN_LOG8_Q2));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(TN_LOG8_Q1));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(TN_LOG8_Q0));
+    __m256 l = _mm256_fmadd_ps(q, _mm256_mul_ps(r, r), r);
+    l = _mm256_fmadd_ps(k, _mm256_set1_ps(TN_LN2_LO), l);
+    l = _mm256_add_ps(l, tn_avx2_lut8(TN_LOG8_T, j));
+    l = _mm256_fmadd_ps(k, _mm256_set1_ps(TN_LN2_HI), l);
+    __m256 y = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(e, l), _mm256_set1_ps(TN_EXP_MIN)), _mm256_set1_ps(TN_EXP_MAX));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(y, _mm256_set1_ps(TN_8_OVER_LN2)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 s = _mm256_fmadd_ps(n, _mm256_set1_ps(-TN_LN2_8_HI), y);
+    s = _mm256_fmadd_ps(n, _mm256_set1_ps(-TN_LN2_8_LO), s);
+    __m256 p = _mm256_set1_ps(TN_EXP8_Q4);
+    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(TN_EXP8_Q3));
+    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(TN_EXP8_Q2));
+    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(1.0f));
+    __m256i ni = _mm256_cvttps_epi32(n);
+    p = _mm256_mul_ps(p, tn_avx2_lut8(TN_EXP8_T, ni));
+    __m256i h = _mm256_srai_epi32(ni, 3);
+    __m256i h1 = _mm256_srai_epi32(h, 1);
+    __m256i h2 = _mm256_sub_epi32(h, h1);
+    __m256i bias = _mm256_set1_epi32(127);
+    p = _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h1, bias), 23)));
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h2, bias), 23)));
+}
+
+/* Lanes where tn_powpos_f32 does not apply (tn_pow_fast_base false), as a movemask. */
+static inline int tn_avx2_pow_slow_lanes(__m256 b)
+{
+    __m256 ok = _mm256_and_ps(_mm256_cmp_ps(b, _mm256_set1_ps(FLT_MIN), _CMP_GE_OQ),
+                              _mm256_cmp_ps(b, _mm256_set1_ps(FLT_MAX), _CMP_LE_OQ));
+    return _mm256_movemask_ps(ok) ^ 0xff;
+}
+
+/* tn_pow_f32 on 8 lanes. */
+static inline __m256 tn_avx2_pow(__m256 b, float e)
+{
+    __m256 p = tn_avx2_powpos(b, _mm256_set1_ps(e));
+    int slow = tn_avx2_pow_slow_lanes(b);
+    if (slow) {
+        float bb[8], pp[8];
+        _mm256_storeu_ps(bb, b);
+        _mm256_storeu_ps(pp, p);
+        for (int l = 0; l < 8; ++l)
+            if (slow & (1 << l))
+                pp[l] = powf(bb[l], e);
+        p = _mm256_loadu_ps(pp);
+    }
+    return p;
+}
+
 #endif
