@@ -149,12 +149,11 @@ static inline __m256 tn_avx2_tanh(__m256 x)
     __m256 sign = tn_avx2_sign_bit(x);
     __m256 a = _mm256_min_ps(_mm256_set1_ps(TN_TANH_MAXARG), tn_avx2_abs(x));
     __m256i i = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_castps_si256(a), 23), _mm256_set1_epi32(123));
-    i = _mm256_min_epi32(_mm256_max_epi32(i, _mm256_setzero_si256()), _mm256_set1_epi32(7));
+    i = _mm256_max_epi32(i, _mm256_setzero_si256());
     __m256 t = _mm256_sub_ps(a, tn_avx2_lut8(TN_TANH_MID, i));
     __m256 p = tn_avx2_lut8(TN_TANH_C[8], i);
     for (int k = 7; k >= 0; --k)
         p = _mm256_fmadd_ps(p, t, tn_avx2_lut8(TN_TANH_C[k], i));
-    p = _mm256_min_ps(_mm256_set1_ps(1.0f), p);
     return _mm256_or_ps(p, sign);
 }
 
@@ -163,12 +162,10 @@ static inline __m256 tn_avx2_erf(__m256 x)
     __m256 sign = tn_avx2_sign_bit(x);
     __m256 a = _mm256_min_ps(_mm256_set1_ps(TN_ERF_MAXARG), tn_avx2_abs(x));
     __m256i i = _mm256_cvttps_epi32(_mm256_mul_ps(a, _mm256_set1_ps(2.0f)));
-    i = _mm256_min_epi32(i, _mm256_set1_epi32(7));
     __m256 t = _mm256_sub_ps(a, tn_avx2_lut8(TN_ERF_MID, i));
     __m256 p = tn_avx2_lut8(TN_ERF_C[6], i);
     for (int k = 5; k >= 0; --k)
         p = _mm256_fmadd_ps(p, t, tn_avx2_lut8(TN_ERF_C[k], i));
-    p = _mm256_min_ps(_mm256_set1_ps(1.0f), p);
     return _mm256_or_ps(p, sign);
 }
 
@@ -200,33 +197,30 @@ static inline __m256 tn_avx2_sincos(__m256 x, int cosine)
 static inline __m256 tn_avx2_sin(__m256 x) { return tn_avx2_sincos(x, 0); }
 static inline __m256 tn_avx2_cos(__m256 x) { return tn_avx2_sincos(x, 1); }
 
-/* tn_powpos_f32 on 8 lanes (every lane a positive normal base, e finite). */
+/* tn_powpos_f32 on 8 lanes (every lane a positive normal base, |e| <= TN_POW_MAX_EXP). */
 static inline __m256 tn_avx2_powpos(__m256 b, __m256 e)
 {
     __m256i u = _mm256_castps_si256(b);
     __m256i j = _mm256_srli_epi32(u, 20); /* vpermps reads the low 3 bits */
     __m256 k = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(u, 23), _mm256_set1_epi32(127)));
     __m256 m = _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(u, _mm256_set1_epi32(0x007fffff)), _mm256_set1_epi32(0x3f800000)));
-    __m256 r = _mm256_fmadd_ps(m, tn_avx2_lut8(TN_LOG8_C, j), _mm256_set1_ps(-1.0f));
-    __m256 q = _mm256_set1_ps(TN_LOG8_Q3);
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(TN_LOG8_Q2));
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(TN_LOG8_Q1));
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(TN_LOG8_Q0));
-    __m256 l = _mm256_fmadd_ps(q, _mm256_mul_ps(r, r), r);
-    l = _mm256_fmadd_ps(k, _mm256_set1_ps(TN_LN2_LO), l);
-    l = _mm256_add_ps(l, tn_avx2_lut8(TN_LOG8_T, j));
-    l = _mm256_fmadd_ps(k, _mm256_set1_ps(TN_LN2_HI), l);
-    __m256 y = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(e, l), _mm256_set1_ps(TN_EXP_MIN)), _mm256_set1_ps(TN_EXP_MAX));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(y, _mm256_set1_ps(TN_8_OVER_LN2)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 s = _mm256_fmadd_ps(n, _mm256_set1_ps(-TN_LN2_8_HI), y);
-    s = _mm256_fmadd_ps(n, _mm256_set1_ps(-TN_LN2_8_LO), s);
-    __m256 p = _mm256_set1_ps(TN_EXP8_Q4);
-    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(TN_EXP8_Q3));
-    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(TN_EXP8_Q2));
-    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(1.0f));
-    __m256i ni = _mm256_cvttps_epi32(n);
-    p = _mm256_mul_ps(p, tn_avx2_lut8(TN_EXP8_T, ni));
+    __m256 r = _mm256_fmadd_ps(m, tn_avx2_lut8(TN_LOG2T_C, j), _mm256_set1_ps(-1.0f));
+    __m256 q = _mm256_set1_ps(TN_LOG2T_P3);
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(TN_LOG2T_P2));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(TN_LOG2T_P1));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(TN_LOG2T_P0));
+    __m256 l = _mm256_fmadd_ps(r, q, tn_avx2_lut8(TN_LOG2T_T, j));
+    __m256 y = _mm256_fmadd_ps(e, k, _mm256_mul_ps(e, l));
+    y = _mm256_min_ps(_mm256_max_ps(y, _mm256_set1_ps(-200.0f)), _mm256_set1_ps(200.0f));
+    __m256 t8 = _mm256_add_ps(y, _mm256_set1_ps(TN_EXP2T_SHIFT));
+    __m256 f = _mm256_sub_ps(y, _mm256_sub_ps(t8, _mm256_set1_ps(TN_EXP2T_SHIFT)));
+    __m256i ni = _mm256_sub_epi32(_mm256_castps_si256(t8), _mm256_castps_si256(_mm256_set1_ps(TN_EXP2T_SHIFT)));
+    __m256 p = _mm256_set1_ps(TN_EXP2T_P3);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(TN_EXP2T_P2));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(TN_EXP2T_P1));
+    p = _mm256_mul_ps(p, f);
+    __m256 t = tn_avx2_lut8(TN_EXP2T_T, ni);
+    p = _mm256_fmadd_ps(p, t, t);
     __m256i h = _mm256_srai_epi32(ni, 3);
     __m256i h1 = _mm256_srai_epi32(h, 1);
     __m256i h2 = _mm256_sub_epi32(h, h1);
@@ -247,7 +241,7 @@ static inline int tn_avx2_pow_slow_lanes(__m256 b)
 static inline __m256 tn_avx2_pow(__m256 b, float e)
 {
     __m256 p = tn_avx2_powpos(b, _mm256_set1_ps(e));
-    int slow = tn_avx2_pow_slow_lanes(b);
+    int slow = fabsf(e) <= TN_POW_MAX_EXP ? tn_avx2_pow_slow_lanes(b) : 0xff;
     if (slow) {
         float bb[8], pp[8];
         _mm256_storeu_ps(bb, b);

@@ -198,32 +198,40 @@ static inline __m512 tn_avx512_lut8(const float * table, __m512i i)
     return _mm512_permutexvar_ps(i, _mm512_broadcast_f32x8(_mm256_loadu_ps(table)));
 }
 
+/* min(|x|, c) with the sign cleared, in one vrangeps (NaN stays NaN). */
+static inline __m512 tn_avx512_absmin(__m512 x, float c)
+{
+    return _mm512_range_ps(x, _mm512_set1_ps(c), 0x0a);
+}
+
+/* |p| with the sign of x (p >= +0 here), in one vpternlogd: bit select. */
+static inline __m512 tn_avx512_with_sign(__m512 p, __m512 x)
+{
+    return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_castps_si512(p), _mm512_castps_si512(x),
+                                                         _mm512_set1_epi32((int32_t)0x80000000u), 0xd8));
+}
+
 static inline __m512 tn_avx512_tanh(__m512 x)
 {
-    __m512i sign = tn_avx512_sign_bit(x);
-    __m512 a = _mm512_min_ps(_mm512_set1_ps(TN_TANH_MAXARG), tn_avx512_abs(x));
+    __m512 a = tn_avx512_absmin(x, TN_TANH_MAXARG);
     __m512i i = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_castps_si512(a), 23), _mm512_set1_epi32(123));
-    i = _mm512_min_epi32(_mm512_max_epi32(i, _mm512_setzero_si512()), _mm512_set1_epi32(7));
+    i = _mm512_max_epi32(i, _mm512_setzero_si512());
     __m512 t = _mm512_sub_ps(a, tn_avx512_lut8(TN_TANH_MID, i));
     __m512 p = tn_avx512_lut8(TN_TANH_C[8], i);
     for (int k = 7; k >= 0; --k)
         p = _mm512_fmadd_ps(p, t, tn_avx512_lut8(TN_TANH_C[k], i));
-    p = _mm512_min_ps(_mm512_set1_ps(1.0f), p);
-    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(p), sign));
+    return tn_avx512_with_sign(p, x);
 }
 
 static inline __m512 tn_avx512_erf(__m512 x)
 {
-    __m512i sign = tn_avx512_sign_bit(x);
-    __m512 a = _mm512_min_ps(_mm512_set1_ps(TN_ERF_MAXARG), tn_avx512_abs(x));
+    __m512 a = tn_avx512_absmin(x, TN_ERF_MAXARG);
     __m512i i = _mm512_cvttps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(2.0f)));
-    i = _mm512_min_epi32(i, _mm512_set1_epi32(7));
     __m512 t = _mm512_sub_ps(a, tn_avx512_lut8(TN_ERF_MID, i));
     __m512 p = tn_avx512_lut8(TN_ERF_C[6], i);
     for (int k = 5; k >= 0; --k)
         p = _mm512_fmadd_ps(p, t, tn_avx512_lut8(TN_ERF_C[k], i));
-    p = _mm512_min_ps(_mm512_set1_ps(1.0f), p);
-    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(p), sign));
+    return tn_avx512_with_sign(p, x);
 }
 
 static inline __m512 tn_avx512_sincos(__m512 x, int cosine)
@@ -247,44 +255,39 @@ static inline __m512 tn_avx512_sincos(__m512 x, int cosine)
     __m512 c = _mm512_fmadd_ps(pc, z, _mm512_set1_ps(1.0f));
     __m512 y = _mm512_mask_mov_ps(s, _mm512_test_epi32_mask(q, _mm512_set1_epi32(1)), c);
     __m512i flip = _mm512_and_si512(_mm512_slli_epi32(q, 30), _mm512_set1_epi32((int32_t)0x80000000u));
-    y = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_xor_si512(_mm512_castps_si512(y), flip), sign));
+    y = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_castps_si512(y), flip, sign, 0x96)); /* xor3 */
     return _mm512_min_ps(_mm512_set1_ps(1.0f), _mm512_max_ps(_mm512_set1_ps(-1.0f), y));
 }
 
 static inline __m512 tn_avx512_sin(__m512 x) { return tn_avx512_sincos(x, 0); }
 static inline __m512 tn_avx512_cos(__m512 x) { return tn_avx512_sincos(x, 1); }
 
-/* tn_powpos_f32 on 16 lanes (every lane a positive normal base, e finite). The power of
- * two is applied with one vscalefps: the same single rounding as the scalar code's two
- * multiplies, the first of which is exact. */
+/* tn_powpos_f32 on 16 lanes (every lane a positive normal base, |e| <= TN_POW_MAX_EXP).
+ * vgetexpps / vgetmantps give k and m; vscalefps applies 2^floor(n) with one rounding.
+ * No clamp of y is needed: |y| <= 127 |e| < 2^19 keeps the rounding shift exact, and
+ * vscalefps saturates to 0 or inf as the clamped scalar code does. */
 static inline __m512 tn_avx512_powpos(__m512 b, __m512 e)
 {
-    __m512i u = _mm512_castps_si512(b);
-    __m512i j = _mm512_srli_epi32(u, 20);
-    __m512 k = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(u, 23), _mm512_set1_epi32(127)));
-    __m512 m = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(u, _mm512_set1_epi32(0x007fffff), _mm512_set1_epi32(0x3f800000), 0xea));
-    __m512 r = _mm512_fmadd_ps(m, tn_avx512_lut8(TN_LOG8_C, j), _mm512_set1_ps(-1.0f));
-    __m512 q = _mm512_set1_ps(TN_LOG8_Q3);
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(TN_LOG8_Q2));
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(TN_LOG8_Q1));
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(TN_LOG8_Q0));
-    __m512 l = _mm512_fmadd_ps(q, _mm512_mul_ps(r, r), r);
-    l = _mm512_fmadd_ps(k, _mm512_set1_ps(TN_LN2_LO), l);
-    l = _mm512_add_ps(l, tn_avx512_lut8(TN_LOG8_T, j));
-    l = _mm512_fmadd_ps(k, _mm512_set1_ps(TN_LN2_HI), l);
-    __m512 y = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(e, l), _mm512_set1_ps(TN_EXP_MIN)), _mm512_set1_ps(TN_EXP_MAX));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(y, _mm512_set1_ps(TN_8_OVER_LN2)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 s = _mm512_fmadd_ps(n, _mm512_set1_ps(-TN_LN2_8_HI), y);
-    s = _mm512_fmadd_ps(n, _mm512_set1_ps(-TN_LN2_8_LO), s);
-    __m512 p = _mm512_set1_ps(TN_EXP8_Q4);
-    p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(TN_EXP8_Q3));
-    p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(TN_EXP8_Q2));
-    p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(1.0f));
-    __m512i ni = _mm512_cvttps_epi32(n);
-    p = _mm512_mul_ps(p, tn_avx512_lut8(TN_EXP8_T, ni));
-    __m512 h = _mm512_cvtepi32_ps(_mm512_srai_epi32(ni, 3));
-    return _mm512_scalef_ps(p, h);
+    __m512i j = _mm512_srli_epi32(_mm512_castps_si512(b), 20);
+    __m512 k = _mm512_getexp_ps(b);
+    __m512 m = _mm512_getmant_ps(b, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_zero);
+    __m512 r = _mm512_fmadd_ps(m, tn_avx512_lut8(TN_LOG2T_C, j), _mm512_set1_ps(-1.0f));
+    __m512 q = _mm512_set1_ps(TN_LOG2T_P3);
+    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(TN_LOG2T_P2));
+    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(TN_LOG2T_P1));
+    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(TN_LOG2T_P0));
+    __m512 l = _mm512_fmadd_ps(r, q, tn_avx512_lut8(TN_LOG2T_T, j));
+    __m512 y = _mm512_fmadd_ps(e, k, _mm512_mul_ps(e, l));
+    __m512 t8 = _mm512_add_ps(y, _mm512_set1_ps(TN_EXP2T_SHIFT));
+    __m512 n = _mm512_sub_ps(t8, _mm512_set1_ps(TN_EXP2T_SHIFT));
+    __m512 f = _mm512_sub_ps(y, n);
+    __m512i ni = _mm512_castps_si512(t8); /* low 3 bits: 8 n mod 8 */
+    __m512 p = _mm512_set1_ps(TN_EXP2T_P3);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(TN_EXP2T_P2));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(TN_EXP2T_P1));
+    p = _mm512_mul_ps(p, f);
+    __m512 t = tn_avx512_lut8(TN_EXP2T_T, ni);
+    return _mm512_scalef_ps(_mm512_fmadd_ps(p, t, t), n);
 }
 
 /* Lanes where tn_powpos_f32 does not apply: zero, negative, denormal, inf, NaN. */
@@ -297,7 +300,7 @@ static inline __mmask16 tn_avx512_pow_slow_lanes(__m512 b)
 static inline __m512 tn_avx512_pow(__m512 b, float e)
 {
     __m512 p = tn_avx512_powpos(b, _mm512_set1_ps(e));
-    __mmask16 slow = tn_avx512_pow_slow_lanes(b);
+    __mmask16 slow = fabsf(e) <= TN_POW_MAX_EXP ? tn_avx512_pow_slow_lanes(b) : (__mmask16)0xffff;
     if (slow) {
         float bb[16], pp[16];
         _mm512_storeu_ps(bb, b);

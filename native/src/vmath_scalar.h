@@ -143,7 +143,8 @@ static inline float tn_abs_f32(float x) { return tn_bits_f32(tn_f32_bits(x) & 0x
  * arguments keep full relative accuracy. */
 
 /* tanh: intervals [0,1/8) [1/8,1/4) ... [4,8) [8,9.1] from the exponent of |x|; |x| is
- * clamped to 9.1, where tanh rounds to 1. Relative error about 2e-7. */
+ * clamped to 9.1, where tanh rounds to 1. Relative error about 2e-7. The polynomials stay
+ * in [0, 1] for every float of their domain (checked exhaustively), so no final clamp. */
 #define TN_TANH_MAXARG 9.1f
 static const float TN_TANH_MID[8] = {0.0f, 0.1875f, 0.375f, 0.75f, 1.5f, 3.0f, 6.0f, 8.5f};
 static const float TN_TANH_C[9][8] = {
@@ -163,19 +164,18 @@ static inline float tn_tanh_f32(float x)
     uint32_t sign = tn_f32_bits(x) & 0x80000000u;
     float a = tn_minps_f32(TN_TANH_MAXARG, tn_abs_f32(x));
     int32_t i = (int32_t)(tn_f32_bits(a) >> 23) - 123;
-    i = i < 0 ? 0 : i;
-    i = i > 7 ? 7 : i;
+    i = (i < 0 ? 0 : i) & 7; /* <= 7 but for NaN (any row, the result is NaN) */
     float t = a - TN_TANH_MID[i];
     float p = TN_TANH_C[8][i];
     for (int k = 7; k >= 0; --k)
         p = fmaf(p, t, TN_TANH_C[k][i]);
-    p = tn_minps_f32(1.0f, p);
     return tn_bits_f32(tn_f32_bits(p) | sign);
 }
 
-/* erf: intervals of width 1/2 on [0, 4]; |x| is clamped to 4 (erf(4) rounds to 1).
- * Absolute error about 1e-7. */
-#define TN_ERF_MAXARG 4.0f
+/* erf: intervals of width 1/2 on [0, 4); |x| is clamped to the float below 4 (erf rounds
+ * to 1 there). Absolute error about 1e-7; the polynomials stay in [0, 1] (checked over
+ * every float of the domain). */
+#define TN_ERF_MAXARG 3.99999976f
 static const float TN_ERF_MID[8] = {0.0f, 0.75f, 1.25f, 1.75f, 2.25f, 2.75f, 3.25f, 3.75f};
 static const float TN_ERF_C[7][8] = {
     {0.000000000e+00, 7.111556530e-01, 9.229001403e-01, 9.866716862e-01, 9.985373020e-01, 9.998993874e-01, 9.999957085e-01, 9.999998808e-01},
@@ -192,12 +192,11 @@ static inline float tn_erf_f32(float x)
     uint32_t sign = tn_f32_bits(x) & 0x80000000u;
     float a = tn_minps_f32(TN_ERF_MAXARG, tn_abs_f32(x));
     int32_t i = tn_cvttps_i32(a * 2.0f);
-    i = (i < 7 ? i : 7) & 7; /* NaN gives INT32_MIN: any row, the result is NaN */
+    i &= 7; /* <= 7 but for NaN (INT32_MIN: any row, the result is NaN) */
     float t = a - TN_ERF_MID[i];
     float p = TN_ERF_C[6][i];
     for (int k = 5; k >= 0; --k)
         p = fmaf(p, t, TN_ERF_C[k][i]);
-    p = tn_minps_f32(1.0f, p);
     return tn_bits_f32(tn_f32_bits(p) | sign);
 }
 
@@ -243,25 +242,26 @@ static inline float tn_sincos_f32(float x, int cosine)
 static inline float tn_sin_f32(float x) { return tn_sincos_f32(x, 0); }
 static inline float tn_cos_f32(float x) { return tn_sincos_f32(x, 1); }
 
-/* pow(b, e) = exp(e * ln b) for b a positive normal float and e finite. ln b: b = 2^k m,
- * m in [1, 2); the top 3 mantissa bits j pick c_j ~ 1/m, r = m c_j - 1 (|r| < 1/17),
- * ln b = k ln2 - ln c_j + ln(1 + r). exp: n = round(y 8/ln2), y = n ln2/8 + r
- * (|r| <= ln2/16), exp(y) = 2^(n>>3) 2^((n&7)/8) e^r, with the power of two applied in two
- * halves as in tn_exp_f32. Relative error about 2e-7 + 6e-8 |e ln b|; y is clamped to
- * [TN_EXP_MIN, TN_EXP_MAX] (overflow to inf, underflow to 0). Other bases: see tn_pow_f32. */
-static const float TN_LOG8_C[8] = {9.411764741e-01, 8.421052694e-01, 7.619047761e-01, 6.956521869e-01, 6.399999857e-01, 5.925925970e-01, 5.517241359e-01, 5.161290169e-01};
-static const float TN_LOG8_T[8] = {6.062461808e-02, 1.718502492e-01, 2.719337046e-01, 3.629054725e-01, 4.462871253e-01, 5.232481360e-01, 5.947071314e-01, 6.613985300e-01};
-#define TN_LOG8_Q0 (-4.999991357e-01f)
-#define TN_LOG8_Q1 3.333320916e-01f
-#define TN_LOG8_Q2 (-2.508011460e-01f)
-#define TN_LOG8_Q3 2.008554786e-01f
-static const float TN_EXP8_T[8] = {1.000000000e+00, 1.090507746e+00, 1.189207077e+00, 1.296839595e+00, 1.414213538e+00, 1.542210817e+00, 1.681792855e+00, 1.834008098e+00};
-#define TN_EXP8_Q2 4.999999702e-01f
-#define TN_EXP8_Q3 1.666805297e-01f
-#define TN_EXP8_Q4 4.168111831e-02f
-#define TN_8_OVER_LN2 1.154156017e+01f
-#define TN_LN2_8_HI 8.664339781e-02f
-#define TN_LN2_8_LO (-2.380817765e-10f)
+/* pow(b, e) = 2^(e log2 b) for b a positive normal float and |e| <= TN_POW_MAX_EXP.
+ * log2 b: b = 2^k m, m in [1, 2); the top 3 mantissa bits j pick c_j ~ 1/m, r = m c_j - 1
+ * (|r| < 1/17), log2 m = -log2 c_j + r P(r); y = e k + e log2 m with one rounding.
+ * exp2: y = n + f with n a multiple of 1/8 (|f| <= 1/16), 2^y = 2^floor(n) 2^frac(n) 2^f,
+ * 2^frac(n) from an 8-entry table and 2^f a cubic. Relative error about 2e-7 + 3e-8 |y|
+ * (y is a float). The power of two is applied in two halves (AVX-512: one vscalefps, the
+ * same single rounding); y is clamped to [-200, 200], beyond which the result is 0 or inf
+ * anyway. */
+#define TN_POW_MAX_EXP 3000.0f
+#define TN_EXP2T_SHIFT 1572864.0f /* 1.5 * 2^20: ulp 1/8 */
+static const float TN_LOG2T_C[8] = {9.411764741e-01f, 8.421052694e-01f, 7.619047761e-01f, 6.956521869e-01f, 6.399999857e-01f, 5.925925970e-01f, 5.517241359e-01f, 5.161290169e-01f};
+static const float TN_LOG2T_T[8] = {8.746283501e-02f, 2.479275018e-01f, 3.923173845e-01f, 5.235619545e-01f, 6.438562274e-01f, 7.548874617e-01f, 8.579810262e-01f, 9.541963339e-01f};
+#define TN_LOG2T_P0 1.442694f
+#define TN_LOG2T_P1 (-0.72134566f)
+#define TN_LOG2T_P2 0.482144f
+#define TN_LOG2T_P3 (-0.36204576f)
+static const float TN_EXP2T_T[8] = {1.000000000e+00f, 1.090507746e+00f, 1.189207077e+00f, 1.296839595e+00f, 1.414213538e+00f, 1.542210817e+00f, 1.681792855e+00f, 1.834008098e+00f};
+#define TN_EXP2T_P1 0.69314724f
+#define TN_EXP2T_P2 0.24025764f
+#define TN_EXP2T_P3 0.05549622f
 
 static inline float tn_powpos_f32(float b, float e)
 {
@@ -269,26 +269,22 @@ static inline float tn_powpos_f32(float b, float e)
     uint32_t j = (u >> 20) & 7u;
     float k = (float)((int32_t)(u >> 23) - 127);
     float m = tn_bits_f32((u & 0x007fffffu) | 0x3f800000u);
-    float r = fmaf(m, TN_LOG8_C[j], -1.0f);
-    float q = TN_LOG8_Q3;
-    q = fmaf(q, r, TN_LOG8_Q2);
-    q = fmaf(q, r, TN_LOG8_Q1);
-    q = fmaf(q, r, TN_LOG8_Q0);
-    float l = fmaf(q, r * r, r);
-    l = fmaf(k, TN_LN2_LO, l);
-    l = l + TN_LOG8_T[j];
-    l = fmaf(k, TN_LN2_HI, l);
-    float y = tn_minps_f32(tn_maxps_f32(e * l, TN_EXP_MIN), TN_EXP_MAX);
-    float n = nearbyintf(y * TN_8_OVER_LN2);
-    float s = fmaf(n, -TN_LN2_8_HI, y);
-    s = fmaf(n, -TN_LN2_8_LO, s);
-    float p = TN_EXP8_Q4;
-    p = fmaf(p, s, TN_EXP8_Q3);
-    p = fmaf(p, s, TN_EXP8_Q2);
-    p = fmaf(p, s, 1.0f);
-    p = fmaf(p, s, 1.0f);
-    int32_t ni = (int32_t)n;
-    p = p * TN_EXP8_T[ni & 7];
+    float r = fmaf(m, TN_LOG2T_C[j], -1.0f);
+    float q = TN_LOG2T_P3;
+    q = fmaf(q, r, TN_LOG2T_P2);
+    q = fmaf(q, r, TN_LOG2T_P1);
+    q = fmaf(q, r, TN_LOG2T_P0);
+    float l = fmaf(r, q, TN_LOG2T_T[j]);
+    float y = fmaf(e, k, e * l); /* e k exact inside the fma: one rounding */
+    y = tn_minps_f32(tn_maxps_f32(y, -200.0f), 200.0f);
+    float t = y + TN_EXP2T_SHIFT; /* rounds y to a multiple of 1/8: n = t - SHIFT */
+    float f = y - (t - TN_EXP2T_SHIFT);
+    int32_t ni = (int32_t)(tn_f32_bits(t) - tn_f32_bits(TN_EXP2T_SHIFT)); /* 8 n */
+    float p = TN_EXP2T_P3;
+    p = fmaf(p, f, TN_EXP2T_P2);
+    p = fmaf(p, f, TN_EXP2T_P1);
+    p = p * f;
+    p = fmaf(p, TN_EXP2T_T[ni & 7], TN_EXP2T_T[ni & 7]);
     int32_t h = ni >> 3;
     int32_t h1 = h >> 1, h2 = h - h1;
     p = p * tn_bits_f32((uint32_t)(h1 + 127) << 23);
@@ -298,11 +294,12 @@ static inline float tn_powpos_f32(float b, float e)
 /* True when tn_powpos_f32 applies to b (positive, normal, finite). */
 static inline int tn_pow_fast_base(float b) { return b >= FLT_MIN && b <= FLT_MAX; }
 
-/* pow for any base and finite e: the fast path above, C's powf for the rest (zero,
- * negative, denormal, inf and NaN bases follow C99 pow, as numpy.power does). */
+/* pow for any b and e: the fast path above, C's powf for the rest (zero, negative,
+ * denormal, inf and NaN bases follow C99 pow, as numpy.power does; so do huge or
+ * non-finite exponents). */
 static inline float tn_pow_f32(float b, float e)
 {
-    return tn_pow_fast_base(b) ? tn_powpos_f32(b, e) : powf(b, e);
+    return tn_pow_fast_base(b) && fabsf(e) <= TN_POW_MAX_EXP ? tn_powpos_f32(b, e) : powf(b, e);
 }
 
 /* LRN across channels (lrn_*.c): windows with half <= this are summed directly, in
