@@ -198,10 +198,11 @@ static inline __m512 tn_avx512_lut8(const float * table, __m512i i)
     return _mm512_permutexvar_ps(i, _mm512_broadcast_f32x8(_mm256_loadu_ps(table)));
 }
 
-/* min(|x|, c) with the sign cleared, in one vrangeps (NaN stays NaN). */
+/* min(c, |x|); NaN stays NaN (vminps returns its second operand when either is NaN;
+ * vrangeps would not do: it drops a quiet NaN). */
 static inline __m512 tn_avx512_absmin(__m512 x, float c)
 {
-    return _mm512_range_ps(x, _mm512_set1_ps(c), 0x0a);
+    return _mm512_min_ps(_mm512_set1_ps(c), tn_avx512_abs(x));
 }
 
 /* |p| with the sign of x (p >= +0 here), in one vpternlogd: bit select. */
