@@ -19,7 +19,7 @@
 #define LRN_STACK_FLOATS 8192  /* 32 KB of stack scratch, malloc beyond */
 
 typedef struct {
-    __m256 k0, k1;
+    __m256 k0, k1, k2v;
     float k2;
 } LrnK;
 
@@ -39,7 +39,7 @@ TN_INL void store_n(float * p, size_t left, __m256 v)
 
 TN_INL __m256 lrn_value(__m256 x, __m256 s, const LrnK * k)
 {
-    return _mm256_mul_ps(x, tn_avx2_pow(_mm256_fmadd_ps(k->k1, s, k->k0), k->k2));
+    return _mm256_mul_ps(x, tn_avx2_pow(_mm256_fmadd_ps(k->k1, s, k->k0), k->k2v, k->k2));
 }
 
 /* Narrow windows: n lanes starting at src, channel rows `stride` floats apart. */
@@ -129,7 +129,11 @@ void tn_avx2_SynetLrnLayerCrossChannels(const float * src, size_t half, size_t c
     if (half > channels - 1)
         half = channels - 1;
     ptrdiff_t C = (ptrdiff_t)channels, h = (ptrdiff_t)half;
-    LrnK kv = {_mm256_set1_ps(k[0]), _mm256_set1_ps(k[1]), k[2]};
+    if (!(fabsf(k[2]) <= TN_POW_MAX_EXP)) { /* huge or non-finite exponent: powf throughout */
+        tn_scalar_SynetLrnLayerCrossChannels(src, half, channels, spatial, k, dst, format);
+        return;
+    }
+    LrnK kv = {_mm256_set1_ps(k[0]), _mm256_set1_ps(k[1]), _mm256_set1_ps(k[2]), k[2]};
     int nhwc = format == TnTensorFormatNhwc;
     int direct = h <= TN_LRN_DIRECT_HALF;
 

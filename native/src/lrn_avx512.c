@@ -21,7 +21,7 @@
 #define LRN_STACK_FLOATS 8192  /* 32 KB of stack scratch, malloc beyond */
 
 typedef struct {
-    __m512 k0, k1;
+    __m512 k0, k1, k2v;
     float k2;
 } LrnK;
 
@@ -29,7 +29,7 @@ TN_INL __mmask16 lane_mask(size_t left) { return left >= F ? (__mmask16)0xffff :
 
 TN_INL __m512 lrn_value(__m512 x, __m512 s, const LrnK * k)
 {
-    return _mm512_mul_ps(x, tn_avx512_pow(_mm512_fmadd_ps(k->k1, s, k->k0), k->k2));
+    return _mm512_mul_ps(x, tn_avx512_pow(_mm512_fmadd_ps(k->k1, s, k->k0), k->k2v, k->k2));
 }
 
 /* Narrow windows: n lanes starting at src, channel rows `stride` floats apart. */
@@ -121,7 +121,11 @@ void tn_avx512_SynetLrnLayerCrossChannels(const float * src, size_t half, size_t
     if (half > channels - 1)
         half = channels - 1;
     ptrdiff_t C = (ptrdiff_t)channels, h = (ptrdiff_t)half;
-    LrnK kv = {_mm512_set1_ps(k[0]), _mm512_set1_ps(k[1]), k[2]};
+    if (!(fabsf(k[2]) <= TN_POW_MAX_EXP)) { /* huge or non-finite exponent: powf throughout */
+        tn_scalar_SynetLrnLayerCrossChannels(src, half, channels, spatial, k, dst, format);
+        return;
+    }
+    LrnK kv = {_mm512_set1_ps(k[0]), _mm512_set1_ps(k[1]), _mm512_set1_ps(k[2]), k[2]};
     int nhwc = format == TnTensorFormatNhwc;
     int direct = h <= TN_LRN_DIRECT_HALF;
 

@@ -237,20 +237,27 @@ static inline int tn_avx2_pow_slow_lanes(__m256 b)
     return _mm256_movemask_ps(ok) ^ 0xff;
 }
 
-/* tn_pow_f32 on 8 lanes. */
-static inline __m256 tn_avx2_pow(__m256 b, float e)
+/* Lanes of p whose base is not a positive normal float get C's powf. Out of line and
+ * cold, so the call and its register spills stay out of the callers' loops. */
+static __attribute__((noinline, cold)) __m256 tn_avx2_pow_fix(__m256 b, __m256 p, int slow, float e)
 {
-    __m256 p = tn_avx2_powpos(b, _mm256_set1_ps(e));
-    int slow = fabsf(e) <= TN_POW_MAX_EXP ? tn_avx2_pow_slow_lanes(b) : 0xff;
-    if (slow) {
-        float bb[8], pp[8];
-        _mm256_storeu_ps(bb, b);
-        _mm256_storeu_ps(pp, p);
-        for (int l = 0; l < 8; ++l)
-            if (slow & (1 << l))
-                pp[l] = powf(bb[l], e);
-        p = _mm256_loadu_ps(pp);
-    }
+    float bb[8], pp[8];
+    _mm256_storeu_ps(bb, b);
+    _mm256_storeu_ps(pp, p);
+    for (int l = 0; l < 8; ++l)
+        if (slow & (1 << l))
+            pp[l] = powf(bb[l], e);
+    return _mm256_loadu_ps(pp);
+}
+
+/* tn_pow_f32 on 8 lanes for an exponent with |e| <= TN_POW_MAX_EXP (callers route
+ * larger or non-finite exponents to the scalar code); ev = e in every lane. */
+static inline __m256 tn_avx2_pow(__m256 b, __m256 ev, float e)
+{
+    __m256 p = tn_avx2_powpos(b, ev);
+    int slow = tn_avx2_pow_slow_lanes(b);
+    if (__builtin_expect(slow != 0, 0))
+        p = tn_avx2_pow_fix(b, p, slow, e);
     return p;
 }
 

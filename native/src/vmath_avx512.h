@@ -297,20 +297,27 @@ static inline __mmask16 tn_avx512_pow_slow_lanes(__m512 b)
     return _mm512_fpclass_ps_mask(b, 0xff);
 }
 
-/* tn_pow_f32 on 16 lanes. */
-static inline __m512 tn_avx512_pow(__m512 b, float e)
+/* Lanes of p whose base is not a positive normal float get C's powf. Out of line and
+ * cold, so the call and its register spills stay out of the callers' loops. */
+static __attribute__((noinline, cold)) __m512 tn_avx512_pow_fix(__m512 b, __m512 p, __mmask16 slow, float e)
 {
-    __m512 p = tn_avx512_powpos(b, _mm512_set1_ps(e));
-    __mmask16 slow = fabsf(e) <= TN_POW_MAX_EXP ? tn_avx512_pow_slow_lanes(b) : (__mmask16)0xffff;
-    if (slow) {
-        float bb[16], pp[16];
-        _mm512_storeu_ps(bb, b);
-        _mm512_storeu_ps(pp, p);
-        for (int l = 0; l < 16; ++l)
-            if (slow & (1 << l))
-                pp[l] = powf(bb[l], e);
-        p = _mm512_loadu_ps(pp);
-    }
+    float bb[16], pp[16];
+    _mm512_storeu_ps(bb, b);
+    _mm512_storeu_ps(pp, p);
+    for (int l = 0; l < 16; ++l)
+        if (slow & (1 << l))
+            pp[l] = powf(bb[l], e);
+    return _mm512_loadu_ps(pp);
+}
+
+/* tn_pow_f32 on 16 lanes for an exponent with |e| <= TN_POW_MAX_EXP (callers route
+ * larger or non-finite exponents to the scalar code); ev = e in every lane. */
+static inline __m512 tn_avx512_pow(__m512 b, __m512 ev, float e)
+{
+    __m512 p = tn_avx512_powpos(b, ev);
+    __mmask16 slow = tn_avx512_pow_slow_lanes(b);
+    if (__builtin_expect(slow != 0, 0))
+        p = tn_avx512_pow_fix(b, p, slow, e);
     return p;
 }
 
