@@ -134,13 +134,12 @@ static inline __m512 tn_avx512_exp_fast(__m512 x)
 
 /* tn_avx512_log with fewer instructions: vgetexpps / vgetmantps give the exponent and
  * mantissa (denormals included), the same e and m as the scalar code's bit manipulation,
- * exactly. Vectors holding zero, negative, inf or NaN lanes go through tn_avx512_log.
- * Bit-identical to tn_avx512_log and tn_log_f32 for every input (checked over all 2^32
+ * exactly; zero, negative, inf and NaN lanes are patched afterwards (only in vectors that
+ * hold any). Bit-identical to tn_avx512_log and tn_log_f32 for every input (checked over all 2^32
  * floats). */
 static inline __m512 tn_avx512_log_fast(__m512 x)
 {
-    if (__builtin_expect(_mm512_fpclass_ps_mask(x, 0xdf) != 0, 0)) /* NaN, +-0, +-inf, x < 0 */
-        return tn_avx512_log(x);
+    __mmask16 special = _mm512_fpclass_ps_mask(x, 0xdf); /* NaN, +-0, +-inf, x < 0 */
     __m512 e0 = _mm512_getexp_ps(x);
     __m512 mm = _mm512_getmant_ps(x, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_zero); /* [1, 2) */
     __mmask16 big = _mm512_cmp_ps_mask(mm, _mm512_set1_ps(2.0f * TN_SQRTHF), _CMP_GE_OQ);
@@ -159,7 +158,12 @@ static inline __m512 tn_avx512_log_fast(__m512 x)
     __m512 y = _mm512_mul_ps(_mm512_mul_ps(p, m), z);
     y = _mm512_fmadd_ps(e, _mm512_set1_ps(TN_LN2_LO), y);
     y = _mm512_fmadd_ps(z, _mm512_set1_ps(-0.5f), y);
-    return _mm512_fmadd_ps(e, _mm512_set1_ps(TN_LN2_HI), _mm512_add_ps(m, y));
+    __m512 r = _mm512_fmadd_ps(e, _mm512_set1_ps(TN_LN2_HI), _mm512_add_ps(m, y));
+    if (special) { /* getexp gives -inf for +-0, +inf for +inf, NaN for NaN */
+        r = _mm512_mask_mov_ps(r, special, e0);
+        r = _mm512_mask_mov_ps(r, _mm512_fpclass_ps_mask(x, 0x50), _mm512_set1_ps(NAN)); /* x < 0 */
+    }
+    return r;
 }
 
 /* Horizontal sum in the same fixed tree as tn_avx2_hsum applied to (lo256 + hi256). */
