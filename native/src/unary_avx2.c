@@ -1,6 +1,7 @@
 /*
- * SynetUnaryOperation32f, AVX2: 4 vectors per iteration, then single vectors, then one
- * masked vector for the tail. Results are bit-identical to unary_scalar.c.
+ * SynetUnaryOperation32f, AVX2: a masked head vector up to 32-byte alignment of dst,
+ * 4 vectors per iteration, then single vectors, then one masked vector for the tail.
+ * Results are bit-identical to unary_scalar.c.
  */
 #include "vmath_avx2.h"
 
@@ -33,9 +34,17 @@ TN_INL __m256 op_sign(__m256 x)
     return _mm256_blendv_ps(_mm256_or_ps(pos, neg), _mm256_add_ps(x, x), _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
+/* A masked head vector first aligns dst to 32 bytes (and src too when both share their
+ * offset, as NumPy's allocations do), so the main loop does no cache-line-split access. */
 #define TN_UNARY_LOOP(OP)                                                               \
     do {                                                                                \
-        size_t i = 0;                                                                   \
+        size_t i = (size_t)((0u - (uintptr_t)dst) & 31u) / sizeof(float);               \
+        if (i > size)                                                                   \
+            i = size;                                                                   \
+        if (i) {                                                                        \
+            __m256i m = tn_avx2_tail_mask(i);                                           \
+            _mm256_maskstore_ps(dst, m, OP(_mm256_maskload_ps(src, m)));                \
+        }                                                                               \
         for (; i + 4 * TN_AVX2_F <= size; i += 4 * TN_AVX2_F) {                         \
             __m256 y0 = OP(_mm256_loadu_ps(src + i + 0 * TN_AVX2_F));                   \
             __m256 y1 = OP(_mm256_loadu_ps(src + i + 1 * TN_AVX2_F));                   \

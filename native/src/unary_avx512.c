@@ -1,6 +1,7 @@
 /*
- * SynetUnaryOperation32f, AVX-512: 4 vectors per iteration, then single vectors, then one
- * masked vector for the tail. Results are bit-identical to unary_scalar.c.
+ * SynetUnaryOperation32f, AVX-512: a masked head vector up to 64-byte alignment of dst,
+ * 4 vectors per iteration, then single vectors, then one masked vector for the tail.
+ * Results are bit-identical to unary_scalar.c.
  */
 #include "vmath_avx512.h"
 
@@ -36,9 +37,17 @@ TN_INL __m512 op_sign(__m512 x)
     return _mm512_mask_add_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x, x);
 }
 
+/* A masked head vector first aligns dst to 64 bytes (and src too when both share their
+ * offset, as NumPy's allocations do), so the main loop does no cache-line-split access. */
 #define TN_UNARY_LOOP(OP)                                                               \
     do {                                                                                \
-        size_t i = 0;                                                                   \
+        size_t i = (size_t)((0u - (uintptr_t)dst) & 63u) / sizeof(float);               \
+        if (i > size)                                                                   \
+            i = size;                                                                   \
+        if (i) {                                                                        \
+            __mmask16 m = tn_avx512_tail_mask(i);                                       \
+            _mm512_mask_storeu_ps(dst, m, OP(_mm512_maskz_loadu_ps(m, src)));           \
+        }                                                                               \
         for (; i + 4 * TN_AVX512_F <= size; i += 4 * TN_AVX512_F) {                     \
             __m512 y0 = OP(_mm512_loadu_ps(src + i + 0 * TN_AVX512_F));                 \
             __m512 y1 = OP(_mm512_loadu_ps(src + i + 1 * TN_AVX512_F));                 \
