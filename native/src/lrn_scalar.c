@@ -9,9 +9,14 @@
  * - wider windows: van Herk / Gil-Werman block sums. In channel coordinates padded by
  *   half zeros on each side, blocks of B = 2*half channels; the window of channel c is
  *   [c, c + B] (padded), the suffix of one block plus the prefix of the next, each an fma
- *   chain. O(1) work per element and no subtraction, so no cancellation.
- * pow: tn_pow_f32 (table-driven exp(k2 * ln b) for positive normal b, C99 powf for other
- * bases: b = 0, b < 0, denormal, inf, NaN).
+ *   chain. O(1) work per element and no subtraction: no cancellation, and an inf or NaN
+ *   input only reaches the windows that contain it (a sliding add/subtract sum would turn
+ *   inf - inf into NaN for every later channel).
+ * base b = fma(k1, S, k0); pow: tn_pow_f32, i.e. 2^(k2 log2 b) from table-driven log2/exp2
+ * for positive normal b, C's powf (C99 pow semantics, like numpy.power) for b = 0, b < 0,
+ * denormal, inf, NaN: 0^(k2<0) = inf, (b<0)^(non-integer k2) = NaN, x^0 = 1, and so on.
+ * Then y = x * pow (so x = 0 with an infinite pow gives NaN, as in the float64 reference).
+ * S is a float sum: |x| above ~1.8e19 overflows x^2 to inf.
  */
 #include <stdlib.h>
 
