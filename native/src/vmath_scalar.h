@@ -117,4 +117,196 @@ static inline float tn_log_f32(float x)
     return fmaf(e, TN_LN2_HI, r);
 }
 
+/* ---------------------------------------------------------------------------------------
+ * Unary math (tanh, erf, sin, cos) and a table-driven pow for LRN. Like exp and log above,
+ * the AVX2 and AVX-512 headers repeat these operation for operation, so all three levels
+ * return bit-identical results. Helpers below give scalar code the exact semantics of the
+ * vector instructions where C differs (min/max with NaN, float -> int32 overflow).
+ * Coefficients are minimax fits (Lawson's algorithm in float64, rounded to float32).
+ * ------------------------------------------------------------------------------------- */
+
+/* _mm_min_ps / _mm_max_ps: the second operand when either is NaN. */
+static inline float tn_minps_f32(float a, float b) { return a < b ? a : b; }
+static inline float tn_maxps_f32(float a, float b) { return a > b ? a : b; }
+
+/* _mm_cvttps_epi32: truncation; NaN and out-of-range values give INT32_MIN. */
+static inline int32_t tn_cvttps_i32(float f)
+{
+    return (f >= -2147483648.0f && f < 2147483648.0f) ? (int32_t)f : INT32_MIN;
+}
+
+static inline float tn_abs_f32(float x) { return tn_bits_f32(tn_f32_bits(x) & 0x7fffffffu); }
+
+/* Piecewise polynomials on 8 intervals of |x|: coefficient k of interval i is C[k][i]
+ * (8-entry rows, one vector permute per coefficient), evaluated by Horner's rule in
+ * t = |x| - MID[i] (exact: Sterbenz). Interval 0 has MID = 0 and C[0] = 0, so tiny
+ * arguments keep full relative accuracy. */
+
+/* tanh: intervals [0,1/8) [1/8,1/4) ... [4,8) [8,9.1] from the exponent of |x|; |x| is
+ * clamped to 9.1, where tanh rounds to 1. Relative error about 2e-7. The polynomials stay
+ * in [0, 1] for every float of their domain (checked exhaustively), so no final clamp. */
+#define TN_TANH_MAXARG 9.1f
+static const float TN_TANH_MID[8] = {0.0f, 0.1875f, 0.375f, 0.75f, 1.5f, 3.0f, 6.0f, 8.5f};
+static const float TN_TANH_C[9][8] = {
+    {0.000000000e+00, 1.853332072e-01, 3.583573997e-01, 6.351489425e-01, 9.051482677e-01, 9.950547814e-01, 9.999877214e-01, 9.999999404e-01},
+    {1.000000000e+00, 9.656516314e-01, 8.715800047e-01, 5.965858102e-01, 1.807066053e-01, 9.866146371e-03, 2.435725219e-05, 1.655974700e-07},
+    {3.807822807e-11, -1.789672971e-01, -3.123371303e-01, -3.789208531e-01, -1.635660380e-01, -9.817649610e-03, -2.437848525e-05, -1.655976547e-07},
+    {-3.333333433e-01, -2.887152731e-01, -1.785983592e-01, 4.180900380e-02, 8.781827986e-02, 6.478611380e-03, 1.710087781e-05, 1.103993981e-07},
+    {4.114653507e-07, 1.131642908e-01, 1.681144536e-01, 9.975334257e-02, -2.497147769e-02, -3.172876080e-03, -8.522319149e-06, -5.519575907e-08},
+    {1.333203465e-01, 9.672405571e-02, 1.866085455e-02, -6.402222067e-02, -2.688908949e-03, 1.223822939e-03, 2.651863952e-06, 2.206540373e-08},
+    {2.230378886e-04, -5.962353200e-02, -6.966783106e-02, -1.052748645e-03, 7.159123663e-03, -3.790381306e-04, -8.952898725e-07, -7.380239975e-09},
+    {-5.609592423e-02, -2.958391979e-02, 1.253132522e-02, 2.134902962e-02, -3.820426995e-03, 8.229516243e-05, 5.062785817e-07, 2.172978686e-09},
+    {1.062851027e-02, 2.804559283e-02, 2.296861820e-02, -9.579054080e-03, 7.630899199e-04, -6.759702046e-06, -1.249420620e-07, -4.935007403e-10},
+};
+
+static inline float tn_tanh_f32(float x)
+{
+    uint32_t sign = tn_f32_bits(x) & 0x80000000u;
+    float a = tn_minps_f32(TN_TANH_MAXARG, tn_abs_f32(x));
+    int32_t i = (int32_t)(tn_f32_bits(a) >> 23) - 123;
+    i = (i < 0 ? 0 : i) & 7; /* <= 7 but for NaN (any row, the result is NaN) */
+    float t = a - TN_TANH_MID[i];
+    float p = TN_TANH_C[8][i];
+    for (int k = 7; k >= 0; --k)
+        p = fmaf(p, t, TN_TANH_C[k][i]);
+    return tn_bits_f32(tn_f32_bits(p) | sign);
+}
+
+/* erf: intervals of width 1/2 on [0, 4); |x| is clamped to the float below 4 (erf rounds
+ * to 1 there). Absolute error about 1e-7; the polynomials stay in [0, 1] (checked over
+ * every float of the domain). */
+#define TN_ERF_MAXARG 3.99999976f
+static const float TN_ERF_MID[8] = {0.0f, 0.75f, 1.25f, 1.75f, 2.25f, 2.75f, 3.25f, 3.75f};
+static const float TN_ERF_C[7][8] = {
+    {0.000000000e+00, 7.111556530e-01, 9.229001403e-01, 9.866716862e-01, 9.985373020e-01, 9.998993874e-01, 9.999957085e-01, 9.999998808e-01},
+    {1.128379345e+00, 6.429315209e-01, 2.365212142e-01, 5.277483910e-02, 7.142300252e-03, 5.862942198e-04, 2.919364306e-05, 8.818862511e-07},
+    {-2.100469646e-05, -4.821980894e-01, -2.956519425e-01, -9.235618263e-02, -1.607012376e-02, -1.612270135e-03, -9.487214993e-05, -3.306468670e-06},
+    {-3.756214678e-01, 2.672729641e-02, 1.675232202e-01, 9.017764777e-02, 2.172696032e-02, 2.758208662e-03, 1.952195162e-04, 7.911755347e-06},
+    {-4.470884800e-03, 1.506722420e-01, -6.124116946e-03, -4.810649157e-02, -1.908969320e-02, -3.257592907e-03, -2.860492386e-04, -1.376844375e-05},
+    {1.309878528e-01, -5.126184970e-02, -4.677865282e-02, 5.969766993e-03, 1.058138162e-02, 2.825813834e-03, 3.326130100e-04, 2.020491593e-05},
+    {-3.492581472e-02, -2.654670738e-02, 2.051293664e-02, 9.059783071e-03, -2.764199162e-03, -1.669101999e-03, -2.750402200e-04, -2.087336361e-05},
+};
+
+static inline float tn_erf_f32(float x)
+{
+    uint32_t sign = tn_f32_bits(x) & 0x80000000u;
+    float a = tn_minps_f32(TN_ERF_MAXARG, tn_abs_f32(x));
+    int32_t i = tn_cvttps_i32(a * 2.0f);
+    i &= 7; /* <= 7 but for NaN (INT32_MIN: any row, the result is NaN) */
+    float t = a - TN_ERF_MID[i];
+    float p = TN_ERF_C[6][i];
+    for (int k = 5; k >= 0; --k)
+        p = fmaf(p, t, TN_ERF_C[k][i]);
+    return tn_bits_f32(tn_f32_bits(p) | sign);
+}
+
+/* sin and cos: n = round(|x| * 2/pi), r = |x| - n*pi/2 by Cody-Waite with a 3-part pi/2
+ * (FMA keeps each step exact but for one rounding), then the quadrant n mod 4 picks
+ * +-sin(r) or +-cos(r). Absolute error below 1e-7 for |x| <= 1e6 (2.5e-6 at 4e6, where
+ * n starts to miss the nearest integer); larger |x| still gives a value in [-1, 1]; inf
+ * and NaN give NaN. */
+#define TN_2_OVER_PI 6.36619747e-01f
+#define TN_PIO2_1 1.570796371e+00f
+#define TN_PIO2_2 (-4.371138829e-08f)
+#define TN_PIO2_3 (-1.776356839e-15f)
+#define TN_SIN_S1 (-1.666664779e-01f)
+#define TN_SIN_S2 8.331836201e-03f
+#define TN_SIN_S3 (-1.947795972e-04f)
+#define TN_COS_C1 4.166664183e-02f
+#define TN_COS_C2 (-1.388720702e-03f)
+#define TN_COS_C3 2.441985635e-05f
+
+static inline float tn_sincos_f32(float x, int cosine)
+{
+    uint32_t sign = cosine ? 0u : tn_f32_bits(x) & 0x80000000u;
+    float a = tn_abs_f32(x);
+    float n = nearbyintf(a * TN_2_OVER_PI);
+    float r = fmaf(n, -TN_PIO2_1, a);
+    r = fmaf(n, -TN_PIO2_2, r);
+    r = fmaf(n, -TN_PIO2_3, r);
+    uint32_t q = (uint32_t)tn_cvttps_i32(n) + (uint32_t)cosine;
+    float z = r * r;
+    float ps = TN_SIN_S3;
+    ps = fmaf(ps, z, TN_SIN_S2);
+    ps = fmaf(ps, z, TN_SIN_S1);
+    float s = fmaf(r * z, ps, r);
+    float pc = TN_COS_C3;
+    pc = fmaf(pc, z, TN_COS_C2);
+    pc = fmaf(pc, z, TN_COS_C1);
+    pc = fmaf(pc, z, -0.5f);
+    float c = fmaf(pc, z, 1.0f);
+    float y = (q & 1u) ? c : s;
+    y = tn_bits_f32(tn_f32_bits(y) ^ ((q << 30) & 0x80000000u) ^ sign);
+    return tn_minps_f32(1.0f, tn_maxps_f32(-1.0f, y));
+}
+
+static inline float tn_sin_f32(float x) { return tn_sincos_f32(x, 0); }
+static inline float tn_cos_f32(float x) { return tn_sincos_f32(x, 1); }
+
+/* pow(b, e) = 2^(e log2 b) for b a positive normal float and |e| <= TN_POW_MAX_EXP.
+ * log2 b: b = 2^k m, m in [1, 2); the top 3 mantissa bits j pick c_j ~ 1/m, r = m c_j - 1
+ * (|r| < 1/17), log2 m = -log2 c_j + r P(r); y = e k + e log2 m with one rounding.
+ * exp2: y = n + f with n a multiple of 1/8 (|f| <= 1/16), 2^y = 2^floor(n) 2^frac(n) 2^f,
+ * 2^frac(n) from an 8-entry table and 2^f a cubic. Relative error about 2e-7 + 3e-8 |y|
+ * (y is a float). The power of two is applied in two halves (AVX-512: one vscalefps, the
+ * same single rounding); y is clamped to [-200, 200], beyond which the result is 0 or inf
+ * anyway. */
+#define TN_POW_MAX_EXP 3000.0f
+#define TN_EXP2T_SHIFT 1572864.0f /* 1.5 * 2^20: ulp 1/8 */
+static const float TN_LOG2T_C[8] = {9.411764741e-01f, 8.421052694e-01f, 7.619047761e-01f, 6.956521869e-01f, 6.399999857e-01f, 5.925925970e-01f, 5.517241359e-01f, 5.161290169e-01f};
+static const float TN_LOG2T_T[8] = {8.746283501e-02f, 2.479275018e-01f, 3.923173845e-01f, 5.235619545e-01f, 6.438562274e-01f, 7.548874617e-01f, 8.579810262e-01f, 9.541963339e-01f};
+#define TN_LOG2T_P0 1.442694f
+#define TN_LOG2T_P1 (-0.72134566f)
+#define TN_LOG2T_P2 0.482144f
+#define TN_LOG2T_P3 (-0.36204576f)
+static const float TN_EXP2T_T[8] = {1.000000000e+00f, 1.090507746e+00f, 1.189207077e+00f, 1.296839595e+00f, 1.414213538e+00f, 1.542210817e+00f, 1.681792855e+00f, 1.834008098e+00f};
+#define TN_EXP2T_P1 0.69314724f
+#define TN_EXP2T_P2 0.24025764f
+#define TN_EXP2T_P3 0.05549622f
+
+static inline float tn_powpos_f32(float b, float e)
+{
+    uint32_t u = tn_f32_bits(b);
+    uint32_t j = (u >> 20) & 7u;
+    float k = (float)((int32_t)(u >> 23) - 127);
+    float m = tn_bits_f32((u & 0x007fffffu) | 0x3f800000u);
+    float r = fmaf(m, TN_LOG2T_C[j], -1.0f);
+    float q = TN_LOG2T_P3;
+    q = fmaf(q, r, TN_LOG2T_P2);
+    q = fmaf(q, r, TN_LOG2T_P1);
+    q = fmaf(q, r, TN_LOG2T_P0);
+    float l = fmaf(r, q, TN_LOG2T_T[j]);
+    float y = fmaf(e, k, e * l); /* e k exact inside the fma: one rounding */
+    y = tn_minps_f32(tn_maxps_f32(y, -200.0f), 200.0f);
+    float t = y + TN_EXP2T_SHIFT; /* rounds y to a multiple of 1/8: n = t - SHIFT */
+    float f = y - (t - TN_EXP2T_SHIFT);
+    int32_t ni = (int32_t)(tn_f32_bits(t) - tn_f32_bits(TN_EXP2T_SHIFT)); /* 8 n */
+    float p = TN_EXP2T_P3;
+    p = fmaf(p, f, TN_EXP2T_P2);
+    p = fmaf(p, f, TN_EXP2T_P1);
+    p = p * f;
+    p = fmaf(p, TN_EXP2T_T[ni & 7], TN_EXP2T_T[ni & 7]);
+    int32_t h = ni >> 3;
+    int32_t h1 = h >> 1, h2 = h - h1;
+    p = p * tn_bits_f32((uint32_t)(h1 + 127) << 23);
+    return p * tn_bits_f32((uint32_t)(h2 + 127) << 23);
+}
+
+/* True when tn_powpos_f32 applies to b (positive, normal, finite). */
+static inline int tn_pow_fast_base(float b) { return b >= FLT_MIN && b <= FLT_MAX; }
+
+/* pow for any b and e: the fast path above, C's powf for the rest (zero, negative,
+ * denormal, inf and NaN bases follow C99 pow, as numpy.power does; so do huge or
+ * non-finite exponents). */
+static inline float tn_pow_f32(float b, float e)
+{
+    return tn_pow_fast_base(b) && fabsf(e) <= TN_POW_MAX_EXP ? tn_powpos_f32(b, e) : powf(b, e);
+}
+
+/* LRN across channels (lrn_*.c): windows with half <= this are summed directly, in
+ * channel order; wider ones with block suffix/prefix sums (van Herk / Gil-Werman: blocks
+ * of 2*half channels, each window = a suffix of one block + a prefix of the next). Every
+ * level uses the same rule and order, so all levels give bit-identical results. */
+#define TN_LRN_DIRECT_HALF 4
+
 #endif
