@@ -28,6 +28,8 @@ ffibuilder.set_source(
     # this script from there).
     sources=sorted(str(p.relative_to(NATIVE.parent)) for p in (NATIVE / "src").glob("*.c")),
     include_dirs=[str(NATIVE / "include"), str(NATIVE / "src")],
+    # Headers hold shared inline math: a change to one must rebuild every object.
+    depends=sorted(str(p.relative_to(NATIVE.parent)) for p in NATIVE.glob("*/*.h")),
     extra_compile_args=[
         "-O3",
         "-std=gnu11",
