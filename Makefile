@@ -58,7 +58,7 @@ promtool: $(VENV)/bin/python
 		  { [ "$$(id -u)" = 0 ] && apt-get update -q >/dev/null 2>&1 && apt-get download prometheus >/dev/null 2>&1; }; } && \
 		dpkg-deb -x prometheus_*.deb root && cp root/usr/bin/promtool $(abspath $(VENV))/bin/promtool; \
 		rm -rf $$dir; \
-		[ -x $(VENV)/bin/promtool ] || echo "promtool unavailable: the metrics format check will be skipped"; \
+		[ -x $(abspath $(VENV))/bin/promtool ] || echo "promtool unavailable: the metrics format check will be skipped"; \
 	}
 
 bench: $(VENV)/.bench-installed
