@@ -54,7 +54,8 @@ def _zero_point(value, name: str) -> int:
 
 
 def _scale(value, name: str) -> np.float32:
-    scale = np.float32(ck.finite_float(value, name))
+    with np.errstate(over="ignore"):  # too large for float32: finite_float says so
+        scale = np.float32(ck.finite_float(value, name))
     if not scale > 0:
         raise ck.ArgumentError(name, f"must be > 0 in float32, got {value!r}")
     return scale
