@@ -33,6 +33,7 @@ test: $(VENV)/.test-installed
 
 bench: $(VENV)/.bench-installed
 	$(PY) bench/kernels.py
+	$(PY) bench/qip.py
 
 clean:
 	rm -rf $(VENV) build native/build *.egg-info

@@ -5,6 +5,7 @@
  * layout, tensorops.h for the contract.
  */
 #include <cpuid.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,60 +28,38 @@ static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
 #define TN_ARCH_REQ_XCOMP_PERM 0x1023
 #define TN_XFEATURE_XTILEDATA 18
 
-int tn_qip_amx_usable(void)
+static int g_amx_usable;
+static pthread_once_t g_amx_once = PTHREAD_ONCE_INIT;
+
+static void detect_amx(void)
 {
     unsigned a, b, c, d;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
-        return 0;
+        return;
     if (!(d & (1u << 24)) || !(d & (1u << 25))) /* AMX-TILE, AMX-INT8 */
-        return 0;
+        return;
     __cpuid(1, a, b, c, d);
     if (!(c & (1u << 27))) /* OSXSAVE */
-        return 0;
+        return;
     uint32_t lo, hi;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     if (((lo >> 17) & 3u) != 3u) /* XTILECFG and XTILEDATA enabled by the OS */
-        return 0;
+        return;
     if (!__get_cpuid_count(0x1d, 0, &a, &b, &c, &d) || a < 1) /* palette 1 */
-        return 0;
+        return;
 #if defined(__linux__) && defined(SYS_arch_prctl)
-    /* Linux hands out the tile data state on request, per process; asking again is a
-     * no-op. Without it, the first tile instruction would fault. */
-    return syscall(SYS_arch_prctl, TN_ARCH_REQ_XCOMP_PERM, TN_XFEATURE_XTILEDATA) == 0;
-#else
-    return 0;
+    /* Linux hands out the tile data state on request, per process. Without it, the first
+     * tile instruction would fault. */
+    g_amx_usable = syscall(SYS_arch_prctl, TN_ARCH_REQ_XCOMP_PERM, TN_XFEATURE_XTILEDATA) == 0;
 #endif
 }
 
-/* ---- Packing ----------------------------------------------------------------------- */
-
-void tn_qip_pack_panel(const int8_t * B, size_t N, size_t K, int transB, size_t j0, size_t kqp,
-    int8_t * dst, int32_t * colsum)
+/* Detected once per process (the permission request is a system call), then only read:
+ * like the dispatch table. */
+int tn_qip_amx_usable(void)
 {
-    size_t cols = min_size(TN_QIP_PANEL, N - j0);
-    memset(dst, 0, kqp * TN_QIP_ROW_BYTES);
-    for (size_t c = 0; c < TN_QIP_PANEL; ++c)
-        colsum[c] = 0;
-    if (transB) {
-        for (size_t c = 0; c < cols; ++c) {
-            const int8_t * src = B + (j0 + c) * K;
-            int32_t sum = 0;
-            for (size_t k = 0; k < K; ++k) {
-                dst[(k >> 2) * TN_QIP_ROW_BYTES + c * 4 + (k & 3)] = src[k];
-                sum += src[k];
-            }
-            colsum[c] = sum;
-        }
-    } else {
-        for (size_t k = 0; k < K; ++k) {
-            const int8_t * src = B + k * N + j0;
-            int8_t * row = dst + (k >> 2) * TN_QIP_ROW_BYTES + (k & 3);
-            for (size_t c = 0; c < cols; ++c) {
-                row[c * 4] = src[c];
-                colsum[c] += src[c];
-            }
-        }
-    }
+    pthread_once(&g_amx_once, detect_amx);
+    return g_amx_usable;
 }
 
 /* ---- Scratch ----------------------------------------------------------------------- */
@@ -104,20 +83,20 @@ void tn_qip_scratch_layout(const TnQip * q, size_t M, TnQipScratch * s)
         s->pbias = at;
         at += align_up(TN_QIP_PANEL * sizeof(int32_t));
     }
-    if (q->kq > q->kc) {
+    const int amx = q->algo == TN_QIP_AMX && M >= q->amx_min_m;
+    if (q->kq > q->kc || amx) {
+        /* int32 sums of a row block x panel (the AMX tiles are stored there too, rows
+         * rounded up to whole tiles). */
         s->part = at;
-        at += align_up(mc * TN_QIP_PANEL * sizeof(int32_t));
+        at += align_up((amx ? (mc + 15) & ~(size_t)15 : mc) * TN_QIP_PANEL * sizeof(int32_t));
     }
     if (q->algo == TN_QIP_AVX2) {
         s->a16 = at;
         at += align_up(mc * q->kqp * 4 * sizeof(int16_t));
     }
-    if (q->algo == TN_QIP_AMX && M >= q->amx_min_m) {
-        /* A block padded to whole tiles (16 rows, 64 bytes of k), then a 16 x 16 int32
-         * tile spill area per output tile of a 32 x 32 block. */
-        size_t rows = (mc + 31) & ~(size_t)31;
-        s->amx = at;
-        at += align_up(rows * q->kqp * 4) + 4 * 16 * 16 * sizeof(int32_t);
+    if (amx) {
+        s->apack = at;
+        at += align_up(((mc + 15) & ~(size_t)15) * q->kqp * 4);
     }
     s->total = at;
 }
@@ -193,8 +172,9 @@ static void describe(TnQip * q)
         break;
     case TN_QIP_AMX:
         snprintf(q->info, sizeof(q->info),
-            "avx512-amx: AMX-INT8 tdpbusd 32x32 tile blocks for M >= %zu, avx512-vnni vpdpbusd 12x32 below; "
-            "M block %zu, K block %zu, %s", q->amx_min_m, q->mc, 4 * q->kc, b);
+            "avx512-amx: AMX-INT8 tdpbusd, 32x32 tile blocks, K block %zu, for M >= %zu; avx512-vnni vpdpbusd "
+            "12x32 register tiles for smaller M and a last M %% 16 < %zu rows; M block %zu, %s",
+            4 * q->amx_kc, q->amx_min_m, q->amx_min_m, q->mc, b);
         break;
     }
 }
@@ -225,7 +205,7 @@ void * TnSynetQuantizedInnerProductInitAlgorithm(size_t M, size_t N, size_t K, T
     q->kqp = algo == TN_QIP_AMX ? (q->kq + 15) & ~(size_t)15 : q->kq;
     q->panels = (N + TN_QIP_PANEL - 1) / TN_QIP_PANEL;
     q->npad = q->panels * TN_QIP_PANEL;
-    q->amx_min_m = 16;
+    q->amx_min_m = 8;
     switch (algo) {
     case TN_QIP_AVX2:
         q->kc = 256;
@@ -244,8 +224,10 @@ void * TnSynetQuantizedInnerProductInitAlgorithm(size_t M, size_t N, size_t K, T
         break;
     }
     if (algo == TN_QIP_AMX) {
-        q->kc = q->kqp; /* the AMX driver blocks K itself; the VNNI fallback runs unblocked */
-        q->mc = 256;
+        q->mc = 256; /* a multiple of 32, the rows of a tile block */
+        q->amx_kc = 256;
+        if (q->amx_kc > q->kqp)
+            q->amx_kc = q->kqp;
     }
 
     size_t packed = 0;

@@ -32,6 +32,9 @@
 #define TN_QIP_PANEL 32
 #define TN_QIP_ROW_BYTES (4 * TN_QIP_PANEL)
 #define TN_QIP_K_MAX 65793 /* floor((2^31 - 1) / (255 * 128)) */
+/* Packed B larger than this is assumed not to stay in L2 between calls: the drivers then
+ * prefetch the next panel while working on one. */
+#define TN_QIP_L2_B_BYTES ((size_t)1 << 20)
 
 typedef enum {
     TN_QIP_SCALAR = 0,
@@ -51,8 +54,9 @@ typedef struct TnQip {
     size_t kqp;             /* rows of a packed panel (kq, or kq rounded up to 16 for AMX) */
     size_t panels;          /* ceil(N / 32) */
     size_t npad;            /* panels * 32 */
-    size_t kc;              /* K block, in quads */
+    size_t kc;              /* K block of the vector tiles, in quads */
     size_t mc;              /* M block, in rows */
+    size_t amx_kc;          /* AMX: K block, in quads (a multiple of 16) */
     size_t amx_min_m;       /* AMX: Forward with M >= this uses tiles, below it VNNI */
     uint8_t aZero, cZero;
     float aScale, cScale;
@@ -62,7 +66,7 @@ typedef struct TnQip {
     int8_t * packed;        /* constB: packed panels (SIMD) or B transposed, N x K (scalar) */
     void * mem;             /* the one allocation behind norm, bias, biasq, packed */
     size_t internal;        /* bytes held by the context */
-    char info[192];
+    char info[320];
 } TnQip;
 
 /* Scratch layout of one Forward of `M` rows (offsets into buf, 64-byte aligned). */
@@ -71,14 +75,15 @@ typedef struct {
     size_t pbias;   /* constB = false: bias' of that panel, 32 int32 */
     size_t part;    /* K blocking: int32 partial sums, mc x 32 */
     size_t a16;     /* AVX2 widening: A block as int16, mc x 4kqp */
-    size_t amx;     /* AMX: padded A block and tile spill area */
+    size_t apack;   /* AMX: the A block in tile order, mc x 4 kqp bytes */
     size_t total;
 } TnQipScratch;
 
 void tn_qip_scratch_layout(const TnQip * q, size_t M, TnQipScratch * s);
 
 /* One panel of B (columns j0 .. j0+31) packed as described above, plus each column's sum
- * over k (0 for columns >= N). */
+ * over k (0 for columns >= N). Defined in qip_avx2.c: call it only when the CPU has AVX2
+ * (every algorithm but scalar). */
 void tn_qip_pack_panel(const int8_t * B, size_t N, size_t K, int transB, size_t j0, size_t kqp,
     int8_t * dst, int32_t * colsum);
 

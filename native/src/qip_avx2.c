@@ -12,11 +12,9 @@
  *   MR <= 6 rows x 8 columns keep those pairs apart and add them at the end (vphaddd).
  *
  * AVX-VNNI instructions run only when qip.c selected TN_QIP_AVX2_VNNI, which requires the
- * CPU's AVX-VNNI bit.
+ * CPU's AVX-VNNI bit; only the AVX-VNNI tile functions are compiled for it.
  */
 #include "vmath_avx2.h"
-
-#pragma GCC target("avxvnni")
 
 #include <immintrin.h>
 #include <string.h>
@@ -100,6 +98,89 @@ static inline uint32_t load_tail(const uint8_t * p, size_t n)
     return v;
 }
 
+/* ---- Widening tiles: MR rows x 8 columns ------------------------------------------- */
+
+/* x<u>_<i>_0: columns 0-3 of row i as (k0+k1, k2+k3) lane pairs; x<u>_<i>_1: columns 4-7.
+ * Partial sums resume as (sum, 0) pairs. */
+#define TN_W_LOAD_PART(i) \
+    if (MR > i) { \
+        x0_##i##_0 = _mm256_cvtepu32_epi64(_mm_loadu_si128((const __m128i *)(t->part + i * 32))); \
+        x0_##i##_1 = _mm256_cvtepu32_epi64(_mm_loadu_si128((const __m128i *)(t->part + i * 32 + 4))); \
+    }
+#define TN_W_STEP(u, i) \
+    if (U > u && MR > i) { \
+        const __m256i av = _mm256_set1_epi64x(load_i64(a + i * lda + 4 * u)); \
+        x##u##_##i##_0 = _mm256_add_epi32(x##u##_##i##_0, _mm256_madd_epi16(av, b0)); \
+        x##u##_##i##_1 = _mm256_add_epi32(x##u##_##i##_1, _mm256_madd_epi16(av, b1)); \
+    }
+#define TN_W_STEP0(i) TN_W_STEP(0, i)
+#define TN_W_STEP1(i) TN_W_STEP(1, i)
+#define TN_W_STEP2(i) TN_W_STEP(2, i)
+#define TN_W_STEP3(i) TN_W_STEP(3, i)
+/* hadd gives columns (0, 1, 4, 5 | 2, 3, 6, 7); the permutation restores the order. */
+#define TN_W_FINISH(i) \
+    if (MR > i) { \
+        __m256i sums = _mm256_permute4x64_epi64(_mm256_hadd_epi32(x0_##i##_0, x0_##i##_1), 0xd8); \
+        if (!t->last) \
+            _mm256_storeu_si256((__m256i *)(t->part + i * 32), sums); \
+        else \
+            requant_store8(sums, t->biasq, t->norm, cz, t->c + i * t->ldc, t->ncols); \
+    }
+
+#define TN_LOAD_B_WIDE(off) \
+    b0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + (off)))); \
+    b1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + (off) + 16)));
+
+TN_INLINE void wide_tile(const int MR, const int U, const Tile * t)
+{
+    TN_ROWS(TN_DECL)
+    if (!t->first) {
+        TN_ROWS(TN_W_LOAD_PART)
+    }
+    const int16_t * a = t->a16;
+    const int8_t * b = t->b;
+    const size_t lda = t->lda;
+    size_t n = t->nq;
+    __m256i b0, b1;
+    for (; n >= (size_t)U; n -= U) {
+        TN_LOAD_B_WIDE(0)
+        TN_ROWS(TN_W_STEP0)
+        if (U > 1) {
+            TN_LOAD_B_WIDE(128)
+            TN_ROWS(TN_W_STEP1)
+        }
+        if (U > 2) {
+            TN_LOAD_B_WIDE(256)
+            TN_ROWS(TN_W_STEP2)
+        }
+        if (U > 3) {
+            TN_LOAD_B_WIDE(384)
+            TN_ROWS(TN_W_STEP3)
+        }
+        a += 4 * U;
+        b += 128 * U;
+    }
+    for (; n > 0; --n) {
+        TN_LOAD_B_WIDE(0)
+        TN_ROWS(TN_W_STEP0)
+        a += 4;
+        b += 128;
+    }
+    TN_ROWS(TN_COMBINE)
+    const __m256i cz = _mm256_set1_epi32(t->czero);
+    TN_ROWS(TN_W_FINISH)
+}
+
+#define TN_SETS(MR) ((MR) == 1 ? 4 : ((MR) <= 3 ? 2 : 1))
+#define TN_WIDE_TILE(MR) static void wide_tile_##MR(const Tile * t) { wide_tile(MR, TN_SETS(MR), t); }
+TN_WIDE_TILE(1) TN_WIDE_TILE(2) TN_WIDE_TILE(3) TN_WIDE_TILE(4) TN_WIDE_TILE(5) TN_WIDE_TILE(6)
+#undef TN_WIDE_TILE
+
+/* Only the AVX-VNNI tiles are compiled for AVX-VNNI, so that no other code of this file (the
+ * packing runs on every AVX2 CPU) can pick up its instructions. */
+#pragma GCC push_options
+#pragma GCC target("avxvnni")
+
 /* ---- AVX-VNNI tiles: MR rows x 16 columns ------------------------------------------ */
 
 #define TN_V_LOAD_PART(i) \
@@ -182,85 +263,11 @@ TN_INLINE void vnni_tile(const int MR, const int U, const Tile * t)
     TN_ROWS(TN_V_REQUANT)
 }
 
-/* ---- Widening tiles: MR rows x 8 columns ------------------------------------------- */
+#define TN_VNNI_TILE(MR) static void vnni_tile_##MR(const Tile * t) { vnni_tile(MR, TN_SETS(MR), t); }
+TN_VNNI_TILE(1) TN_VNNI_TILE(2) TN_VNNI_TILE(3) TN_VNNI_TILE(4) TN_VNNI_TILE(5) TN_VNNI_TILE(6)
+#undef TN_VNNI_TILE
 
-/* x<u>_<i>_0: columns 0-3 of row i as (k0+k1, k2+k3) lane pairs; x<u>_<i>_1: columns 4-7.
- * Partial sums resume as (sum, 0) pairs. */
-#define TN_W_LOAD_PART(i) \
-    if (MR > i) { \
-        x0_##i##_0 = _mm256_cvtepu32_epi64(_mm_loadu_si128((const __m128i *)(t->part + i * 32))); \
-        x0_##i##_1 = _mm256_cvtepu32_epi64(_mm_loadu_si128((const __m128i *)(t->part + i * 32 + 4))); \
-    }
-#define TN_W_STEP(u, i) \
-    if (U > u && MR > i) { \
-        const __m256i av = _mm256_set1_epi64x(load_i64(a + i * lda + 4 * u)); \
-        x##u##_##i##_0 = _mm256_add_epi32(x##u##_##i##_0, _mm256_madd_epi16(av, b0)); \
-        x##u##_##i##_1 = _mm256_add_epi32(x##u##_##i##_1, _mm256_madd_epi16(av, b1)); \
-    }
-#define TN_W_STEP0(i) TN_W_STEP(0, i)
-#define TN_W_STEP1(i) TN_W_STEP(1, i)
-#define TN_W_STEP2(i) TN_W_STEP(2, i)
-#define TN_W_STEP3(i) TN_W_STEP(3, i)
-/* hadd gives columns (0, 1, 4, 5 | 2, 3, 6, 7); the permutation restores the order. */
-#define TN_W_FINISH(i) \
-    if (MR > i) { \
-        __m256i sums = _mm256_permute4x64_epi64(_mm256_hadd_epi32(x0_##i##_0, x0_##i##_1), 0xd8); \
-        if (!t->last) \
-            _mm256_storeu_si256((__m256i *)(t->part + i * 32), sums); \
-        else \
-            requant_store8(sums, t->biasq, t->norm, cz, t->c + i * t->ldc, t->ncols); \
-    }
-
-#define TN_LOAD_B_WIDE(off) \
-    b0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + (off)))); \
-    b1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + (off) + 16)));
-
-TN_INLINE void wide_tile(const int MR, const int U, const Tile * t)
-{
-    TN_ROWS(TN_DECL)
-    if (!t->first) {
-        TN_ROWS(TN_W_LOAD_PART)
-    }
-    const int16_t * a = t->a16;
-    const int8_t * b = t->b;
-    const size_t lda = t->lda;
-    size_t n = t->nq;
-    __m256i b0, b1;
-    for (; n >= (size_t)U; n -= U) {
-        TN_LOAD_B_WIDE(0)
-        TN_ROWS(TN_W_STEP0)
-        if (U > 1) {
-            TN_LOAD_B_WIDE(128)
-            TN_ROWS(TN_W_STEP1)
-        }
-        if (U > 2) {
-            TN_LOAD_B_WIDE(256)
-            TN_ROWS(TN_W_STEP2)
-        }
-        if (U > 3) {
-            TN_LOAD_B_WIDE(384)
-            TN_ROWS(TN_W_STEP3)
-        }
-        a += 4 * U;
-        b += 128 * U;
-    }
-    for (; n > 0; --n) {
-        TN_LOAD_B_WIDE(0)
-        TN_ROWS(TN_W_STEP0)
-        a += 4;
-        b += 128;
-    }
-    TN_ROWS(TN_COMBINE)
-    const __m256i cz = _mm256_set1_epi32(t->czero);
-    TN_ROWS(TN_W_FINISH)
-}
-
-#define TN_SETS(MR) ((MR) == 1 ? 4 : ((MR) <= 3 ? 2 : 1))
-#define TN_TILES(MR) \
-    static void vnni_tile_##MR(const Tile * t) { vnni_tile(MR, TN_SETS(MR), t); } \
-    static void wide_tile_##MR(const Tile * t) { wide_tile(MR, TN_SETS(MR), t); }
-TN_TILES(1) TN_TILES(2) TN_TILES(3) TN_TILES(4) TN_TILES(5) TN_TILES(6)
-#undef TN_TILES
+#pragma GCC pop_options
 
 static void (*const vnni_tiles[TN_AVX2_MR + 1])(const Tile *) = {
     NULL, vnni_tile_1, vnni_tile_2, vnni_tile_3, vnni_tile_4, vnni_tile_5, vnni_tile_6,
@@ -268,6 +275,99 @@ static void (*const vnni_tiles[TN_AVX2_MR + 1])(const Tile *) = {
 static void (*const wide_tiles[TN_AVX2_MR + 1])(const Tile *) = {
     NULL, wide_tile_1, wide_tile_2, wide_tile_3, wide_tile_4, wide_tile_5, wide_tile_6,
 };
+
+/* ---- Packing B (every SIMD algorithm; qip.c calls it only when the CPU has AVX2) ----- */
+
+/* 32 bytes from p, or the first n (< 32) bytes zero-extended. */
+static inline __m256i load_bytes(const int8_t * p, size_t n)
+{
+    if (n >= 32)
+        return _mm256_loadu_si256((const __m256i *)p);
+    int8_t tmp[32] = {0};
+    memcpy(tmp, p, n);
+    return _mm256_loadu_si256((const __m256i *)tmp);
+}
+
+/* B stored K x N: interleave 4 rows of 32 columns into one 128-byte panel row. */
+static void pack_rows(const int8_t * B, size_t N, size_t K, size_t j0, size_t kq, int8_t * dst)
+{
+    const size_t cols = N - j0 < TN_QIP_PANEL ? N - j0 : TN_QIP_PANEL;
+    const __m256i zero = _mm256_setzero_si256();
+    for (size_t q = 0; q < kq; ++q) {
+        __m256i r[4];
+        for (int t = 0; t < 4; ++t) {
+            size_t k = 4 * q + t;
+            r[t] = k < K ? load_bytes(B + k * N + j0, cols) : zero;
+        }
+        __m256i t0 = _mm256_unpacklo_epi8(r[0], r[1]), t1 = _mm256_unpackhi_epi8(r[0], r[1]);
+        __m256i t2 = _mm256_unpacklo_epi8(r[2], r[3]), t3 = _mm256_unpackhi_epi8(r[2], r[3]);
+        /* per 128-bit lane: u0 columns 0-3 (lane 1: 16-19), u1 4-7, u2 8-11, u3 12-15 */
+        __m256i u0 = _mm256_unpacklo_epi16(t0, t2), u1 = _mm256_unpackhi_epi16(t0, t2);
+        __m256i u2 = _mm256_unpacklo_epi16(t1, t3), u3 = _mm256_unpackhi_epi16(t1, t3);
+        int8_t * d = dst + q * TN_QIP_ROW_BYTES;
+        _mm256_storeu_si256((__m256i *)d, _mm256_permute2x128_si256(u0, u1, 0x20));
+        _mm256_storeu_si256((__m256i *)(d + 32), _mm256_permute2x128_si256(u2, u3, 0x20));
+        _mm256_storeu_si256((__m256i *)(d + 64), _mm256_permute2x128_si256(u0, u1, 0x31));
+        _mm256_storeu_si256((__m256i *)(d + 96), _mm256_permute2x128_si256(u2, u3, 0x31));
+    }
+}
+
+/* B stored N x K: each column is a row of B; 8 columns x 8 quads are an 8 x 8 transpose of
+ * 32-bit quads. */
+static void pack_columns(const int8_t * B, size_t N, size_t K, size_t j0, size_t kq, int8_t * dst)
+{
+    const size_t cols = N - j0 < TN_QIP_PANEL ? N - j0 : TN_QIP_PANEL;
+    for (size_t c0 = 0; c0 < cols; c0 += 8) {
+        for (size_t q0 = 0; q0 < kq; q0 += 8) {
+            const size_t k0 = 4 * q0, nk = K - k0 < 32 ? K - k0 : 32;
+            __m256i r[8];
+            for (size_t i = 0; i < 8; ++i)
+                r[i] = c0 + i < cols ? load_bytes(B + (j0 + c0 + i) * K + k0, nk) : _mm256_setzero_si256();
+            __m256i t[8], u[8];
+            for (int i = 0; i < 8; i += 2) {
+                t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
+                t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+            }
+            for (int h = 0; h < 8; h += 4) {
+                u[h] = _mm256_unpacklo_epi64(t[h], t[h + 2]);     /* quads 0 | 4 of 4 columns */
+                u[h + 1] = _mm256_unpackhi_epi64(t[h], t[h + 2]); /* quads 1 | 5 */
+                u[h + 2] = _mm256_unpacklo_epi64(t[h + 1], t[h + 3]); /* quads 2 | 6 */
+                u[h + 3] = _mm256_unpackhi_epi64(t[h + 1], t[h + 3]); /* quads 3 | 7 */
+            }
+            const size_t nq = kq - q0 < 8 ? kq - q0 : 8;
+            for (size_t j = 0; j < nq; ++j) {
+                __m256i v = _mm256_permute2x128_si256(u[j & 3], u[4 + (j & 3)], j < 4 ? 0x20 : 0x31);
+                _mm256_storeu_si256((__m256i *)(dst + (q0 + j) * TN_QIP_ROW_BYTES + c0 * 4), v);
+            }
+        }
+    }
+}
+
+void tn_qip_pack_panel(const int8_t * B, size_t N, size_t K, int transB, size_t j0, size_t kqp,
+    int8_t * dst, int32_t * colsum)
+{
+    const size_t kq = (K + 3) / 4;
+    memset(dst + kq * TN_QIP_ROW_BYTES, 0, (kqp - kq) * TN_QIP_ROW_BYTES);
+    if (transB) {
+        /* Columns beyond N stay zero: clear them first (cheap, whole rows). */
+        if (N - j0 < TN_QIP_PANEL)
+            memset(dst, 0, kq * TN_QIP_ROW_BYTES);
+        pack_columns(B, N, K, j0, kq, dst);
+    } else {
+        pack_rows(B, N, K, j0, kq, dst);
+    }
+    /* Column sums from the packed rows: each 32-bit lane holds 4 bytes of one column. */
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    __m256i s[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (size_t q = 0; q < kq; ++q)
+        for (int i = 0; i < 4; ++i) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(dst + q * TN_QIP_ROW_BYTES + 32 * i));
+            /* |sum of 2 bytes| <= 256: vpmaddubsw cannot saturate here */
+            s[i] = _mm256_add_epi32(s[i], _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, v), ones16));
+        }
+    for (int i = 0; i < 4; ++i)
+        _mm256_storeu_si256((__m256i *)(colsum + 8 * i), s[i]);
+}
 
 /* Rows of the block as int16, k padded with zeros to whole quads. */
 static void widen_rows(const uint8_t * A, size_t rows, size_t K, size_t kqp, int16_t * dst)

@@ -141,10 +141,18 @@ class QuantizedInnerProduct:
     """A quantized inner product with constant B (SimdSynetQuantizedInnerProduct*).
 
     b: int8 (K, N), or (N, K) with ``trans_b``; b_scale: N floats; a_scale, c_scale:
-    floats; a_zero, c_zero: integers in [0, 255]; bias: N integers or None. ``max_m`` is
-    the number of rows expected per forward (it sizes ``external_buffer_size``); forward
-    accepts any number of rows. ``algorithm`` (None = best available) forces one of
-    ``ALGORITHMS`` for testing and benchmarking.
+    floats > 0; a_zero, c_zero: integers in [0, 255]; bias: N integers or None.
+
+    ``max_m`` (default 1, the matrix-vector case) is the number of rows expected per
+    forward: it is the C context's M and sizes ``external_buffer_size``. ``forward``
+    accepts any number of rows: each thread keeps a scratch buffer grown to
+    ``external_buffer_size_for(m)``, which stops growing beyond an internal row block, so
+    large M costs no more memory than a few hundred rows.
+
+    ``algorithm`` (None = the best this CPU offers under TENSOROPS_ISA) forces one of
+    ``ALGORITHMS`` ('scalar', 'avx2', 'avx2-vnni', 'avx512-vnni', 'amx'), for testing and
+    benchmarking; ValueError if this CPU or ISA level cannot run it. ``info`` names the
+    implementation selected.
     """
 
     def __init__(self, b, *, b_scale, a_scale, a_zero, c_scale, c_zero, bias=None, trans_b=False, max_m=1,
@@ -164,6 +172,7 @@ class QuantizedInnerProduct:
         self._idle = threading.Condition(self._lock)
         self._active = 0
         self._local = threading.local()
+        self._sizes = {}  # m -> scratch bytes (the C answer depends on m only)
         self._ctx = ctx
 
     def external_buffer_size_for(self, m) -> int:
@@ -185,20 +194,18 @@ class QuantizedInnerProduct:
     def _leave(self) -> None:
         with self._lock:
             self._active -= 1
-            if not self._active:
-                self._idle.notify_all()
+            if not self._active and self._ctx is None:
+                self._idle.notify_all()  # close() is waiting
 
     def _scratch(self, size: int):
         """This thread's scratch buffer, grown on demand (forwards of one thread reuse it)."""
-        if not size:
-            return ffi.NULL
         buf = getattr(self._local, "buf", None)
         if buf is None or buf.size < size:
             buf = self._local.buf = np.empty(size, np.uint8)
         return ffi.from_buffer("uint8_t[]", buf)
 
     def forward(self, a) -> np.ndarray:
-        """C (M, N) uint8 from a (M, K) uint8, for any M."""
+        """C (M, N) uint8 from a (M, K) uint8, for any M (0 included)."""
         a = self._p.check_a(a)
         m = a.shape[0]
         c = np.empty((m, self.n), np.uint8)
@@ -206,8 +213,13 @@ class QuantizedInnerProduct:
             return c
         ctx = self._enter()
         try:
-            buf = self._scratch(lib.TnSynetQuantizedInnerProductExternalBufferSizeRows(ctx, m))
-            lib.TnSynetQuantizedInnerProductForwardRows(ctx, m, ffi.from_buffer("uint8_t[]", a), ffi.NULL, buf,
+            size = self._sizes.get(m)
+            if size is None:
+                size = int(lib.TnSynetQuantizedInnerProductExternalBufferSizeRows(ctx, m))
+                if len(self._sizes) < 256:
+                    self._sizes[m] = size
+            lib.TnSynetQuantizedInnerProductForwardRows(ctx, m, ffi.from_buffer("uint8_t[]", a), ffi.NULL,
+                                                        self._scratch(size) if size else ffi.NULL,
                                                         ffi.from_buffer("uint8_t[]", c))
         finally:
             self._leave()
