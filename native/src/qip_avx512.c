@@ -489,7 +489,9 @@ static void amx_forward(const TnQip * q, size_t M, const uint8_t * A, const int8
     int32_t * part = (int32_t *)(buf + s.part);
     uint8_t * apack = buf + s.apack;
     const size_t K = q->K, kqp = q->kqp, kc = q->amx_kc, group = 16 * 4 * kqp;
-    /* Prefetch B only when it does not stay in L2 from one call to the next. */
+    /* Prefetch B only when it does not stay in L2 from one call to the next, and only for
+     * blocks of enough rows to hide the prefetches (with fewer, they cost more than the
+     * hardware prefetcher leaves to gain). */
     const int prefetch = q->constB && q->panels * kqp * TN_QIP_ROW_BYTES > TN_QIP_L2_B_BYTES;
     Pending e;
     e.rows = 0;
@@ -509,7 +511,7 @@ static void amx_forward(const TnQip * q, size_t M, const uint8_t * A, const int8
                 /* The next panel's slice of this K block, shared out over the blocks. */
                 Prefetch f = {NULL, 0};
                 size_t share = 0;
-                if (prefetch && p + 1 < q->panels) {
+                if (prefetch && mt >= 64 && p + 1 < q->panels) {
                     const size_t blocks = (mt + 31) / 32, lines = steps * 16 * TN_QIP_ROW_BYTES / 64;
                     f.at = bp + (kqp + pc) * TN_QIP_ROW_BYTES;
                     share = (lines + blocks - 1) / blocks;
