@@ -84,7 +84,9 @@ void tn_qip_scratch_layout(const TnQip * q, size_t M, TnQipScratch * s)
         at += align_up(TN_QIP_PANEL * sizeof(int32_t));
     }
     const int amx = q->algo == TN_QIP_AMX && M >= q->amx_min_m;
-    if (q->kq > q->kc || amx) {
+    /* The vector tiles block K only when several row tiles share a panel slice. */
+    const size_t tile_rows = q->algo == TN_QIP_AVX2 || q->algo == TN_QIP_AVX2_VNNI ? 6 : 12;
+    if ((q->kq > q->kc && M > tile_rows) || amx) {
         /* int32 sums of a row block x panel (the AMX tiles are stored there too, rows
          * rounded up to whole tiles). */
         s->part = at;

@@ -399,8 +399,11 @@ static void panel_tiles(const TnQip * q, size_t mb, const uint8_t * A, const int
     t.czero = q->cZero;
     t.ldc = q->N;
     t.lda = wide ? 4 * q->kqp : K;
-    for (size_t pc = 0; pc < q->kq; pc += q->kc) {
-        size_t nqb = q->kq - pc < q->kc ? q->kq - pc : q->kc;
+    /* K blocks keep a slice of the panel in L1 for the next row tiles: with one tile
+     * there is no next one, and the whole of K runs at once. */
+    const size_t kc = tiles > 1 ? q->kc : q->kq;
+    for (size_t pc = 0; pc < q->kq; pc += kc) {
+        size_t nqb = q->kq - pc < kc ? q->kq - pc : kc;
         t.first = pc == 0;
         t.last = pc + nqb == q->kq;
         if (wide) {
@@ -439,7 +442,7 @@ void tn_qip_avx2_forward(const TnQip * q, size_t M, const uint8_t * A, const int
     tn_qip_scratch_layout(q, M, &s);
     int8_t * panel = (int8_t *)(buf + s.panel);
     int32_t * pbias = (int32_t *)(buf + s.pbias);
-    int32_t * part = q->kq > q->kc ? (int32_t *)(buf + s.part) : NULL;
+    int32_t * part = (int32_t *)(buf + s.part); /* used only when K is blocked */
     int16_t * a16 = q->algo == TN_QIP_AVX2 ? (int16_t *)(buf + s.a16) : NULL;
     const size_t blocks = (M + q->mc - 1) / q->mc;
     const size_t mcb = (M + blocks - 1) / blocks;

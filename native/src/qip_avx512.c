@@ -208,8 +208,11 @@ static void vnni_panel(const TnQip * q, size_t mb, const uint8_t * A, const int8
     t.ldc = q->N;
     t.m0 = cols_mask(ncols);
     t.m1 = ncols > 16 ? cols_mask(ncols - 16) : 0;
-    for (size_t pc = 0; pc < q->kq; pc += q->kc) {
-        size_t nqb = q->kq - pc < q->kc ? q->kq - pc : q->kc;
+    /* K blocks keep a slice of the panel in L1 for the next row tiles: with one tile
+     * there is no next one, and the whole of K runs at once. */
+    const size_t kc = tiles > 1 ? q->kc : q->kq;
+    for (size_t pc = 0; pc < q->kq; pc += kc) {
+        size_t nqb = q->kq - pc < kc ? q->kq - pc : kc;
         t.first = pc == 0;
         t.last = pc + nqb == q->kq;
         t.tail = t.last ? tail : 0;
@@ -235,7 +238,7 @@ static void vnni_forward(const TnQip * q, size_t M, const uint8_t * A, const int
     tn_qip_scratch_layout(q, M, &s);
     int8_t * panel = (int8_t *)(buf + s.panel);
     int32_t * pbias = (int32_t *)(buf + s.pbias);
-    int32_t * part = q->kq > q->kc ? (int32_t *)(buf + s.part) : NULL;
+    int32_t * part = (int32_t *)(buf + s.part); /* used only when K is blocked */
     const size_t blocks = (M + q->mc - 1) / q->mc;
     const size_t mcb = (M + blocks - 1) / blocks;
     /* Prefetch B only when it does not stay in L2 from one call to the next. */
@@ -488,7 +491,7 @@ static void amx_forward(const TnQip * q, size_t M, const uint8_t * A, const int8
     int32_t * pbias = (int32_t *)(buf + s.pbias);
     int32_t * part = (int32_t *)(buf + s.part);
     uint8_t * apack = buf + s.apack;
-    const size_t K = q->K, kqp = q->kqp, kc = q->amx_kc, group = 16 * 4 * kqp;
+    const size_t K = q->K, kqp = q->kqp, group = 16 * 4 * kqp;
     /* Prefetch B only when it does not stay in L2 from one call to the next, and only for
      * blocks of enough rows to hide the prefetches (with fewer, they cost more than the
      * hardware prefetcher leaves to gain). */
@@ -500,6 +503,9 @@ static void amx_forward(const TnQip * q, size_t M, const uint8_t * A, const int8
         const size_t mb = M - i0 < q->mc ? M - i0 : q->mc;
         const size_t mt = (mb + 15) & ~(size_t)15; /* rows on the tiles */
         amx_pack_a(A + i0 * K, mb, K, kqp, apack);
+        /* K blocks keep a slice of the panel in L1 for the next row blocks: with a single
+         * block the whole of K runs at once. */
+        const size_t kc = mt > 32 ? q->amx_kc : kqp;
         for (size_t p = 0; p < q->panels; ++p) {
             const size_t j0 = p * TN_QIP_PANEL;
             const int32_t * bq;
