@@ -198,11 +198,14 @@ class QuantizedInnerProduct:
                 self._idle.notify_all()  # close() is waiting
 
     def _scratch(self, size: int):
-        """This thread's scratch buffer, grown on demand (forwards of one thread reuse it)."""
-        buf = getattr(self._local, "buf", None)
-        if buf is None or buf.size < size:
-            buf = self._local.buf = np.empty(size, np.uint8)
-        return ffi.from_buffer("uint8_t[]", buf)
+        """This thread's scratch buffer (as a C pointer), grown on demand: the forwards of
+        one thread reuse it, concurrent threads each have their own."""
+        local = self._local
+        if getattr(local, "size", 0) < size:
+            local.buf = np.empty(size, np.uint8)
+            local.ptr = ffi.from_buffer("uint8_t[]", local.buf)
+            local.size = size
+        return local.ptr
 
     def forward(self, a) -> np.ndarray:
         """C (M, N) uint8 from a (M, K) uint8, for any M (0 included)."""
@@ -211,7 +214,11 @@ class QuantizedInnerProduct:
         c = np.empty((m, self.n), np.uint8)
         if m == 0:
             return c
-        ctx = self._enter()
+        with self._lock:
+            ctx = self._ctx
+            if ctx is None:
+                raise ValueError("QuantizedInnerProduct: the context is closed")
+            self._active += 1
         try:
             size = self._sizes.get(m)
             if size is None:
