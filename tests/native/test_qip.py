@@ -315,6 +315,78 @@ def test_c_forward_stays_inside_its_buffers(algorithm, const_b):
         lib.TnRelease(ctx)
 
 
+_GUARD_PROBE = r"""
+import ctypes, mmap, sys
+import numpy as np
+from tensorops_native._native import ffi, lib
+from tensorops_native._qip import ALGORITHMS
+
+PAGE = mmap.PAGESIZE
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+keep = []
+
+def fenced(values, where):
+    # values copied next to an inaccessible page: ending at it ("tail") or starting after it ("head")
+    values = np.ascontiguousarray(values)
+    pages = -(-max(values.nbytes, 1) // PAGE)
+    mm = mmap.mmap(-1, (pages + 2) * PAGE)
+    anchor = ctypes.c_char.from_buffer(mm)
+    addr = ctypes.addressof(anchor)
+    del anchor
+    for page in (0, pages + 1):
+        assert libc.mprotect(addr + page * PAGE, PAGE, 0) == 0
+    offset = PAGE if where == "head" else (pages + 1) * PAGE - values.nbytes
+    arr = np.frombuffer(mm, values.dtype, values.size, offset).reshape(values.shape)
+    arr[...] = values
+    keep.append(mm)
+    return arr
+
+def ptr(kind, arr):
+    return ffi.from_buffer(kind, arr)
+
+rng = np.random.default_rng(0)
+for algorithm in sys.argv[1:]:
+    for m, n, k in ((1, 1, 1), (3, 17, 5), (13, 33, 65), (17, 40, 129), (40, 70, 300), (1, 31, 1030), (20, 50, 4099)):
+        for trans_b in (0, 1):
+            for const_b in (1, 0):
+                for where in ("tail", "head"):
+                    print(algorithm, m, n, k, trans_b, const_b, where, flush=True)
+                    a = fenced(rng.integers(0, 256, (m, k), dtype=np.uint8), where)
+                    b = fenced(rng.integers(-128, 128, (n, k) if trans_b else (k, n), dtype=np.int8), where)
+                    scale = fenced(rng.uniform(0.5, 2, n).astype(np.float32) / (64 * k ** 0.5), where)
+                    bias = fenced(rng.integers(-99, 99, n).astype(np.int32), where)
+                    ctx = lib.TnSynetQuantizedInnerProductInitAlgorithm(m, n, k, lib.TnTensorData8u, lib.TnTensorData8i,
+                        lib.TnTensorData8u, trans_b, const_b, 1, ALGORITHMS[algorithm])
+                    assert ctx != ffi.NULL
+                    lib.TnSynetQuantizedInnerProductSetParams(ctx, ffi.new("float *", 1.0), ffi.new("uint8_t *", 7),
+                        ptr("int8_t[]", b) if const_b else ffi.NULL, ptr("float[]", scale), ptr("int32_t[]", bias),
+                        ffi.new("float *", 1.0), ffi.new("uint8_t *", 9))
+                    size = lib.TnSynetQuantizedInnerProductExternalBufferSize(ctx)
+                    buf = fenced(np.zeros(size, np.uint8), where) if size else None
+                    c = fenced(np.zeros((m, n), np.uint8), where)
+                    lib.TnSynetQuantizedInnerProductForward(ctx, ptr("uint8_t[]", a),
+                        ptr("uint8_t[]", b) if not const_b else ffi.NULL,
+                        ptr("uint8_t[]", buf) if buf is not None else ffi.NULL, ptr("uint8_t[]", c))
+                    lib.TnRelease(ctx)
+print("OK", flush=True)
+"""
+
+
+@pytest.mark.skipif(not os.uname().sysname == "Linux", reason="uses mmap/mprotect guard pages")
+def test_c_accesses_stay_inside_the_tensors():
+    """Every array (A, B, bias, scales, buf of exactly ExternalBufferSize, C) placed against
+    an inaccessible page, before and after it: any read or write outside them kills the
+    child process with SIGSEGV; the last line printed names the case."""
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-c", _GUARD_PROBE, *RUNNABLE], capture_output=True, text=True,
+                          env=dict(os.environ), timeout=600)
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0 and lines[-1:] == ["OK"], \
+        f"crashed ({proc.returncode}) in case {lines[-1] if lines else '?'}\n{proc.stderr[-2000:]}"
+
+
 def test_c_init_refuses_unsupported_arguments():
     u8, i8, f32 = lib.TnTensorData8u, lib.TnTensorData8i, lib.TnTensorData32f
     good = (4, 5, 6, u8, i8, u8, 0, 1, 0)
