@@ -280,8 +280,8 @@ static void vnni_forward(const TnQip * q, size_t M, const uint8_t * A, const int
  *
  * Sums go through `part` (rows of 32 int32): between K blocks, and before requantization,
  * which is software-pipelined: the rows of one block are requantized a few per step while
- * the tiles of the next block multiply. When packed B does not fit in L2, each block also
- * prefetches (into L2) its share of the next panel. */
+ * the tiles of the next block multiply. When packed B does not fit in L2, the first row
+ * block of each panel prefetches B a few steps ahead (tile loads alone stream it slowly). */
 
 typedef struct {
     uint8_t palette;
@@ -349,17 +349,20 @@ TN_INLINE void pending_run(Pending * e, size_t n)
 
 #define TN_AMX_PENDING_PER_STEP 2
 
-/* Prefetch into L2 of `lines` cache lines per step, from `at` on. */
+/* Stream prefetch of B when it comes from L3 or memory: the 2 KB of B a step reads,
+ * TN_AMX_PREFETCH_AHEAD bytes further on (the panels follow one another in memory). */
+#define TN_AMX_PREFETCH_AHEAD 4096
+
 typedef struct {
-    const int8_t * at;
-    size_t lines;
+    const int8_t * end; /* end of packed B; NULL: no prefetch */
 } Prefetch;
 
-TN_INLINE void prefetch_step(Prefetch * f)
+TN_INLINE void prefetch_step(const Prefetch * f, const int8_t * b)
 {
-    for (size_t i = 0; i < f->lines; ++i)
-        _mm_prefetch((const char *)f->at + 64 * i, _MM_HINT_T1);
-    f->at += 64 * f->lines;
+    const int8_t * p = b + TN_AMX_PREFETCH_AHEAD;
+    if (f->end && p + 16 * TN_QIP_ROW_BYTES <= f->end)
+        for (int i = 0; i < 16 * TN_QIP_ROW_BYTES / 64; ++i)
+            _mm_prefetch((const char *)p + 64 * i, _MM_HINT_T0);
 }
 
 /* 32 rows x 32 columns, `steps` x 64 k. a: the A tiles of the first 16 rows (1 KB per
@@ -380,6 +383,7 @@ static void amx_block32(const uint8_t * a, size_t a_next, const int8_t * b, size
         _tile_loadd(3, part + 16 * 32 + 16, 128);
     }
     for (size_t s = 0; s < steps; ++s) {
+        prefetch_step(&f, b);
         _tile_loadd(4, a, 64);
         _tile_loadd(6, b, 128);
         _tile_loadd(7, b + 64, 128);
@@ -391,7 +395,6 @@ static void amx_block32(const uint8_t * a, size_t a_next, const int8_t * b, size
         a += 1024;
         b += 16 * TN_QIP_ROW_BYTES;
         pending_run(e, TN_AMX_PENDING_PER_STEP);
-        prefetch_step(&f);
     }
     pending_run(e, SIZE_MAX);
     _tile_stored(0, part, 128);
@@ -414,6 +417,8 @@ static void amx_block16(const uint8_t * a, const int8_t * b, size_t steps, int f
     }
     size_t s = 0;
     for (; s + 2 <= steps; s += 2) {
+        prefetch_step(&f, b);
+        prefetch_step(&f, b + 16 * TN_QIP_ROW_BYTES);
         _tile_loadd(2, a, 64);
         _tile_loadd(4, b, 128);
         _tile_loadd(5, b + 64, 128);
@@ -427,8 +432,6 @@ static void amx_block16(const uint8_t * a, const int8_t * b, size_t steps, int f
         a += 2048;
         b += 32 * TN_QIP_ROW_BYTES;
         pending_run(e, 2 * TN_AMX_PENDING_PER_STEP);
-        prefetch_step(&f);
-        prefetch_step(&f);
     }
     if (s < steps) {
         _tile_loadd(2, a, 64);
@@ -492,10 +495,9 @@ static void amx_forward(const TnQip * q, size_t M, const uint8_t * A, const int8
     int32_t * part = (int32_t *)(buf + s.part);
     uint8_t * apack = buf + s.apack;
     const size_t K = q->K, kqp = q->kqp, group = 16 * 4 * kqp;
-    /* Prefetch B only when it does not stay in L2 from one call to the next, and only for
-     * blocks of enough rows to hide the prefetches (with fewer, they cost more than the
-     * hardware prefetcher leaves to gain). */
+    /* Prefetch B only when it does not stay in L2 from one call to the next. */
     const int prefetch = q->constB && q->panels * kqp * TN_QIP_ROW_BYTES > TN_QIP_L2_B_BYTES;
+    const int8_t * b_end = prefetch ? q->packed + q->panels * kqp * TN_QIP_ROW_BYTES : NULL;
     Pending e;
     e.rows = 0;
     amx_configure();
@@ -514,22 +516,16 @@ static void amx_forward(const TnQip * q, size_t M, const uint8_t * A, const int8
                 const size_t steps = (kqp - pc < kc ? kqp - pc : kc) / 16;
                 const int first = pc == 0, last = pc + 16 * steps == kqp;
                 const int8_t * b = bp + pc * TN_QIP_ROW_BYTES;
-                /* The next panel's slice of this K block, shared out over the blocks. */
-                Prefetch f = {NULL, 0};
-                size_t share = 0;
-                if (prefetch && mt >= 64 && p + 1 < q->panels) {
-                    const size_t blocks = (mt + 31) / 32, lines = steps * 16 * TN_QIP_ROW_BYTES / 64;
-                    f.at = bp + (kqp + pc) * TN_QIP_ROW_BYTES;
-                    share = (lines + blocks - 1) / blocks;
-                    f.lines = (share + steps - 1) / steps;
-                }
+                /* The first row block reads this slice of B from L3 or memory: it
+                 * prefetches ahead; the next ones find it in cache. */
+                Prefetch f = {b_end};
                 for (size_t r = 0; r < mt; r += 32) {
                     const uint8_t * a = apack + (r / 16) * group + pc * 64;
                     if (mt - r >= 32)
                         amx_block32(a, group, b, steps, first, part + r * 32, &e, f);
                     else
                         amx_block16(a, b, steps, first, part + r * 32, &e, f);
-                    f.at += 64 * share;
+                    f.end = NULL;
                     if (last) {
                         const size_t rows = mb - r < 32 ? mb - r : 32;
                         pending_set(&e, q, part + r * 32, rows, bq, j0, C + (i0 + r) * q->N + j0);
