@@ -495,9 +495,13 @@ static void amx_forward(const TnQip * q, size_t M, const uint8_t * A, const int8
     int32_t * part = (int32_t *)(buf + s.part);
     uint8_t * apack = buf + s.apack;
     const size_t K = q->K, kqp = q->kqp, group = 16 * 4 * kqp;
-    /* Prefetch B only when it does not stay in L2 from one call to the next. */
-    const int prefetch = q->constB && q->panels * kqp * TN_QIP_ROW_BYTES > TN_QIP_L2_B_BYTES;
-    const int8_t * b_end = prefetch ? q->packed + q->panels * kqp * TN_QIP_ROW_BYTES : NULL;
+    /* Prefetch B when it cannot stay in L2 from one call to the next, or when the blocks
+     * have rows enough to hide the prefetches (a B that fits in L2 may still have been
+     * evicted by other work between calls; for a lone group of 16 rows the prefetches
+     * would cost more than they save when it was not). */
+    const size_t b_bytes = q->panels * kqp * TN_QIP_ROW_BYTES;
+    const int prefetch = q->constB && (b_bytes > TN_QIP_L2_B_BYTES || M >= 32);
+    const int8_t * b_end = prefetch ? q->packed + b_bytes : NULL;
     Pending e;
     e.rows = 0;
     amx_configure();
