@@ -11,7 +11,9 @@
  * bytes, stays in L1 across the row tiles of the block). A register tile is MR <= 12 rows
  * x 32 columns: 2 MR accumulators; tiles of few rows keep several accumulator sets over
  * consecutive quads (exact integer sums, so the order does not matter) to hide latency.
- * Row tiles are balanced (a block of 16 rows runs as 8 + 8, not 12 + 4).
+ * Row tiles are balanced (a block of 16 rows runs as 8 + 8, not 12 + 4). While the first
+ * row tile of a block works on a panel, it prefetches the next panel into L2 when B is
+ * unlikely to be there already.
  *
  * Only the callers in qip.c reach this file, and only when the CPU reports AVX-512 VNNI
  * (and AMX-INT8 with its OS permission for the tile code).
@@ -241,8 +243,9 @@ static void vnni_forward(const TnQip * q, size_t M, const uint8_t * A, const int
     int32_t * part = (int32_t *)(buf + s.part); /* used only when K is blocked */
     const size_t blocks = (M + q->mc - 1) / q->mc;
     const size_t mcb = (M + blocks - 1) / blocks;
-    /* Prefetch B only when it does not stay in L2 from one call to the next. */
-    const int prefetch = q->constB && q->panels * q->kqp * TN_QIP_ROW_BYTES > TN_QIP_L2_B_BYTES;
+    /* Prefetch B when it cannot stay in L2 between calls, or when there are rows enough
+     * to hide the prefetches (see amx_forward). */
+    const int prefetch = q->constB && (q->panels * q->kqp * TN_QIP_ROW_BYTES > TN_QIP_L2_B_BYTES || M >= 32);
     for (size_t i0 = 0; i0 < M; i0 += mcb) {
         size_t mb = M - i0 < mcb ? M - i0 : mcb;
         for (size_t p = 0; p < q->panels; ++p) {
