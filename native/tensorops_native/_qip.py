@@ -25,6 +25,7 @@ import threading
 import numpy as np
 
 from . import _checks as ck
+from ._info import ISA_NAMES
 from ._native import ffi, lib
 
 K_MAX = 65793
@@ -131,8 +132,8 @@ def _init(m: int, p: _Params, const_b: bool, algorithm: int):
     if ctx == ffi.NULL:
         if algorithm != lib.TnQipAlgorithmAuto:
             name = next(k for k, v in ALGORITHMS.items() if v == algorithm)
-            raise ck.ArgumentError("algorithm", f"{name!r} is not available on this CPU at ISA level "
-                                   "(TENSOROPS_ISA) in effect")
+            raise ck.ArgumentError("algorithm", f"{name!r} is not available: this CPU lacks it, or it is above "
+                                   f"the ISA level in effect ({ISA_NAMES[lib.TnActiveIsa()]}, see TENSOROPS_ISA)")
         raise MemoryError("quantized inner product: context allocation failed")
     return ctx
 
