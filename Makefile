@@ -63,6 +63,7 @@ promtool: $(VENV)/bin/python
 
 bench: $(VENV)/.bench-installed
 	$(PY) bench/kernels.py
+	$(PY) bench/qip.py
 
 # RPC latency and throughput against a raw-bytes gRPC echo (the floor).
 bench-rpc: $(VENV)/.installed

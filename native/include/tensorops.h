@@ -139,6 +139,80 @@ void TnSynetTiledScale2D32f(const float * src, size_t channels, size_t height, s
 
 void TnSynetUnaryOperation32f(const float * src, size_t size, int type, float * dst);
 
+/* ---- Quantized inner product (seed 004) -------------------------------------------- */
+/*
+ * C = requantize(A x B) for A UINT8 (M x K), B INT8 (K x N, or N x K when transB) and
+ * C UINT8 (M x N), through a context: Init once with the sizes and types, SetParams once
+ * with the quantization parameters (and B when constB), then Forward many times, then
+ * TnRelease. Semantics are KERNELS.md's: exact int32 accumulation on every ISA level,
+ *   bias'[j] = (bias[j] or 0) - aZero * sum_k B[k][j],  norm[j] = (aScale * bScale[j]) / cScale
+ *   C[i][j]  = clamp(rne(float(sum_k A[i][k] * B[k][j] + bias'[j]) * norm[j]) + cZero, 0, 255)
+ * with norm in fp32 and rne() rounding to nearest, ties to even (the default MXCSR mode).
+ *
+ * Limits for exactness (the caller checks them; the Python layer does):
+ *   1 <= K <= 65793, so the int32 accumulator cannot overflow;
+ *   |bias[j]| <= 2147483647 - 32640 * K, so bias' and the biased sum fit in int32;
+ *   norm[j] finite (scales finite, cScale nonzero).
+ *
+ * A context is immutable after SetParams: any number of threads may run Forward on it at
+ * once, each with its own buf (or NULL).
+ */
+
+/* Algorithms of TnSynetQuantizedInnerProductInitAlgorithm. Auto picks the best one the
+ * CPU supports under the TENSOROPS_ISA cap; the others request one explicitly. */
+typedef enum {
+    TnQipAlgorithmAuto = -1,
+    TnQipAlgorithmScalar = 0,     /* reference loops */
+    TnQipAlgorithmAvx2 = 1,       /* AVX2 widening multiply-adds (vpmovsxbw + vpmaddwd) */
+    TnQipAlgorithmAvx2Vnni = 2,   /* AVX-VNNI vpdpbusd, ymm */
+    TnQipAlgorithmAvx512Vnni = 3, /* AVX-512 VNNI vpdpbusd, zmm */
+    TnQipAlgorithmAmx = 4         /* AMX-INT8 tdpbusd tiles; AVX-512 VNNI for small M */
+} TnQipAlgorithm;
+
+/* A context, or NULL for unsupported arguments (types other than UINT8 x INT8 -> UINT8,
+ * M, N or K zero, K > 65793) or a failed allocation. M is the number of rows Forward
+ * runs; ForwardRows accepts any other. Release it with TnRelease. */
+void * TnSynetQuantizedInnerProductInit(size_t M, size_t N, size_t K, TnTensorDataType typeA,
+    TnTensorDataType typeB, TnTensorDataType typeC, int transB, int constB, int bias);
+
+/* The same, with an explicit algorithm (TnQipAlgorithm); NULL when the CPU, the OS or the
+ * TENSOROPS_ISA cap does not allow it. Init is this function with TnQipAlgorithmAuto. */
+void * TnSynetQuantizedInnerProductInitAlgorithm(size_t M, size_t N, size_t K, TnTensorDataType typeA,
+    TnTensorDataType typeB, TnTensorDataType typeC, int transB, int constB, int bias, int algorithm);
+
+/* Bytes held by the context: packed B, bias', scales. */
+size_t TnSynetQuantizedInnerProductInternalBufferSize(const void * context);
+
+/* Bytes of buf a Forward of the initialized M needs (0: buf is not used). */
+size_t TnSynetQuantizedInnerProductExternalBufferSize(const void * context);
+
+/* Bytes of buf a ForwardRows of M rows needs. It grows with M only up to an internal row
+ * block, so the size for a large M serves every smaller one. */
+size_t TnSynetQuantizedInnerProductExternalBufferSizeRows(const void * context, size_t M);
+
+/* The implementation selected: ISA, algorithm and blocking. */
+const char * TnSynetQuantizedInnerProductInfo(const void * context);
+
+/* Scales and zero points (aScale, aZero, cScale, cZero: one value each; bScale: N values),
+ * bias (N values, or NULL for none) and, when constB, B (packed here once; may be NULL
+ * otherwise). Call once, before any Forward. */
+void TnSynetQuantizedInnerProductSetParams(void * context, const float * aScale, const uint8_t * aZero,
+    const int8_t * b, const float * bScale, const int32_t * bias, const float * cScale, const uint8_t * cZero);
+
+/* C (M x N) from A (M x K) for the initialized M. B: the INT8 matrix when constB is false
+ * (ignored, may be NULL, otherwise). buf: ExternalBufferSize bytes, or NULL to let the
+ * call allocate its own (if that allocation fails, C is filled with zeros). */
+void TnSynetQuantizedInnerProductForward(void * context, const uint8_t * A, const uint8_t * B, uint8_t * buf,
+    uint8_t * C);
+
+/* Forward for any M >= 1 rows (tensorops extension); buf holds ExternalBufferSizeRows(M)
+ * bytes or is NULL. */
+void TnSynetQuantizedInnerProductForwardRows(void * context, size_t M, const uint8_t * A, const uint8_t * B,
+    uint8_t * buf, uint8_t * C);
+
+/* Releases a context made by any TnXxxInit function (NULL is ignored). */
+void TnRelease(void * context);
+
 #ifdef __cplusplus
 }
 #endif

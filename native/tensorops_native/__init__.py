@@ -30,6 +30,7 @@ from ._ops import (  # noqa: E402
     tiled_scale_2d,
     unary,
 )
+from ._qip import QuantizedInnerProduct, quantized_inner_product  # noqa: E402
 
 try:
     __version__ = _version("tensorops")
@@ -39,6 +40,7 @@ except PackageNotFoundError:  # running from a source tree
 OPERATIONS = (
     "normalize_l2", "layer_norm_channels", "layer_norm_spatial", "channel_norm", "channel_sum",
     "eltwise", "lrn_cross_channels", "shuffle", "softmax", "tiled_scale_2d", "unary",
+    "quantized_inner_product",
 )
 
 
@@ -57,7 +59,8 @@ def info() -> dict:
 
 
 __all__ = [
-    "ArgumentError", "ArgumentTypeError", "OPERATIONS", "channel_norm", "channel_sum", "cpu_features",
-    "eltwise", "info", "isa", "kernels", "layer_norm_channels", "layer_norm_spatial",
-    "lrn_cross_channels", "normalize_l2", "shuffle", "softmax", "tiled_scale_2d", "unary",
+    "ArgumentError", "ArgumentTypeError", "OPERATIONS", "QuantizedInnerProduct", "channel_norm", "channel_sum",
+    "cpu_features", "eltwise", "info", "isa", "kernels", "layer_norm_channels", "layer_norm_spatial",
+    "lrn_cross_channels", "normalize_l2", "quantized_inner_product", "shuffle", "softmax", "tiled_scale_2d",
+    "unary",
 ]
