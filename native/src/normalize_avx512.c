@@ -39,6 +39,17 @@ INLINE __mmask16 lanes(size_t n)
 INLINE __m512 load(const float * p, __mmask16 k) { return _mm512_maskz_loadu_ps(k, p); }
 INLINE void store(float * p, __mmask16 k, __m512 v) { _mm512_mask_storeu_ps(p, k, v); }
 
+/* min(n, floats from p to its next 64-byte boundary). NumPy data is typically only 16-byte
+ * aligned: a masked head of this many values makes the following full-vector stores whole
+ * cache lines (a 64-byte store across two lines costs about twice as much). Only stores are
+ * aligned this way: reductions keep their lane order independent of the address, so results
+ * do not depend on where the input happens to lie. */
+INLINE size_t line_head(const void * p, size_t n)
+{
+    size_t h = ((size_t)0 - (size_t)(uintptr_t)p) % 64 / sizeof(float);
+    return h < n ? h : n;
+}
+
 /* Prefetch into L2 the cache lines of [p, p + bytes), bytes > 0, all inside the tensor. */
 INLINE void prefetch_l2(const void * p, size_t bytes)
 {
@@ -259,7 +270,9 @@ INLINE void scale_row(const float * x, size_t n, const float * scale, size_t ste
     const __m512 vk = _mm512_set1_ps(k);
     if (step == 0) {
         const __m512 a = _mm512_set1_ps(scale[0] * k);
-        size_t i = 0;
+        size_t i = line_head(y, n);
+        if (i)
+            store(y, tn_avx512_tail_mask(i), _mm512_mul_ps(load(x, tn_avx512_tail_mask(i)), a));
         for (; i + 2 * F <= n; i += 2 * F) {
             _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), a));
             _mm512_storeu_ps(y + i + F, _mm512_mul_ps(_mm512_loadu_ps(x + i + F), a));
@@ -373,7 +386,19 @@ INLINE void layer_norm_row(const float * x, size_t n, const float * scale, const
     const float mean = row_sum(x, n) * inv;
     const float norm = 1.0f / sqrtf(row_sum_squared_deviations(x, n, mean) * inv + eps);
     const __m512 m = _mm512_set1_ps(mean), k = _mm512_set1_ps(norm);
-    for (size_t i = 0; i < n; i += F) {
+    size_t i = line_head(y, n);
+    if (i) {
+        __mmask16 t = tn_avx512_tail_mask(i);
+        __m512 d = _mm512_mul_ps(_mm512_sub_ps(load(x, t), m), k);
+        store(y, t, _mm512_fmadd_ps(d, load(scale, t), load(shift, t)));
+    }
+    for (; i + 2 * F <= n; i += 2 * F) {
+        __m512 d0 = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), m), k);
+        __m512 d1 = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i + F), m), k);
+        _mm512_store_ps(y + i, _mm512_fmadd_ps(d0, _mm512_loadu_ps(scale + i), _mm512_loadu_ps(shift + i)));
+        _mm512_store_ps(y + i + F, _mm512_fmadd_ps(d1, _mm512_loadu_ps(scale + i + F), _mm512_loadu_ps(shift + i + F)));
+    }
+    for (; i < n; i += F) {
         __mmask16 t = lanes(n - i);
         __m512 d = _mm512_mul_ps(_mm512_sub_ps(load(x + i, t), m), k);
         store(y + i, t, _mm512_fmadd_ps(d, load(scale + i, t), load(shift + i, t)));
@@ -388,7 +413,11 @@ INLINE void layer_norm_row1(const float * x, size_t n, float scale, float shift,
     const float norm = 1.0f / sqrtf(row_sum_squared_deviations(x, n, mean) * inv + eps);
     const __m512 m = _mm512_set1_ps(mean), k = _mm512_set1_ps(norm);
     const __m512 sc = _mm512_set1_ps(scale), sh = _mm512_set1_ps(shift);
-    size_t i = 0;
+    size_t i = line_head(y, n);
+    if (i) {
+        __mmask16 t = tn_avx512_tail_mask(i);
+        store(y, t, _mm512_fmadd_ps(_mm512_mul_ps(_mm512_sub_ps(load(x, t), m), k), sc, sh));
+    }
     for (; i + 2 * F <= n; i += 2 * F) {
         __m512 d0 = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), m), k);
         __m512 d1 = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i + F), m), k);
@@ -526,7 +555,11 @@ void tn_avx512_SynetNormalizeLayerForwardV4(const float * src, size_t batch, siz
                 const float * p = x + c * spatial;
                 float * q = y + c * spatial;
                 const __m512 a = _mm512_set1_ps(buf[c]), sh = _mm512_set1_ps(shift[c]);
-                size_t s = 0;
+                size_t s = line_head(q, spatial);
+                if (s) {
+                    __mmask16 m = tn_avx512_tail_mask(s);
+                    store(q, m, _mm512_fmadd_ps(load(p, m), a, sh));
+                }
                 for (; s + 2 * F <= spatial; s += 2 * F) {
                     _mm512_storeu_ps(q + s, _mm512_fmadd_ps(_mm512_loadu_ps(p + s), a, sh));
                     _mm512_storeu_ps(q + s + F, _mm512_fmadd_ps(_mm512_loadu_ps(p + s + F), a, sh));
