@@ -576,11 +576,30 @@ void tn_avx512_SynetNormalizeLayerForwardV4(const float * src, size_t batch, siz
 
 /* ---- 16bV2: BF16 layer norm across channels (canonical order, see normalize_scalar.c) -- */
 
+/* fp32 -> bf16 of 16 lanes. hw (the CPU has AVX512_BF16, checked once per call): one
+ * VCVTNEPS2BF16, which rounds exactly as tn_avx512_f32_to_bf16 (to nearest even, NaN made
+ * quiet with its sign: checked over all 2^32 inputs) except that it flushes denormal inputs
+ * to zero, so vectors with any denormal lane take the integer sequence. Written as inline
+ * assembly so that the instruction is only ever reached when hw is set. */
+INLINE __m256i to_bf16(__m512 v, int hw)
+{
+    if (hw && !_mm512_fpclass_ps_mask(v, 0x20)) {
+        __m256i r;
+        __asm__("vcvtneps2bf16 %1, %0" : "=v"(r) : "v"(v));
+        return r;
+    }
+    return tn_avx512_f32_to_bf16(v);
+}
+
+INLINE void store_bf16(uint16_t * p, __m512 v, int hw) { _mm256_storeu_si256((__m256i *)p, to_bf16(v, hw)); }
+
+INLINE void mask_store_bf16(uint16_t * p, __mmask16 m, __m512 v, int hw) { _mm256_mask_storeu_epi16(p, m, to_bf16(v, hw)); }
+
 /* NHWC: R (<= 4) consecutive rows of n channels at once. Each row has its own accumulator
  * (channel c is lane c % 16), so the serial canonical chains of the rows overlap. The BF16
  * row stays in L1 and is converted again in each pass. */
 INLINE void layer_norm_rows_bf16(const uint16_t * x, size_t R, size_t n, const float * scale, const float * shift,
-                                 float eps, uint16_t * y)
+                                 float eps, int hw, uint16_t * y)
 {
     const float inv = 1.0f / (float)n;
     const __mmask16 tail = tn_avx512_tail_mask(n % F);
@@ -614,11 +633,11 @@ INLINE void layer_norm_rows_bf16(const uint16_t * x, size_t R, size_t n, const f
     for (size_t r = 0; r < R; ++r) {
         for (size_t i = 0; i < body; i += F) {
             __m512 d = _mm512_sub_ps(tn_avx512_load_bf16(x + r * n + i), m[r]);
-            tn_avx512_store_bf16(y + r * n + i, _mm512_fmadd_ps(_mm512_mul_ps(d, k[r]), _mm512_loadu_ps(scale + i), _mm512_loadu_ps(shift + i)));
+            store_bf16(y + r * n + i, _mm512_fmadd_ps(_mm512_mul_ps(d, k[r]), _mm512_loadu_ps(scale + i), _mm512_loadu_ps(shift + i)), hw);
         }
         if (tail) {
             __m512 d = _mm512_sub_ps(tn_avx512_maskz_load_bf16(tail, x + r * n + body), m[r]);
-            tn_avx512_mask_store_bf16(y + r * n + body, tail, _mm512_fmadd_ps(_mm512_mul_ps(d, k[r]), load(scale + body, tail), load(shift + body, tail)));
+            mask_store_bf16(y + r * n + body, tail, _mm512_fmadd_ps(_mm512_mul_ps(d, k[r]), load(scale + body, tail), load(shift + body, tail)), hw);
         }
     }
 }
@@ -659,7 +678,7 @@ static void lanes_tree(float (*lane)[TN_NORM_LANES_CHUNK], size_t L, size_t w)
 }
 
 static void layer_norm_across_bf16(const uint16_t * x, size_t C, size_t S, const float * scale, const float * shift,
-                                   float eps, uint16_t * y)
+                                   float eps, int hw, uint16_t * y)
 {
     const size_t L = C < 16 ? C : 16;
     const __m512 vinv = _mm512_set1_ps(1.0f / (float)C), ve = _mm512_set1_ps(eps), one = _mm512_set1_ps(1.0f);
@@ -699,12 +718,12 @@ static void layer_norm_across_bf16(const uint16_t * x, size_t C, size_t S, const
             size_t p = 0;
             for (; p + F <= w; p += F) {
                 __m512 d = _mm512_sub_ps(tn_avx512_load_bf16(q + p), _mm512_load_ps(mean + p));
-                tn_avx512_store_bf16(o + p, _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_load_ps(norm + p)), sc, sh));
+                store_bf16(o + p, _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_load_ps(norm + p)), sc, sh), hw);
             }
             if (p < w) {
                 __mmask16 m = lanes(w - p);
                 __m512 d = _mm512_sub_ps(tn_avx512_maskz_load_bf16(m, q + p), _mm512_load_ps(mean + p));
-                tn_avx512_mask_store_bf16(o + p, m, _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_load_ps(norm + p)), sc, sh));
+                mask_store_bf16(o + p, m, _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_load_ps(norm + p)), sc, sh), hw);
             }
         }
     }
@@ -717,16 +736,17 @@ void tn_avx512_SynetNormalizeLayerForward16bV2(const uint16_t * src, size_t batc
     const size_t size = channels * spatial;
     const float e = eps[0];
     (void)buf; /* no scratch needed */
+    const int hw = (TnCpuFeatures() & TnCpuAvx512bf16) != 0;
     if (size == 0)
         return;
     if (format == TnTensorFormatNhwc || spatial == 1) {
         size_t rows = batch * spatial, r = 0;
         for (; r + 4 <= rows; r += 4)
-            layer_norm_rows_bf16(src + r * channels, 4, channels, scale, shift, e, dst + r * channels);
+            layer_norm_rows_bf16(src + r * channels, 4, channels, scale, shift, e, hw, dst + r * channels);
         for (; r < rows; ++r)
-            layer_norm_rows_bf16(src + r * channels, 1, channels, scale, shift, e, dst + r * channels);
+            layer_norm_rows_bf16(src + r * channels, 1, channels, scale, shift, e, hw, dst + r * channels);
     } else {
         for (size_t b = 0; b < batch; ++b)
-            layer_norm_across_bf16(src + b * size, channels, spatial, scale, shift, e, dst + b * size);
+            layer_norm_across_bf16(src + b * size, channels, spatial, scale, shift, e, hw, dst + b * size);
     }
 }
