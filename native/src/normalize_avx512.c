@@ -168,25 +168,34 @@ INLINE void column_sums(const float * x, size_t rows, size_t stride, size_t w, i
     }
 }
 
-/* L2 normalization across channels (NCHW item): y = x * (scale[c] * k[s]); k in buf. */
+/* L2 normalization across channels (NCHW item): y = x * (scale[c] * k[s]); k in buf. Taking
+ * the positions in chunks whose rows stay in L2 (with the next chunk prefetched) measured
+ * slower here than two whole passes. */
 static void l2_across(const float * x, size_t C, size_t S, const float * scale, float eps, float * k, float * y)
 {
     const __m512 ve = _mm512_set1_ps(eps), one = _mm512_set1_ps(1.0f);
-    column_sums(x, C, S, S, 1, k);
-    for (size_t s = 0; s < S; s += F) {
-        __mmask16 m = lanes(S - s);
-        store(k + s, m, _mm512_div_ps(one, _mm512_sqrt_ps(_mm512_add_ps(load(k + s, m), ve))));
-    }
-    for (size_t c = 0; c < C; ++c) {
-        const float * p = x + c * S;
-        float * q = y + c * S;
-        const __m512 sc = _mm512_set1_ps(scale[c]);
-        size_t s = 0;
-        for (; s + F <= S; s += F)
-            _mm512_storeu_ps(q + s, _mm512_mul_ps(_mm512_loadu_ps(p + s), _mm512_mul_ps(sc, _mm512_loadu_ps(k + s))));
-        if (s < S) {
-            __mmask16 m = lanes(S - s);
-            store(q + s, m, _mm512_mul_ps(load(p + s, m), _mm512_mul_ps(sc, load(k + s, m))));
+    for (size_t s0 = 0, w = S; s0 < S; s0 += w) {
+        float * ks = k + s0;
+        column_sums(x + s0, C, S, w, 1, ks);
+        for (size_t s = 0; s < w; s += F) {
+            __mmask16 m = lanes(w - s);
+            store(ks + s, m, _mm512_div_ps(one, _mm512_sqrt_ps(_mm512_add_ps(load(ks + s, m), ve))));
+        }
+        for (size_t c = 0; c < C; ++c) {
+            const float * p = x + c * S + s0;
+            float * q = y + c * S + s0;
+            const __m512 sc = _mm512_set1_ps(scale[c]);
+            size_t s = line_head(q, w);
+            if (s) {
+                __mmask16 m = tn_avx512_tail_mask(s);
+                store(q, m, _mm512_mul_ps(load(p, m), _mm512_mul_ps(sc, load(ks, m))));
+            }
+            for (; s + F <= w; s += F)
+                _mm512_store_ps(q + s, _mm512_mul_ps(_mm512_loadu_ps(p + s), _mm512_mul_ps(sc, _mm512_loadu_ps(ks + s))));
+            if (s < w) {
+                __mmask16 m = lanes(w - s);
+                store(q + s, m, _mm512_mul_ps(load(p + s, m), _mm512_mul_ps(sc, load(ks + s, m))));
+            }
         }
     }
 }
