@@ -39,6 +39,17 @@ INLINE __mmask16 lanes(size_t n)
 INLINE __m512 load(const float * p, __mmask16 k) { return _mm512_maskz_loadu_ps(k, p); }
 INLINE void store(float * p, __mmask16 k, __m512 v) { _mm512_mask_storeu_ps(p, k, v); }
 
+/* min(n, floats from p to its next 64-byte boundary). NumPy data is typically only 16-byte
+ * aligned: a masked head of this many values makes the following full-vector stores whole
+ * cache lines (a 64-byte store across two lines costs about twice as much). Only stores are
+ * aligned this way: reductions keep their lane order independent of the address, so results
+ * do not depend on where the input happens to lie. */
+INLINE size_t line_head(const void * p, size_t n)
+{
+    size_t h = ((size_t)0 - (size_t)(uintptr_t)p) % 64 / sizeof(float);
+    return h < n ? h : n;
+}
+
 /* Prefetch into L2 the cache lines of [p, p + bytes), bytes > 0, all inside the tensor. */
 INLINE void prefetch_l2(const void * p, size_t bytes)
 {
@@ -157,25 +168,34 @@ INLINE void column_sums(const float * x, size_t rows, size_t stride, size_t w, i
     }
 }
 
-/* L2 normalization across channels (NCHW item): y = x * (scale[c] * k[s]); k in buf. */
+/* L2 normalization across channels (NCHW item): y = x * (scale[c] * k[s]); k in buf. Taking
+ * the positions in chunks whose rows stay in L2 (with the next chunk prefetched) measured
+ * slower here than two whole passes. */
 static void l2_across(const float * x, size_t C, size_t S, const float * scale, float eps, float * k, float * y)
 {
     const __m512 ve = _mm512_set1_ps(eps), one = _mm512_set1_ps(1.0f);
-    column_sums(x, C, S, S, 1, k);
-    for (size_t s = 0; s < S; s += F) {
-        __mmask16 m = lanes(S - s);
-        store(k + s, m, _mm512_div_ps(one, _mm512_sqrt_ps(_mm512_add_ps(load(k + s, m), ve))));
-    }
-    for (size_t c = 0; c < C; ++c) {
-        const float * p = x + c * S;
-        float * q = y + c * S;
-        const __m512 sc = _mm512_set1_ps(scale[c]);
-        size_t s = 0;
-        for (; s + F <= S; s += F)
-            _mm512_storeu_ps(q + s, _mm512_mul_ps(_mm512_loadu_ps(p + s), _mm512_mul_ps(sc, _mm512_loadu_ps(k + s))));
-        if (s < S) {
-            __mmask16 m = lanes(S - s);
-            store(q + s, m, _mm512_mul_ps(load(p + s, m), _mm512_mul_ps(sc, load(k + s, m))));
+    for (size_t s0 = 0, w = S; s0 < S; s0 += w) {
+        float * ks = k + s0;
+        column_sums(x + s0, C, S, w, 1, ks);
+        for (size_t s = 0; s < w; s += F) {
+            __mmask16 m = lanes(w - s);
+            store(ks + s, m, _mm512_div_ps(one, _mm512_sqrt_ps(_mm512_add_ps(load(ks + s, m), ve))));
+        }
+        for (size_t c = 0; c < C; ++c) {
+            const float * p = x + c * S + s0;
+            float * q = y + c * S + s0;
+            const __m512 sc = _mm512_set1_ps(scale[c]);
+            size_t s = line_head(q, w);
+            if (s) {
+                __mmask16 m = tn_avx512_tail_mask(s);
+                store(q, m, _mm512_mul_ps(load(p, m), _mm512_mul_ps(sc, load(ks, m))));
+            }
+            for (; s + F <= w; s += F)
+                _mm512_store_ps(q + s, _mm512_mul_ps(_mm512_loadu_ps(p + s), _mm512_mul_ps(sc, _mm512_loadu_ps(ks + s))));
+            if (s < w) {
+                __mmask16 m = lanes(w - s);
+                store(q + s, m, _mm512_mul_ps(load(p + s, m), _mm512_mul_ps(sc, load(ks + s, m))));
+            }
         }
     }
 }
@@ -259,7 +279,9 @@ INLINE void scale_row(const float * x, size_t n, const float * scale, size_t ste
     const __m512 vk = _mm512_set1_ps(k);
     if (step == 0) {
         const __m512 a = _mm512_set1_ps(scale[0] * k);
-        size_t i = 0;
+        size_t i = line_head(y, n);
+        if (i)
+            store(y, tn_avx512_tail_mask(i), _mm512_mul_ps(load(x, tn_avx512_tail_mask(i)), a));
         for (; i + 2 * F <= n; i += 2 * F) {
             _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), a));
             _mm512_storeu_ps(y + i + F, _mm512_mul_ps(_mm512_loadu_ps(x + i + F), a));
@@ -373,7 +395,19 @@ INLINE void layer_norm_row(const float * x, size_t n, const float * scale, const
     const float mean = row_sum(x, n) * inv;
     const float norm = 1.0f / sqrtf(row_sum_squared_deviations(x, n, mean) * inv + eps);
     const __m512 m = _mm512_set1_ps(mean), k = _mm512_set1_ps(norm);
-    for (size_t i = 0; i < n; i += F) {
+    size_t i = line_head(y, n);
+    if (i) {
+        __mmask16 t = tn_avx512_tail_mask(i);
+        __m512 d = _mm512_mul_ps(_mm512_sub_ps(load(x, t), m), k);
+        store(y, t, _mm512_fmadd_ps(d, load(scale, t), load(shift, t)));
+    }
+    for (; i + 2 * F <= n; i += 2 * F) {
+        __m512 d0 = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), m), k);
+        __m512 d1 = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i + F), m), k);
+        _mm512_store_ps(y + i, _mm512_fmadd_ps(d0, _mm512_loadu_ps(scale + i), _mm512_loadu_ps(shift + i)));
+        _mm512_store_ps(y + i + F, _mm512_fmadd_ps(d1, _mm512_loadu_ps(scale + i + F), _mm512_loadu_ps(shift + i + F)));
+    }
+    for (; i < n; i += F) {
         __mmask16 t = lanes(n - i);
         __m512 d = _mm512_mul_ps(_mm512_sub_ps(load(x + i, t), m), k);
         store(y + i, t, _mm512_fmadd_ps(d, load(scale + i, t), load(shift + i, t)));
@@ -388,7 +422,11 @@ INLINE void layer_norm_row1(const float * x, size_t n, float scale, float shift,
     const float norm = 1.0f / sqrtf(row_sum_squared_deviations(x, n, mean) * inv + eps);
     const __m512 m = _mm512_set1_ps(mean), k = _mm512_set1_ps(norm);
     const __m512 sc = _mm512_set1_ps(scale), sh = _mm512_set1_ps(shift);
-    size_t i = 0;
+    size_t i = line_head(y, n);
+    if (i) {
+        __mmask16 t = tn_avx512_tail_mask(i);
+        store(y, t, _mm512_fmadd_ps(_mm512_mul_ps(_mm512_sub_ps(load(x, t), m), k), sc, sh));
+    }
     for (; i + 2 * F <= n; i += 2 * F) {
         __m512 d0 = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), m), k);
         __m512 d1 = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i + F), m), k);
@@ -526,7 +564,11 @@ void tn_avx512_SynetNormalizeLayerForwardV4(const float * src, size_t batch, siz
                 const float * p = x + c * spatial;
                 float * q = y + c * spatial;
                 const __m512 a = _mm512_set1_ps(buf[c]), sh = _mm512_set1_ps(shift[c]);
-                size_t s = 0;
+                size_t s = line_head(q, spatial);
+                if (s) {
+                    __mmask16 m = tn_avx512_tail_mask(s);
+                    store(q, m, _mm512_fmadd_ps(load(p, m), a, sh));
+                }
                 for (; s + 2 * F <= spatial; s += 2 * F) {
                     _mm512_storeu_ps(q + s, _mm512_fmadd_ps(_mm512_loadu_ps(p + s), a, sh));
                     _mm512_storeu_ps(q + s + F, _mm512_fmadd_ps(_mm512_loadu_ps(p + s + F), a, sh));
@@ -543,11 +585,30 @@ void tn_avx512_SynetNormalizeLayerForwardV4(const float * src, size_t batch, siz
 
 /* ---- 16bV2: BF16 layer norm across channels (canonical order, see normalize_scalar.c) -- */
 
+/* fp32 -> bf16 of 16 lanes. hw (the CPU has AVX512_BF16, checked once per call): one
+ * VCVTNEPS2BF16, which rounds exactly as tn_avx512_f32_to_bf16 (to nearest even, NaN made
+ * quiet with its sign: checked over all 2^32 inputs) except that it flushes denormal inputs
+ * to zero, so vectors with any denormal lane take the integer sequence. Written as inline
+ * assembly so that the instruction is only ever reached when hw is set. */
+INLINE __m256i to_bf16(__m512 v, int hw)
+{
+    if (hw && !_mm512_fpclass_ps_mask(v, 0x20)) {
+        __m256i r;
+        __asm__("vcvtneps2bf16 %1, %0" : "=v"(r) : "v"(v));
+        return r;
+    }
+    return tn_avx512_f32_to_bf16(v);
+}
+
+INLINE void store_bf16(uint16_t * p, __m512 v, int hw) { _mm256_storeu_si256((__m256i *)p, to_bf16(v, hw)); }
+
+INLINE void mask_store_bf16(uint16_t * p, __mmask16 m, __m512 v, int hw) { _mm256_mask_storeu_epi16(p, m, to_bf16(v, hw)); }
+
 /* NHWC: R (<= 4) consecutive rows of n channels at once. Each row has its own accumulator
  * (channel c is lane c % 16), so the serial canonical chains of the rows overlap. The BF16
  * row stays in L1 and is converted again in each pass. */
 INLINE void layer_norm_rows_bf16(const uint16_t * x, size_t R, size_t n, const float * scale, const float * shift,
-                                 float eps, uint16_t * y)
+                                 float eps, int hw, uint16_t * y)
 {
     const float inv = 1.0f / (float)n;
     const __mmask16 tail = tn_avx512_tail_mask(n % F);
@@ -581,11 +642,11 @@ INLINE void layer_norm_rows_bf16(const uint16_t * x, size_t R, size_t n, const f
     for (size_t r = 0; r < R; ++r) {
         for (size_t i = 0; i < body; i += F) {
             __m512 d = _mm512_sub_ps(tn_avx512_load_bf16(x + r * n + i), m[r]);
-            tn_avx512_store_bf16(y + r * n + i, _mm512_fmadd_ps(_mm512_mul_ps(d, k[r]), _mm512_loadu_ps(scale + i), _mm512_loadu_ps(shift + i)));
+            store_bf16(y + r * n + i, _mm512_fmadd_ps(_mm512_mul_ps(d, k[r]), _mm512_loadu_ps(scale + i), _mm512_loadu_ps(shift + i)), hw);
         }
         if (tail) {
             __m512 d = _mm512_sub_ps(tn_avx512_maskz_load_bf16(tail, x + r * n + body), m[r]);
-            tn_avx512_mask_store_bf16(y + r * n + body, tail, _mm512_fmadd_ps(_mm512_mul_ps(d, k[r]), load(scale + body, tail), load(shift + body, tail)));
+            mask_store_bf16(y + r * n + body, tail, _mm512_fmadd_ps(_mm512_mul_ps(d, k[r]), load(scale + body, tail), load(shift + body, tail)), hw);
         }
     }
 }
@@ -626,7 +687,7 @@ static void lanes_tree(float (*lane)[TN_NORM_LANES_CHUNK], size_t L, size_t w)
 }
 
 static void layer_norm_across_bf16(const uint16_t * x, size_t C, size_t S, const float * scale, const float * shift,
-                                   float eps, uint16_t * y)
+                                   float eps, int hw, uint16_t * y)
 {
     const size_t L = C < 16 ? C : 16;
     const __m512 vinv = _mm512_set1_ps(1.0f / (float)C), ve = _mm512_set1_ps(eps), one = _mm512_set1_ps(1.0f);
@@ -666,12 +727,12 @@ static void layer_norm_across_bf16(const uint16_t * x, size_t C, size_t S, const
             size_t p = 0;
             for (; p + F <= w; p += F) {
                 __m512 d = _mm512_sub_ps(tn_avx512_load_bf16(q + p), _mm512_load_ps(mean + p));
-                tn_avx512_store_bf16(o + p, _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_load_ps(norm + p)), sc, sh));
+                store_bf16(o + p, _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_load_ps(norm + p)), sc, sh), hw);
             }
             if (p < w) {
                 __mmask16 m = lanes(w - p);
                 __m512 d = _mm512_sub_ps(tn_avx512_maskz_load_bf16(m, q + p), _mm512_load_ps(mean + p));
-                tn_avx512_mask_store_bf16(o + p, m, _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_load_ps(norm + p)), sc, sh));
+                mask_store_bf16(o + p, m, _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_load_ps(norm + p)), sc, sh), hw);
             }
         }
     }
@@ -684,16 +745,17 @@ void tn_avx512_SynetNormalizeLayerForward16bV2(const uint16_t * src, size_t batc
     const size_t size = channels * spatial;
     const float e = eps[0];
     (void)buf; /* no scratch needed */
+    const int hw = (TnCpuFeatures() & TnCpuAvx512bf16) != 0;
     if (size == 0)
         return;
     if (format == TnTensorFormatNhwc || spatial == 1) {
         size_t rows = batch * spatial, r = 0;
         for (; r + 4 <= rows; r += 4)
-            layer_norm_rows_bf16(src + r * channels, 4, channels, scale, shift, e, dst + r * channels);
+            layer_norm_rows_bf16(src + r * channels, 4, channels, scale, shift, e, hw, dst + r * channels);
         for (; r < rows; ++r)
-            layer_norm_rows_bf16(src + r * channels, 1, channels, scale, shift, e, dst + r * channels);
+            layer_norm_rows_bf16(src + r * channels, 1, channels, scale, shift, e, hw, dst + r * channels);
     } else {
         for (size_t b = 0; b < batch; ++b)
-            layer_norm_across_bf16(src + b * size, channels, spatial, scale, shift, e, dst + b * size);
+            layer_norm_across_bf16(src + b * size, channels, spatial, scale, shift, e, hw, dst + b * size);
     }
 }
