@@ -32,35 +32,62 @@ TN_INL __m512 lrn_value(__m512 x, __m512 s, const LrnK * k)
     return _mm512_mul_ps(x, tn_avx512_pow(_mm512_fmadd_ps(k->k1, s, k->k0), k->k2v, k->k2));
 }
 
-/* Narrow windows: n lanes starting at src, channel rows `stride` floats apart. */
+/* Sum of squares of rows d0 .. d0 + W - 1 (W a constant after inlining) at lane i. */
+TN_INL __m512 window_sum(const float * src, size_t stride, ptrdiff_t d0, int W, size_t i, __mmask16 m)
+{
+    __m512 s = _mm512_setzero_ps();
+    for (int w = 0; w < W; ++w) {
+        __m512 a = _mm512_maskz_loadu_ps(m, src + (d0 + w) * stride + i);
+        s = _mm512_fmadd_ps(a, a, s);
+    }
+    return s;
+}
+
+/* Channel c of a narrow window: n lanes, rows lo .. lo + W - 1 (W = hi - lo + 1; a
+ * constant after inlining for the interior channels). */
+TN_INL void lrn_channel(const float * src, size_t stride, ptrdiff_t c, ptrdiff_t lo, int W, size_t n,
+                        const LrnK * k, float * dst)
+{
+    const float * xc = src + c * stride;
+    float * yc = dst + c * stride;
+    size_t i = 0;
+    for (; i + 2 * F <= n; i += 2 * F) {
+        __m512 s0 = window_sum(src, stride, lo, W, i, 0xffff);
+        __m512 s1 = window_sum(src, stride, lo, W, i + F, 0xffff);
+        _mm512_storeu_ps(yc + i, lrn_value(_mm512_loadu_ps(xc + i), s0, k));
+        _mm512_storeu_ps(yc + i + F, lrn_value(_mm512_loadu_ps(xc + i + F), s1, k));
+    }
+    for (; i < n; i += F) {
+        __mmask16 m = lane_mask(n - i);
+        __m512 s0 = window_sum(src, stride, lo, W, i, m);
+        _mm512_mask_storeu_ps(yc + i, m, lrn_value(_mm512_maskz_loadu_ps(m, xc + i), s0, k));
+    }
+}
+
+/* Narrow windows: n lanes starting at src, channel rows `stride` floats apart; H = h is a
+ * constant after inlining, so the interior channels run an unrolled window. */
+TN_INL void lrn_direct_h(const float * src, size_t stride, ptrdiff_t C, ptrdiff_t H, size_t n, const LrnK * k,
+                         float * dst)
+{
+    for (ptrdiff_t c = 0; c < C; ++c) {
+        ptrdiff_t lo = c - H < 0 ? 0 : c - H, hi = c + H < C - 1 ? c + H : C - 1;
+        if (hi - lo == 2 * H)
+            lrn_channel(src, stride, c, lo, (int)(2 * H + 1), n, k, dst);
+        else
+            lrn_channel(src, stride, c, lo, (int)(hi - lo + 1), n, k, dst);
+    }
+}
+
 static void lrn_direct(const float * src, size_t stride, ptrdiff_t C, ptrdiff_t h, size_t n, const LrnK * k,
                        float * dst)
 {
-    for (ptrdiff_t c = 0; c < C; ++c) {
-        ptrdiff_t lo = c - h < 0 ? 0 : c - h, hi = c + h < C - 1 ? c + h : C - 1;
-        const float * xc = src + c * stride;
-        float * yc = dst + c * stride;
-        size_t i = 0;
-        for (; i + 2 * F <= n; i += 2 * F) {
-            __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-            for (ptrdiff_t d = lo; d <= hi; ++d) {
-                const float * xd = src + d * stride + i;
-                __m512 a0 = _mm512_loadu_ps(xd), a1 = _mm512_loadu_ps(xd + F);
-                s0 = _mm512_fmadd_ps(a0, a0, s0);
-                s1 = _mm512_fmadd_ps(a1, a1, s1);
-            }
-            _mm512_storeu_ps(yc + i, lrn_value(_mm512_loadu_ps(xc + i), s0, k));
-            _mm512_storeu_ps(yc + i + F, lrn_value(_mm512_loadu_ps(xc + i + F), s1, k));
-        }
-        for (; i < n; i += F) {
-            __mmask16 m = lane_mask(n - i);
-            __m512 s0 = _mm512_setzero_ps();
-            for (ptrdiff_t d = lo; d <= hi; ++d) {
-                __m512 a0 = _mm512_maskz_loadu_ps(m, src + d * stride + i);
-                s0 = _mm512_fmadd_ps(a0, a0, s0);
-            }
-            _mm512_mask_storeu_ps(yc + i, m, lrn_value(_mm512_maskz_loadu_ps(m, xc + i), s0, k));
-        }
+    switch (h) {
+    case 0: lrn_direct_h(src, stride, C, 0, n, k, dst); break;
+    case 1: lrn_direct_h(src, stride, C, 1, n, k, dst); break;
+    case 2: lrn_direct_h(src, stride, C, 2, n, k, dst); break;
+    case 3: lrn_direct_h(src, stride, C, 3, n, k, dst); break;
+    case 4: lrn_direct_h(src, stride, C, 4, n, k, dst); break;
+    default: lrn_direct_h(src, stride, C, h, n, k, dst); break;
     }
 }
 

@@ -173,38 +173,66 @@ SM_INLINE void row_scale(const float * e, size_t n, float sum, void * dst, int b
     }
 }
 
-/* A short row (n <= 16 * V, V = 1..4 a constant after inlining) kept in registers: the
- * same operations as row_max / row_exp / row_scale without the loops and the stores and
- * reloads of the exps. The last vector holds the remaining lanes (mask lm); its other
- * lanes are zero in the sum, as in the 16-lane order. */
+/* A short row (n <= 16 * V, V = 1..SM_REG_V a constant after inlining) kept in
+ * registers: one read and one write per element. The same operations as row_max /
+ * row_exp / row_scale without the loops and the stores and reloads of the exps. The last
+ * vector holds the remaining lanes (mask lm); its other lanes are zero in the sum, as in
+ * the 16-lane order. No lane of a row whose sum is not NaN can be NaN, so the BF16 store
+ * skips the NaN fixup of tn_avx512_f32_to_bf16 (same bits otherwise). */
+#define SM_REG_V 16
+
+SM_INLINE __m256i bf16_nonan(__m512 v)
+{
+    __m512i u = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+
 SM_INLINE void row_short(const void * src, void * dst, int V, __mmask16 lm, int bf)
 {
-    __m512 x[4], e[4];
+    __m512 x[SM_REG_V];
     for (int v = 0; v < V - 1; ++v)
         x[v] = ld(src, 16 * v, bf);
     x[V - 1] = _mm512_mask_blend_ps(lm, _mm512_set1_ps(-INFINITY), ldm(src, 16 * (V - 1), lm, bf));
-    __m512 m = x[0];
-    for (int v = 1; v < V; ++v)
-        m = _mm512_max_ps(m, x[v]);
-    m = _mm512_set1_ps(_mm512_reduce_max_ps(m));
+    __m512 m0 = x[0], m1 = V > 1 ? x[1] : x[0];
+    for (int v = 2; v < V; v += 2) {
+        m0 = _mm512_max_ps(m0, x[v]);
+        if (v + 1 < V)
+            m1 = _mm512_max_ps(m1, x[v + 1]);
+    }
+    __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(_mm512_max_ps(m0, m1)));
     x[V - 1] = _mm512_mask_blend_ps(lm, m, x[V - 1]); /* exp(0) past the row, kept out of the sum */
     __m512 acc = _mm512_setzero_ps();
     for (int v = 0; v < V; ++v) {
-        e[v] = exp_nonpos(_mm512_sub_ps(x[v], m));
+        x[v] = exp_nonpos(_mm512_sub_ps(x[v], m));
         if (v == V - 1)
-            e[v] = _mm512_maskz_mov_ps(lm, e[v]);
-        acc = _mm512_add_ps(acc, e[v]);
+            x[v] = _mm512_maskz_mov_ps(lm, x[v]);
+        acc = _mm512_add_ps(acc, x[v]);
     }
     float sum = tn_avx512_hsum(acc);
     if (sum != sum) {
-        fill_nan(dst, 16 * (V - 1) + (size_t)__builtin_popcount(lm), bf);
+        fill_nan(dst, 16 * (size_t)(V - 1) + (size_t)__builtin_popcount(lm), bf);
         return;
     }
     __m512 r = _mm512_set1_ps(1.0f / sum);
-    for (int v = 0; v < V - 1; ++v)
-        st(dst, 16 * v, _mm512_mul_ps(e[v], r), bf);
-    stm(dst, 16 * (V - 1), lm, _mm512_mul_ps(e[V - 1], r), bf);
+    for (int v = 0; v < V - 1; ++v) {
+        if (bf)
+            _mm256_storeu_si256((__m256i *)((uint16_t *)dst + 16 * v), bf16_nonan(_mm512_mul_ps(x[v], r)));
+        else
+            _mm512_storeu_ps((float *)dst + 16 * v, _mm512_mul_ps(x[v], r));
+    }
+    if (bf)
+        _mm256_mask_storeu_epi16((uint16_t *)dst + 16 * (V - 1), lm, bf16_nonan(_mm512_mul_ps(x[V - 1], r)));
+    else
+        _mm512_mask_storeu_ps((float *)dst + 16 * (V - 1), lm, _mm512_mul_ps(x[V - 1], r));
 }
+
+#define SM_ROW_CASE(V) \
+    case V: \
+        for (; o < outer; ++o, s += count * esz, d += count * esz) \
+            row_short(s, d, V, lm, bf); \
+        break;
 
 /* Sixteen short rows (count <= SM_ROWS_MAX < 16) at once. The reductions run one row per
  * lane on gathered columns; the exps and the scaling run on the contiguous block, with the
@@ -397,7 +425,7 @@ SM_INLINE void softmax(const void * src, size_t outer, size_t count, size_t inne
 {
     const size_t esz = bf ? 2 : 4, slab = count * inner;
     const size_t bv = block_vectors(count), bw = 16 * bv;
-    if (inner == 1 && count <= 64) {
+    if (inner == 1 && count <= 16 * SM_REG_V) {
         size_t v = (count + 15) / 16, o = 0;
         __mmask16 lm = tn_avx512_tail_mask(count - 16 * (v - 1));
         const char * s = (const char *)src;
@@ -414,15 +442,11 @@ SM_INLINE void softmax(const void * src, size_t outer, size_t count, size_t inne
             for (; o + 16 <= outer; o += 16, s += 16 * count * esz, d += 16 * count * esz)
                 rows16(s, count, d, pidx, buf, bf);
         }
-        for (; o < outer; ++o, s += count * esz, d += count * esz) {
-            if (v == 1)
-                row_short(s, d, 1, lm, bf);
-            else if (v == 2)
-                row_short(s, d, 2, lm, bf);
-            else if (v == 3)
-                row_short(s, d, 3, lm, bf);
-            else
-                row_short(s, d, 4, lm, bf);
+        switch (v) {
+        SM_ROW_CASE(1) SM_ROW_CASE(2) SM_ROW_CASE(3) SM_ROW_CASE(4)
+        SM_ROW_CASE(5) SM_ROW_CASE(6) SM_ROW_CASE(7) SM_ROW_CASE(8)
+        SM_ROW_CASE(9) SM_ROW_CASE(10) SM_ROW_CASE(11) SM_ROW_CASE(12)
+        SM_ROW_CASE(13) SM_ROW_CASE(14) SM_ROW_CASE(15) default: SM_ROW_CASE(16)
         }
         return;
     }

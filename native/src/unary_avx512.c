@@ -66,6 +66,44 @@ TN_INL __m512 op_sign(__m512 x)
         }                                                                               \
     } while (0)
 
+/* Large outputs (beyond any L2) are written with non-temporal stores: the main loop's dst
+ * is 64-byte aligned, and streaming skips the read-for-ownership of every output line. */
+#define TN_UNARY_STREAM_MIN (1u << 19) /* floats: 2 MiB of output */
+
+#define TN_UNARY_LOOP_STREAM(OP)                                                        \
+    do {                                                                                \
+        size_t i = (size_t)((0u - (uintptr_t)dst) & 63u) / sizeof(float);               \
+        if (i) {                                                                        \
+            __mmask16 m = tn_avx512_tail_mask(i);                                       \
+            _mm512_mask_storeu_ps(dst, m, OP(_mm512_maskz_loadu_ps(m, src)));           \
+        }                                                                               \
+        for (; i + 4 * TN_AVX512_F <= size; i += 4 * TN_AVX512_F) {                     \
+            __m512 y0 = OP(_mm512_loadu_ps(src + i + 0 * TN_AVX512_F));                 \
+            __m512 y1 = OP(_mm512_loadu_ps(src + i + 1 * TN_AVX512_F));                 \
+            __m512 y2 = OP(_mm512_loadu_ps(src + i + 2 * TN_AVX512_F));                 \
+            __m512 y3 = OP(_mm512_loadu_ps(src + i + 3 * TN_AVX512_F));                 \
+            _mm512_stream_ps(dst + i + 0 * TN_AVX512_F, y0);                            \
+            _mm512_stream_ps(dst + i + 1 * TN_AVX512_F, y1);                            \
+            _mm512_stream_ps(dst + i + 2 * TN_AVX512_F, y2);                            \
+            _mm512_stream_ps(dst + i + 3 * TN_AVX512_F, y3);                            \
+        }                                                                               \
+        _mm_sfence();                                                                   \
+        for (; i + TN_AVX512_F <= size; i += TN_AVX512_F)                               \
+            _mm512_storeu_ps(dst + i, OP(_mm512_loadu_ps(src + i)));                    \
+        if (i < size) {                                                                 \
+            __mmask16 m = tn_avx512_tail_mask(size - i);                                \
+            _mm512_mask_storeu_ps(dst + i, m, OP(_mm512_maskz_loadu_ps(m, src + i)));   \
+        }                                                                               \
+    } while (0)
+
+static void unary_log(const float * src, size_t size, float * dst)
+{
+    if (size >= TN_UNARY_STREAM_MIN && ((uintptr_t)dst & 3u) == 0)
+        TN_UNARY_LOOP_STREAM(op_log);
+    else
+        TN_UNARY_LOOP(op_log);
+}
+
 void tn_avx512_SynetUnaryOperation32f(const float * src, size_t size, int type, float * dst)
 {
     switch (type) {
@@ -75,7 +113,7 @@ void tn_avx512_SynetUnaryOperation32f(const float * src, size_t size, int type, 
     case TnSynetUnaryOperation32fErf: TN_UNARY_LOOP(op_erf); break;
     case TnSynetUnaryOperation32fExp: TN_UNARY_LOOP(op_exp); break;
     case TnSynetUnaryOperation32fFloor: TN_UNARY_LOOP(op_floor); break;
-    case TnSynetUnaryOperation32fLog: TN_UNARY_LOOP(op_log); break;
+    case TnSynetUnaryOperation32fLog: unary_log(src, size, dst); break;
     case TnSynetUnaryOperation32fNeg: TN_UNARY_LOOP(op_neg); break;
     case TnSynetUnaryOperation32fNot: TN_UNARY_LOOP(op_not); break;
     case TnSynetUnaryOperation32fRcp: TN_UNARY_LOOP(op_rcp); break;
