@@ -19,8 +19,8 @@ TN_INL __m256 op_not(__m256 x) { return _mm256_xor_ps(x, _mm256_castsi256_ps(_mm
 TN_INL __m256 op_rcp(__m256 x) { return _mm256_div_ps(_mm256_set1_ps(1.0f), x); }
 TN_INL __m256 op_sqrt(__m256 x) { return _mm256_sqrt_ps(x); }
 TN_INL __m256 op_rsqrt(__m256 x) { return _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_sqrt_ps(x)); }
-TN_INL __m256 op_exp(__m256 x) { return tn_avx2_exp_fast(x); }
-TN_INL __m256 op_log(__m256 x) { return tn_avx2_log_fast(x); }
+TN_INL __m256 op_exp(__m256 x) { return tn_avx2_exp(x); }
+TN_INL __m256 op_log(__m256 x) { return tn_avx2_log(x); }
 TN_INL __m256 op_tanh(__m256 x) { return tn_avx2_tanh(x); }
 TN_INL __m256 op_erf(__m256 x) { return tn_avx2_erf(x); }
 TN_INL __m256 op_sin(__m256 x) { return tn_avx2_sin(x); }

@@ -22,8 +22,8 @@ TN_INL __m512 op_not(__m512 x) { return _mm512_castsi512_ps(_mm512_ternarylogic_
 TN_INL __m512 op_rcp(__m512 x) { return _mm512_div_ps(_mm512_set1_ps(1.0f), x); }
 TN_INL __m512 op_sqrt(__m512 x) { return _mm512_sqrt_ps(x); }
 TN_INL __m512 op_rsqrt(__m512 x) { return _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_sqrt_ps(x)); }
-TN_INL __m512 op_exp(__m512 x) { return tn_avx512_exp_fast(x); }
-TN_INL __m512 op_log(__m512 x) { return tn_avx512_log_fast(x); }
+TN_INL __m512 op_exp(__m512 x) { return tn_avx512_exp(x); }
+TN_INL __m512 op_log(__m512 x) { return tn_avx512_log(x); }
 TN_INL __m512 op_tanh(__m512 x) { return tn_avx512_tanh(x); }
 TN_INL __m512 op_erf(__m512 x) { return tn_avx512_erf(x); }
 TN_INL __m512 op_sin(__m512 x) { return tn_avx512_sin(x); }

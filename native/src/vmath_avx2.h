@@ -51,30 +51,7 @@ static inline void tn_avx2_store_bf16(uint16_t * p, __m256 v)
     _mm_storeu_si128((__m128i *)p, tn_avx2_f32_to_bf16(v));
 }
 
-static inline __m256 tn_avx2_exp(__m256 x)
-{
-    __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
-    __m256 xs = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(TN_EXP_MIN)), _mm256_set1_ps(TN_EXP_MAX));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(xs, _mm256_set1_ps(TN_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-TN_LN2_HI), xs);
-    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-TN_LN2_LO), r);
-    __m256 p = _mm256_set1_ps(TN_EXP_P0);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(TN_EXP_P1));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(TN_EXP_P2));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(TN_EXP_P3));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(TN_EXP_P4));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(TN_EXP_P5));
-    __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-    __m256i ni = _mm256_cvttps_epi32(n);
-    __m256i j1 = _mm256_srai_epi32(ni, 1);
-    __m256i j2 = _mm256_sub_epi32(ni, j1);
-    __m256i bias = _mm256_set1_epi32(127);
-    y = _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(j1, bias), 23)));
-    y = _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(j2, bias), 23)));
-    return _mm256_blendv_ps(y, _mm256_add_ps(x, x), nan);
-}
-
-static inline __m256 tn_avx2_log(__m256 x)
+static inline __m256 tn_avx2_log_general(__m256 x)
 {
     const __m256 zero = _mm256_setzero_ps();
     __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(FLT_MIN), _CMP_LT_OQ);
@@ -107,15 +84,15 @@ static inline __m256 tn_avx2_log(__m256 x)
     return _mm256_blendv_ps(r, _mm256_add_ps(x, x), _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
-/* tn_avx2_log for vectors of positive normal floats: the same operation sequence without
- * the denormal and special-value handling; other vectors go through tn_avx2_log itself.
- * Bit-identical to tn_avx2_log (and tn_log_f32) for every input. */
-static inline __m256 tn_avx2_log_fast(__m256 x)
+/* log: vectors of positive normal floats take tn_log_f32's operation sequence without the
+ * denormal and special-value handling; other vectors go through tn_avx2_log_general.
+ * Bit-identical to tn_log_f32 for every input. */
+static inline __m256 tn_avx2_log(__m256 x)
 {
     __m256 normal = _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(FLT_MIN), _CMP_GE_OQ),
                                   _mm256_cmp_ps(x, _mm256_set1_ps(FLT_MAX), _CMP_LE_OQ));
     if (__builtin_expect(_mm256_movemask_ps(normal) != 0xff, 0))
-        return tn_avx2_log(x);
+        return tn_avx2_log_general(x);
     __m256i u = _mm256_castps_si256(x);
     __m256 e = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(u, 23), _mm256_set1_epi32(126)));
     __m256 m = _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(u, _mm256_set1_epi32(0x007fffff)), _mm256_set1_epi32(0x3f000000)));
@@ -138,9 +115,9 @@ static inline __m256 tn_avx2_log_fast(__m256 x)
     return _mm256_fmadd_ps(e, _mm256_set1_ps(TN_LN2_HI), _mm256_add_ps(m, y));
 }
 
-/* tn_avx2_exp with a NaN-preserving clamp (constant first in min/max) instead of the final
- * NaN blend. Bit-identical to tn_avx2_exp (and tn_exp_f32) for every input. */
-static inline __m256 tn_avx2_exp_fast(__m256 x)
+/* exp: tn_exp_f32's operation sequence, with a NaN-preserving clamp (constant first in
+ * min/max) instead of a final NaN blend. Bit-identical to tn_exp_f32 for every input. */
+static inline __m256 tn_avx2_exp(__m256 x)
 {
     __m256 xs = _mm256_min_ps(_mm256_set1_ps(TN_EXP_MAX), _mm256_max_ps(_mm256_set1_ps(TN_EXP_MIN), x));
     __m256 n = _mm256_round_ps(_mm256_mul_ps(xs, _mm256_set1_ps(TN_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);

@@ -57,66 +57,11 @@ static inline void tn_avx512_mask_store_bf16(uint16_t * p, __mmask16 m, __m512 v
     _mm256_mask_storeu_epi16(p, m, tn_avx512_f32_to_bf16(v));
 }
 
+/* exp: tn_exp_f32's operation sequence up to the power of two, which one vscalefps applies
+ * with the same single rounding; NaN survives the clamp (min/max with the constant first).
+ * Bit-identical to tn_exp_f32 and tn_avx2_exp for every input (checked over all 2^32
+ * floats). */
 static inline __m512 tn_avx512_exp(__m512 x)
-{
-    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    __m512 xs = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(TN_EXP_MIN)), _mm512_set1_ps(TN_EXP_MAX));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xs, _mm512_set1_ps(TN_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-TN_LN2_HI), xs);
-    r = _mm512_fmadd_ps(n, _mm512_set1_ps(-TN_LN2_LO), r);
-    __m512 p = _mm512_set1_ps(TN_EXP_P0);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(TN_EXP_P1));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(TN_EXP_P2));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(TN_EXP_P3));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(TN_EXP_P4));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(TN_EXP_P5));
-    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-    __m512i ni = _mm512_cvttps_epi32(n);
-    __m512i j1 = _mm512_srai_epi32(ni, 1);
-    __m512i j2 = _mm512_sub_epi32(ni, j1);
-    __m512i bias = _mm512_set1_epi32(127);
-    y = _mm512_mul_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(j1, bias), 23)));
-    y = _mm512_mul_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(j2, bias), 23)));
-    return _mm512_mask_add_ps(y, nan, x, x);
-}
-
-static inline __m512 tn_avx512_log(__m512 x)
-{
-    const __m512 zero = _mm512_setzero_ps();
-    __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(FLT_MIN), _CMP_LT_OQ);
-    __m512 xs = _mm512_mask_mul_ps(x, tiny, x, _mm512_set1_ps(8388608.0f));
-    __m512 e_adjust = _mm512_maskz_mov_ps(tiny, _mm512_set1_ps(-23.0f));
-    __m512i u = _mm512_castps_si512(xs);
-    __m512 e = _mm512_add_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(u, 23), _mm512_set1_epi32(126))), e_adjust);
-    __m512 m = _mm512_castsi512_ps(_mm512_or_si512(_mm512_and_si512(u, _mm512_set1_epi32(0x007fffff)), _mm512_set1_epi32(0x3f000000)));
-    __mmask16 small = _mm512_cmp_ps_mask(m, _mm512_set1_ps(TN_SQRTHF), _CMP_LT_OQ);
-    e = _mm512_sub_ps(e, _mm512_maskz_mov_ps(small, _mm512_set1_ps(1.0f)));
-    m = _mm512_sub_ps(_mm512_add_ps(m, _mm512_maskz_mov_ps(small, m)), _mm512_set1_ps(1.0f));
-    __m512 z = _mm512_mul_ps(m, m);
-    __m512 p = _mm512_set1_ps(TN_LOG_P0);
-    p = _mm512_fmadd_ps(p, m, _mm512_set1_ps(TN_LOG_P1));
-    p = _mm512_fmadd_ps(p, m, _mm512_set1_ps(TN_LOG_P2));
-    p = _mm512_fmadd_ps(p, m, _mm512_set1_ps(TN_LOG_P3));
-    p = _mm512_fmadd_ps(p, m, _mm512_set1_ps(TN_LOG_P4));
-    p = _mm512_fmadd_ps(p, m, _mm512_set1_ps(TN_LOG_P5));
-    p = _mm512_fmadd_ps(p, m, _mm512_set1_ps(TN_LOG_P6));
-    p = _mm512_fmadd_ps(p, m, _mm512_set1_ps(TN_LOG_P7));
-    p = _mm512_fmadd_ps(p, m, _mm512_set1_ps(TN_LOG_P8));
-    __m512 y = _mm512_mul_ps(_mm512_mul_ps(p, m), z);
-    y = _mm512_fmadd_ps(e, _mm512_set1_ps(TN_LN2_LO), y);
-    y = _mm512_fmadd_ps(z, _mm512_set1_ps(-0.5f), y);
-    __m512 r = _mm512_fmadd_ps(e, _mm512_set1_ps(TN_LN2_HI), _mm512_add_ps(m, y));
-    r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(x, _mm512_set1_ps(INFINITY), _CMP_EQ_OQ), x);
-    r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(x, zero, _CMP_EQ_OQ), _mm512_set1_ps(-INFINITY));
-    r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(x, zero, _CMP_LT_OQ), _mm512_set1_ps(NAN));
-    return _mm512_mask_add_ps(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x, x);
-}
-
-/* tn_avx512_exp with fewer instructions: the same operation sequence up to the power of
- * two, which one vscalefps applies with the same single rounding; NaN survives the clamp
- * (min/max with the constant first). Bit-identical to tn_avx512_exp and tn_exp_f32 for
- * every input (checked over all 2^32 floats). */
-static inline __m512 tn_avx512_exp_fast(__m512 x)
 {
     __m512 xs = _mm512_min_ps(_mm512_set1_ps(TN_EXP_MAX), _mm512_max_ps(_mm512_set1_ps(TN_EXP_MIN), x));
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xs, _mm512_set1_ps(TN_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -132,12 +77,11 @@ static inline __m512 tn_avx512_exp_fast(__m512 x)
     return _mm512_scalef_ps(y, n);
 }
 
-/* tn_avx512_log with fewer instructions: vgetexpps / vgetmantps give the exponent and
- * mantissa (denormals included), the same e and m as the scalar code's bit manipulation,
- * exactly; zero, negative, inf and NaN lanes are patched afterwards (only in vectors that
- * hold any). Bit-identical to tn_avx512_log and tn_log_f32 for every input (checked over all 2^32
- * floats). */
-static inline __m512 tn_avx512_log_fast(__m512 x)
+/* log: vgetexpps / vgetmantps give the exponent and mantissa (denormals included), the
+ * same e and m as tn_log_f32's bit manipulation, exactly; zero, negative, inf and NaN lanes
+ * are patched afterwards (only in vectors that hold any). Bit-identical to tn_log_f32 and
+ * tn_avx2_log for every input (checked over all 2^32 floats). */
+static inline __m512 tn_avx512_log(__m512 x)
 {
     __mmask16 special = _mm512_fpclass_ps_mask(x, 0xdf); /* NaN, +-0, +-inf, x < 0 */
     __m512 e0 = _mm512_getexp_ps(x);
