@@ -96,34 +96,35 @@ TN_INL __m512 op_sign(__m512 x)
         }                                                                               \
     } while (0)
 
-static void unary_log(const float * src, size_t size, float * dst)
-{
-    if (size >= TN_UNARY_STREAM_MIN && ((uintptr_t)dst & 3u) == 0)
-        TN_UNARY_LOOP_STREAM(op_log);
-    else
-        TN_UNARY_LOOP(op_log);
-}
+/* Every op: streaming stores for large outputs, regular ones otherwise. */
+#define TN_UNARY(OP)                                                                    \
+    do {                                                                                \
+        if (size >= TN_UNARY_STREAM_MIN && ((uintptr_t)dst & 3u) == 0)                  \
+            TN_UNARY_LOOP_STREAM(OP);                                                   \
+        else                                                                            \
+            TN_UNARY_LOOP(OP);                                                          \
+    } while (0)
 
 void tn_avx512_SynetUnaryOperation32f(const float * src, size_t size, int type, float * dst)
 {
     switch (type) {
-    case TnSynetUnaryOperation32fAbs: TN_UNARY_LOOP(op_abs); break;
-    case TnSynetUnaryOperation32fCeil: TN_UNARY_LOOP(op_ceil); break;
-    case TnSynetUnaryOperation32fCos: TN_UNARY_LOOP(op_cos); break;
-    case TnSynetUnaryOperation32fErf: TN_UNARY_LOOP(op_erf); break;
-    case TnSynetUnaryOperation32fExp: TN_UNARY_LOOP(op_exp); break;
-    case TnSynetUnaryOperation32fFloor: TN_UNARY_LOOP(op_floor); break;
-    case TnSynetUnaryOperation32fLog: unary_log(src, size, dst); break;
-    case TnSynetUnaryOperation32fNeg: TN_UNARY_LOOP(op_neg); break;
-    case TnSynetUnaryOperation32fNot: TN_UNARY_LOOP(op_not); break;
-    case TnSynetUnaryOperation32fRcp: TN_UNARY_LOOP(op_rcp); break;
-    case TnSynetUnaryOperation32fRound: TN_UNARY_LOOP(op_round); break;
-    case TnSynetUnaryOperation32fRsqrt: TN_UNARY_LOOP(op_rsqrt); break;
-    case TnSynetUnaryOperation32fSign: TN_UNARY_LOOP(op_sign); break;
-    case TnSynetUnaryOperation32fSin: TN_UNARY_LOOP(op_sin); break;
-    case TnSynetUnaryOperation32fSqrt: TN_UNARY_LOOP(op_sqrt); break;
-    case TnSynetUnaryOperation32fTanh: TN_UNARY_LOOP(op_tanh); break;
+    case TnSynetUnaryOperation32fAbs: TN_UNARY(op_abs); break;
+    case TnSynetUnaryOperation32fCeil: TN_UNARY(op_ceil); break;
+    case TnSynetUnaryOperation32fCos: TN_UNARY(op_cos); break;
+    case TnSynetUnaryOperation32fErf: TN_UNARY(op_erf); break;
+    case TnSynetUnaryOperation32fExp: TN_UNARY(op_exp); break;
+    case TnSynetUnaryOperation32fFloor: TN_UNARY(op_floor); break;
+    case TnSynetUnaryOperation32fLog: TN_UNARY(op_log); break;
+    case TnSynetUnaryOperation32fNeg: TN_UNARY(op_neg); break;
+    case TnSynetUnaryOperation32fNot: TN_UNARY(op_not); break;
+    case TnSynetUnaryOperation32fRcp: TN_UNARY(op_rcp); break;
+    case TnSynetUnaryOperation32fRound: TN_UNARY(op_round); break;
+    case TnSynetUnaryOperation32fRsqrt: TN_UNARY(op_rsqrt); break;
+    case TnSynetUnaryOperation32fSign: TN_UNARY(op_sign); break;
+    case TnSynetUnaryOperation32fSin: TN_UNARY(op_sin); break;
+    case TnSynetUnaryOperation32fSqrt: TN_UNARY(op_sqrt); break;
+    case TnSynetUnaryOperation32fTanh: TN_UNARY(op_tanh); break;
     case TnSynetUnaryOperation32fZero: memset(dst, 0, size * sizeof(float)); break;
-    default: TN_UNARY_LOOP(op_nan); break;
+    default: TN_UNARY(op_nan); break;
     }
 }
