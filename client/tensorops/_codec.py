@@ -351,9 +351,11 @@ class MessageCodec:
             message = message if message is not None else self.message_class()
             for name, (arr, code, fmt) in triples:
                 t = getattr(message, name).add() if name in self.repeated else getattr(message, name)
-                t.shape.extend(arr.shape)
+                if arr.ndim:
+                    t.shape.extend(arr.shape)
                 t.dtype = code
-                t.format = fmt
+                if fmt:
+                    t.format = fmt
                 t.data = arr.tobytes()
             return message.SerializeToString()
         head = message.SerializeToString() if message is not None else b""
