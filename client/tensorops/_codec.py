@@ -91,12 +91,12 @@ def to_array(t: WireTensor, name: str, *, max_bytes: int | None = None) -> np.nd
     if dtype is None:
         allowed = ", ".join(tensor_pb2.DataType.Name(c) for c in _WIRE_DTYPES)
         raise WireError(f"{name}.dtype", f"expected one of {allowed}, got {t.dtype}")
-    if len(t.shape) > MAX_NDIM:
-        raise WireError(f"{name}.shape", f"at most {MAX_NDIM} dimensions, got {len(t.shape)}")
-    for dim in t.shape:
-        if dim < 0:
-            raise WireError(f"{name}.shape", f"dimensions must be non-negative, got {list(t.shape)}")
-    nbytes = math.prod(t.shape) * dtype.itemsize
+    shape = t.shape
+    if len(shape) > MAX_NDIM:
+        raise WireError(f"{name}.shape", f"at most {MAX_NDIM} dimensions, got {len(shape)}")
+    if shape and min(shape) < 0:
+        raise WireError(f"{name}.shape", f"dimensions must be non-negative, got {list(shape)}")
+    nbytes = math.prod(shape) * dtype.itemsize
     if max_bytes is not None and nbytes > max_bytes:
         raise WireError(name, f"{nbytes} bytes exceed the limit of {max_bytes} bytes per tensor",
                         RESOURCE_EXHAUSTED)
@@ -104,7 +104,7 @@ def to_array(t: WireTensor, name: str, *, max_bytes: int | None = None) -> np.nd
         raise WireError(f"{name}.data", f"expected {nbytes} bytes for shape {list(t.shape)} of "
                         f"{tensor_pb2.DataType.Name(t.dtype)}, got {len(t.data)}")
     try:
-        arr = np.frombuffer(t.data, dtype).reshape(t.shape)
+        arr = np.frombuffer(t.data, dtype).reshape(shape)
     except ValueError as exc:  # dimensions numpy cannot represent
         raise WireError(f"{name}.shape", str(exc)) from None
     if not arr.flags.aligned:
@@ -334,9 +334,10 @@ class MessageCodec:
         for name in self.singular:
             if message.HasField(name):
                 t = getattr(message, name)
-                tensors[name] = WireTensor(list(t.shape), t.dtype, t.format, t.data)
+                # shape[:] is a list, built faster than list(shape) by the protobuf runtime
+                tensors[name] = WireTensor(t.shape[:], t.dtype, t.format, t.data)
         for name in self.repeated:
-            tensors[name] = [WireTensor(list(t.shape), t.dtype, t.format, t.data) for t in getattr(message, name)]
+            tensors[name] = [WireTensor(t.shape[:], t.dtype, t.format, t.data) for t in getattr(message, name)]
         return Decoded(message, tensors, len(raw))
 
     def encode(self, message=None, tensors: dict[str, Any] | None = None) -> bytes:
@@ -350,9 +351,11 @@ class MessageCodec:
             message = message if message is not None else self.message_class()
             for name, (arr, code, fmt) in triples:
                 t = getattr(message, name).add() if name in self.repeated else getattr(message, name)
-                t.shape.extend(arr.shape)
+                if arr.ndim:
+                    t.shape.extend(arr.shape)
                 t.dtype = code
-                t.format = fmt
+                if fmt:
+                    t.format = fmt
                 t.data = arr.tobytes()
             return message.SerializeToString()
         head = message.SerializeToString() if message is not None else b""

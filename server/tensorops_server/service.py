@@ -133,9 +133,13 @@ class Service:
 
     @staticmethod
     def _encode(op: _wire.Operation, result, fmt: int) -> bytes:
-        results = result if isinstance(result, tuple) else (result,)
         out_fmt = fmt if op.layout and op.image_outputs else 0
-        tensors = {name: _codec.encode_tensor(arr, name, out_fmt) for name, arr in zip(op.response_fields, results)}
+        fields = op.response_fields
+        if len(fields) == 1 and not isinstance(result, tuple):  # the common case: one array
+            name = fields[0]
+            return op.response_codec.encode(None, {name: _codec.encode_tensor(result, name, out_fmt)})
+        results = result if isinstance(result, tuple) else (result,)
+        tensors = {name: _codec.encode_tensor(arr, name, out_fmt) for name, arr in zip(fields, results)}
         return op.response_codec.encode(None, tensors)
 
     def _session_info(self, session, m: int | None = None) -> tensorops_pb2.SessionInfo:
