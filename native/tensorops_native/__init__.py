@@ -30,6 +30,7 @@ from ._ops import (  # noqa: E402
     tiled_scale_2d,
     unary,
 )
+from ._normalize import ACTIVATIONS, normalize  # noqa: E402
 
 try:
     __version__ = _version("tensorops")
@@ -38,7 +39,7 @@ except PackageNotFoundError:  # running from a source tree
 
 OPERATIONS = (
     "normalize_l2", "layer_norm_channels", "layer_norm_spatial", "channel_norm", "channel_sum",
-    "eltwise", "lrn_cross_channels", "shuffle", "softmax", "tiled_scale_2d", "unary",
+    "eltwise", "lrn_cross_channels", "shuffle", "softmax", "tiled_scale_2d", "unary", "normalize",
 )
 
 
@@ -51,13 +52,14 @@ def info() -> dict:
         "cpu_features": cpu_features(),
         "kernels": kernels(),
         "limits": {"max_ndim": 32, "unary_ops": sorted(UNARY_OPS, key=UNARY_OPS.get),
-                   "eltwise_ops": sorted(ELTWISE_OPS, key=ELTWISE_OPS.get)},
+                   "eltwise_ops": sorted(ELTWISE_OPS, key=ELTWISE_OPS.get),
+                   "activations": list(ACTIVATIONS)},
         "operations": list(OPERATIONS),
     }
 
 
 __all__ = [
-    "ArgumentError", "ArgumentTypeError", "OPERATIONS", "channel_norm", "channel_sum", "cpu_features",
+    "ACTIVATIONS", "ArgumentError", "ArgumentTypeError", "OPERATIONS", "channel_norm", "channel_sum", "cpu_features",
     "eltwise", "info", "isa", "kernels", "layer_norm_channels", "layer_norm_spatial",
-    "lrn_cross_channels", "normalize_l2", "shuffle", "softmax", "tiled_scale_2d", "unary",
+    "lrn_cross_channels", "normalize", "normalize_l2", "shuffle", "softmax", "tiled_scale_2d", "unary",
 ]

@@ -1,0 +1,409 @@
+"""Generic normalization: TensorRT INormalization and DirectML MEAN_VARIANCE_NORMALIZATION1.
+
+normalize() validates its arguments, then reduces any request to one of two C kernels:
+
+- rows (TnNormalizationRows): x seen as (outer, segments, segment_size), each row of
+  segments * segment_size contiguous values normalized over itself. Layer norm over trailing
+  axes, instance norm over the spatial axes of each (n, c), and group norm (the channels of a
+  group and their spatial axes form one row; the parameters change per channel, i.e. per
+  segment) are all rows;
+- columns (TnNormalizationColumns): x seen as (outer, count, inner), normalized over count
+  for each (outer, inner): a reduced block followed by kept axes, e.g. NCHW over channels.
+
+Canonical form: with num_groups > 1, axis 1 is split into (groups, channels / groups) and the
+second part joins the reduced axes; axes of size 1 are dropped; neighbouring axes that are
+both reduced or both kept merge. Kept-reduced gives rows, reduced-kept or
+kept-reduced-kept gives columns; any other pattern (reduced axes separated by kept ones) is
+transposed with one copy so that the reduced axes come last (rows), and transposed back.
+
+Scale and bias travel as fp32 arrays described by (period, outer stride, stride, step): the
+value of an element is data[(o % period) * outer_stride + j * stride + s * step], o the row
+(outer item), j the segment (reduced index for columns), s the position in a contiguous run.
+The broadcast strides of the parameter as given (after NumPy broadcasting to x) are used
+directly whenever they fit that form: per-position vectors (layer norm), per-channel values
+(instance and group norm), per-(n, c) values, scalars. A parameter whose broadcast pattern
+does not fit (for instance one that varies along an outer axis but not along a later one) is
+expanded into an fp32 array over the axes from its first varying one on: correct for any
+pattern, at the cost of that copy. The same expansion replaces very short segments (fewer
+than 16 values) when it is small.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from . import _checks as ck
+from ._native import ffi, lib
+
+F16 = np.dtype(np.float16)
+MAX_NDIM = 8
+_TYPE_CODES = {"float32": 0, "bfloat16": 7, "float16": 8}
+_SHORT_SEGMENT = 16           # segments shorter than this are worth expanding the parameters for
+_SMALL_EXPANSION = 1 << 16    # ... when the expanded parameter has at most this many values
+
+# DirectML's fused activations (API.md order; the value is TnActivationType). Each parameter
+# has DirectML's typical default, or None where DirectML documents none (then it is required).
+ACTIVATIONS = {
+    "identity": (0, ()),
+    "linear": (1, (("alpha", None), ("beta", None))),
+    "relu": (2, ()),
+    "leaky_relu": (3, (("alpha", 0.01),)),
+    "parametric_softplus": (4, (("alpha", None), ("beta", None))),
+    "elu": (5, (("alpha", 1.0),)),
+    "celu": (6, (("alpha", 1.0),)),
+    "scaled_elu": (7, (("alpha", 1.6732), ("gamma", 1.0507))),
+    "sigmoid": (8, ()),
+    "hard_sigmoid": (9, (("alpha", 0.2), ("beta", 0.5))),
+    "tanh": (10, ()),
+    "scaled_tanh": (11, (("alpha", 1.0), ("beta", 0.5))),
+    "softplus": (12, (("steepness", 1.0),)),
+    "softsign": (13, ()),
+    "thresholded_relu": (14, (("alpha", 1.0),)),
+    "shrink": (15, (("bias", 0.0), ("threshold", 0.5))),
+    "gelu": (16, ()),
+}
+
+
+class ArgumentDtypeError(ck.ArgumentTypeError, ValueError):
+    """An unsupported dtype: a TypeError like every dtype error of this package, and a
+    ValueError as the generic normalization's specification asks for bad input."""
+
+
+# ---------------------------------------------------------------------------------------
+# Arguments
+
+def _input(x):
+    if ck.is_bf16(x):
+        x = ck.bf16_tensor(x, "x")
+        code = _TYPE_CODES["bfloat16"]
+    else:
+        x = ck._as_array(x, "x")
+        if x.dtype == F16:
+            code = _TYPE_CODES["float16"]
+        elif x.dtype.kind == "f" and x.dtype.itemsize == 4:
+            code = _TYPE_CODES["float32"]
+        else:
+            raise ArgumentDtypeError("x", f"expected float32, float16 or bfloat16 (ml_dtypes.bfloat16, or uint16 "
+                                          f"holding BF16 bits), got dtype {x.dtype}")
+        x = ck._native_contiguous(x)
+    if not 1 <= x.ndim <= MAX_NDIM:
+        raise ck.ArgumentError("x", f"expected 1 to {MAX_NDIM} dimensions, got {x.ndim} (shape {x.shape})")
+    return x, code
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def reduced_axes(axes, ndim: int) -> tuple[int, ...]:
+    """The sorted axis indices of `axes`: an iterable of indices (negative allowed) or a
+    TensorRT bitmask int (bit i = axis i)."""
+    if axes is None:
+        raise ck.ArgumentError("axes", "required: a list of axis indices or a bitmask int")
+    if _is_int(axes):
+        mask = int(axes)
+        if mask < 0:
+            raise ck.ArgumentError("axes", f"a bitmask must be non-negative, got {mask}")
+        if mask >> ndim:
+            raise ck.ArgumentError("axes", f"bitmask {mask:#x} has bits beyond the {ndim} dimensions of x")
+        found = tuple(i for i in range(ndim) if mask >> i & 1)
+    else:
+        if isinstance(axes, (str, bytes, bool, np.bool_, float)) or not hasattr(axes, "__iter__"):
+            raise ck.ArgumentError("axes", f"expected a list of axis indices or a bitmask int, got {axes!r}")
+        found = []
+        for a in list(axes):
+            if not _is_int(a):
+                raise ck.ArgumentError("axes", f"axis indices must be integers, got {a!r}")
+            if not -ndim <= int(a) < ndim:
+                raise ck.ArgumentError("axes", f"axis {int(a)} is out of range for {ndim} dimensions")
+            i = int(a) % ndim
+            if i in found:
+                raise ck.ArgumentError("axes", f"axis {int(a)} is repeated")
+            found.append(i)
+        found = tuple(sorted(found))
+    if not found:
+        raise ck.ArgumentError("axes", "the set of axes is empty")
+    return found
+
+
+def activation_spec(activation) -> tuple[int, tuple[float, float]]:
+    """(TnActivationType, two fp32 parameters) of None, a name, or (name, *parameters)."""
+    if activation is None:
+        return 0, (0.0, 0.0)
+    if isinstance(activation, str):
+        name, given = activation, []
+    elif isinstance(activation, (tuple, list)) and activation and isinstance(activation[0], str):
+        name, given = activation[0], list(activation[1:])
+    else:
+        raise ck.ArgumentError("activation", f"expected None, a name or (name, *parameters), got {activation!r}")
+    key = name.lower()
+    if key not in ACTIVATIONS:
+        raise ck.ArgumentError("activation", f"unknown activation {name!r}; expected one of {', '.join(ACTIVATIONS)}")
+    code, spec = ACTIVATIONS[key]
+    required = sum(1 for _, default in spec if default is None)
+    if not required <= len(given) <= len(spec):
+        names = ", ".join(p for p, _ in spec) or "none"
+        count = f"{required} to {len(spec)}" if required != len(spec) else f"{len(spec)}"
+        raise ck.ArgumentError("activation", f"{key!r} takes {count} parameters ({names}), got {len(given)}")
+    values = []
+    for i, (pname, default) in enumerate(spec):
+        v = ck.finite_float(given[i], "activation") if i < len(given) else default
+        values.append(float(v))
+    if key == "softplus" and values[0] < 1.0:
+        raise ck.ArgumentError("activation", f"softplus steepness must be >= 1, got {values[0]}")
+    if key == "celu" and values[0] == 0.0:
+        raise ck.ArgumentError("activation", "celu alpha must be nonzero")
+    values += [0.0] * (2 - len(values))
+    return code, (values[0], values[1])
+
+
+def _compute_dtype(value) -> None:
+    if value is None:
+        return
+    try:
+        name = np.dtype(value).name if not isinstance(value, str) else value.lower()
+    except TypeError:
+        name = repr(value)
+    if name not in ("float32", "fp32"):
+        raise ck.ArgumentError("compute_dtype", f"only float32 computation is available (the default), got {value!r}")
+
+
+def _parameter(value, name: str, shape: tuple[int, ...], groups: int) -> np.ndarray | None:
+    """A compact fp32 array with x's rank whose dimensions are 1 or x's (per-group values
+    expanded to their channels)."""
+    if value is None:
+        return None
+    if ck.is_bf16(value):
+        arr = ck._as_array(value, name)
+        arr = (arr.view(ck.BF16) if arr.dtype == ck.U16 else arr).astype(np.float32)
+    else:
+        arr = ck._as_array(value, name)
+        if arr.dtype.kind not in "fiu":
+            raise ArgumentDtypeError(name, f"expected float32, float16, bfloat16 or real numbers, got dtype {arr.dtype}")
+    ndim = len(shape)
+    if arr.ndim > ndim:
+        raise ck.ArgumentError(name, f"shape {arr.shape} has more dimensions than x {shape}")
+    pshape = (1,) * (ndim - arr.ndim) + arr.shape
+    arr = arr.reshape(pshape)
+    if any(p not in (1, n) for p, n in zip(pshape, shape)):
+        grouped = groups > 1 and pshape[1] == groups and \
+            all(p in (1, n) for i, (p, n) in enumerate(zip(pshape, shape)) if i != 1)
+        if not grouped:
+            also = f" or per group {(1, groups) + (1,) * (ndim - 2)}" if groups > 1 else ""
+            raise ck.ArgumentError(name, f"shape {arr.shape} is not broadcastable to x's shape {shape}{also}")
+        arr = np.repeat(arr, shape[1] // groups, axis=1)
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+# ---------------------------------------------------------------------------------------
+# Canonical form
+
+class _Param:
+    """A parameter: its compact fp32 array and its element strides over the working axes."""
+
+    def __init__(self, arr: np.ndarray, strides: list[int]):
+        self.arr = arr
+        self.strides = strides
+
+    def expand(self, sizes: list[int]) -> None:
+        """Copy the values from the first varying axis on: contiguous strides from there."""
+        first = next((i for i, s in enumerate(self.strides) if s), len(sizes))
+        view = as_strided(self.arr, shape=sizes, strides=[4 * s for s in self.strides], writeable=False)
+        self.arr = np.ascontiguousarray(view[(0,) * first])
+        self.strides = [0] * first + _contiguous(sizes[first:])
+
+
+def _contiguous(sizes) -> list[int]:
+    strides, step = [], 1
+    for n in reversed(sizes):
+        strides.append(step)
+        step *= n
+    return strides[::-1]
+
+
+def _chain(strides, sizes) -> bool:
+    """One stride describes these axes together (all zero included)."""
+    return all(strides[i] == strides[i + 1] * sizes[i + 1] for i in range(len(strides) - 1))
+
+
+def _run_step(strides, sizes) -> int | None:
+    """0 if the values are constant along these axes, 1 if contiguous, None otherwise."""
+    if not any(strides):
+        return 0
+    if strides[-1] == 1 and _chain(strides, sizes):
+        return 1
+    return None
+
+
+def _outer(strides, sizes) -> tuple[int, int] | None:
+    """(period, outer stride) of the kept axes before the reduced ones, or None."""
+    q = next((i for i, s in enumerate(strides) if s), None)
+    if q is None:
+        return 1, 0
+    if not _chain(strides[q:], sizes[q:]):
+        return None
+    return math.prod(sizes[q:]), strides[-1]
+
+
+def _rows_splits(strides, sizes) -> dict[int, tuple[int, int]]:
+    """For each valid m (the first m reduced axes are the segments): (stride, step)."""
+    found = {}
+    for m in range(len(sizes) + 1):
+        step = _run_step(strides[m:], sizes[m:])
+        if step is not None and _chain(strides[:m], sizes[:m]):
+            found[m] = (strides[m - 1] if m else 0, step)
+    return found
+
+
+def _set(c_param, data, period, outer_stride, stride, step):
+    c_param.data = data
+    c_param.period = period
+    c_param.outerStride = outer_stride
+    c_param.stride = stride
+    c_param.step = step
+
+
+def normalize(x, scale=None, bias=None, *, axes, num_groups=1, eps=1e-5, normalize_variance=True, activation=None,
+              compute_dtype=None):
+    """Generic normalization (TensorRT INormalization, DirectML MVN1):
+    y = act((x - mean) / sqrt(var + eps) * scale + bias), or act((x - mean) * scale + bias)
+    without variance normalization; mean and population variance over `axes`.
+
+    x: float32, float16 or bfloat16 (ml_dtypes.bfloat16, or uint16 holding BF16 bits), 1 to 8
+    dimensions; the result has its dtype and shape. axes: axis indices (negative allowed) or
+    a TensorRT bitmask int (bit i = axis i). num_groups > 1: axis 1 (channels, divisible by
+    num_groups) is split into groups, and each group's channels are reduced together with
+    `axes` (group normalization). scale, bias: optional, each independently; broadcastable
+    to x (NumPy rules), or for group normalization also (1, num_groups, 1, ...) per group;
+    float32, float16, bfloat16 or real numbers, used as float32. activation: None, a name of
+    ACTIVATIONS, or (name, *parameters) with DirectML's parameters in its order, e.g.
+    ("leaky_relu", 0.01); parameters left out take DirectML's typical defaults (linear and
+    parametric_softplus have none: both parameters are required).
+
+    compute_dtype: None or "float32" only. Every dtype is computed in float32 and rounded
+    once to the output dtype; reduced-precision computation (TensorRT's compute precision
+    for FP16 networks) would only lose accuracy on a CPU, without any speed to gain, so it is
+    refused rather than emulated. Results are bit-identical on every ISA level; a NaN result
+    is the quiet NaN 0x7FC00000 (FP16 0x7E00, BF16 0x7FC0).
+    """
+    x, code = _input(x)
+    shape, ndim = x.shape, x.ndim
+    reduced = set(reduced_axes(axes, ndim))
+    groups = ck.integer(num_groups, "num_groups", minimum=1)
+    if groups > 1:
+        if ndim < 2:
+            raise ck.ArgumentError("num_groups", f"group normalization needs at least 2 dimensions (N, C, ...), "
+                                                 f"got shape {shape}")
+        if shape[1] % groups:
+            raise ck.ArgumentError("num_groups", f"{shape[1]} channels cannot be split into {groups} groups")
+    eps = ck.finite_float(eps, "eps", minimum=0.0)
+    variance = ck.boolean(normalize_variance, "normalize_variance")
+    act, act_params = activation_spec(activation)
+    _compute_dtype(compute_dtype)
+    given = [_parameter(scale, "scale", shape, groups), _parameter(bias, "bias", shape, groups)]
+    y = np.empty_like(x)
+    if x.size == 0:
+        return y
+
+    # Working axes: groups split, size-1 axes dropped.
+    params = [None if p is None else _Param(p, [s if n > 1 else 0 for s, n in zip(_contiguous(p.shape), p.shape)])
+              for p in given]
+    sizes, marks, cols = [], [], [[] for _ in params]
+    for i, n in enumerate(shape):
+        parts = [(n, i in reduced, 1)]
+        if i == 1 and groups > 1:
+            parts = [(groups, i in reduced, n // groups), (n // groups, True, 1)]
+        for size, red, mult in parts:
+            if size == 1:
+                continue
+            sizes.append(size)
+            marks.append(red)
+            for k, p in enumerate(params):
+                if p is not None:
+                    cols[k].append(p.strides[i] * mult)
+    for k, p in enumerate(params):
+        if p is not None:
+            p.strides = cols[k]
+    pattern = "".join("R" if m else "K" for j, m in enumerate(marks) if j == 0 or m != marks[j - 1])
+    src = x.view(np.uint16) if x.dtype.itemsize == 2 else x   # raw bits for C
+    out = dst = y.view(np.uint16) if y.dtype.itemsize == 2 else y
+    if pattern not in ("", "K", "R", "KR", "RK", "KRK"):
+        perm = [j for j, m in enumerate(marks) if not m] + [j for j, m in enumerate(marks) if m]
+        sizes = [sizes[j] for j in perm]
+        marks = [marks[j] for j in perm]
+        for p in params:
+            if p is not None:
+                p.strides = [p.strides[j] for j in perm]
+        src = np.ascontiguousarray(src.reshape([sizes[perm.index(j)] for j in range(len(perm))]).transpose(perm))
+        dst = np.empty_like(src)
+        pattern = "KR"
+
+    norm = ffi.new("TnNormalization *")
+    norm.type = code
+    norm.eps = eps
+    norm.normalizeVariance = int(variance)
+    norm.activation = act
+    norm.activationParams = act_params
+    nk = marks.index(True) if True in marks else len(marks)
+    c_params = (norm.scale, norm.bias)
+    keep = []
+
+    if pattern in ("RK", "KRK"):
+        nr = nk + marks[nk:].index(False)
+        ko, rd, ki = slice(0, nk), slice(nk, nr), slice(nr, len(sizes))
+        for p, c in zip(params, c_params):
+            if p is None:
+                continue
+            outer = _outer(p.strides[ko], sizes[ko])
+            step = _run_step(p.strides[ki], sizes[ki])
+            if outer is None or step is None or not _chain(p.strides[rd], sizes[rd]):
+                p.expand(sizes)
+                outer, step = _outer(p.strides[ko], sizes[ko]), _run_step(p.strides[ki], sizes[ki])
+            data = ffi.from_buffer("float[]", p.arr)
+            keep.append(data)
+            _set(c, data, outer[0], outer[1], p.strides[nr - 1], step)
+        lib.TnNormalizationColumns(ffi.from_buffer(src), math.prod(sizes[ko]), math.prod(sizes[rd]),
+                                   math.prod(sizes[ki]), norm, ffi.from_buffer(dst))
+    else:
+        ks, rs = sizes[:nk], sizes[nk:]
+        present = [p for p in params if p is not None]
+        for p in present:
+            if _outer(p.strides[:nk], ks) is None:
+                p.expand(sizes)
+
+        def common():
+            valid = set(range(len(rs) + 1))
+            for p in present:
+                valid &= set(_rows_splits(p.strides[nk:], rs))
+            return min(valid) if valid else None
+
+        m = common()
+        for p in present:
+            if m is not None:
+                break
+            if _rows_splits(p.strides[nk:], rs).keys() != set(range(len(rs) + 1)):
+                p.expand(sizes)
+                m = common()
+        if m is not None and m > 0 and math.prod(rs[m:]) < _SHORT_SEGMENT:
+            for p in present:
+                first = next((i for i, s in enumerate(p.strides) if s), len(sizes))
+                if 0 not in _rows_splits(p.strides[nk:], rs) and math.prod(sizes[first:]) <= _SMALL_EXPANSION:
+                    p.expand(sizes)
+            m = common() if common() is not None else m
+        for p, c in zip(params, c_params):
+            if p is None:
+                continue
+            period, outer_stride = _outer(p.strides[:nk], ks)
+            stride, step = _rows_splits(p.strides[nk:], rs)[m]
+            data = ffi.from_buffer("float[]", p.arr)
+            keep.append(data)
+            _set(c, data, period, outer_stride, stride, step)
+        lib.TnNormalizationRows(ffi.from_buffer(src), math.prod(ks), math.prod(rs[:m]), math.prod(rs[m:]), norm,
+                                ffi.from_buffer(dst))
+    if dst is not out:
+        inverse = np.argsort(perm)
+        np.copyto(out.reshape([sizes[i] for i in inverse]), dst.transpose(inverse))
+    return y
