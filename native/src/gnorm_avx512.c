@@ -186,11 +186,15 @@ static __m512 activate(__m512 y, int type, const float * prm)
 
 /* ---- Rows ---------------------------------------------------------------------------------- */
 
-/* Output of one row: y = act(fma((x - mean) * k, scale, bias)), segment by segment. */
-INLINE void output_row(const void * src, void * dst, size_t base, size_t segments, size_t size, float mean, float k,
-                       const float * sp, const TnNormalizationParam * sc, const float * bp,
+/* Output of one row: y = act(fma((x - mean) * k, scale, bias)), segment by segment, while the
+ * row at element `next` (the same row of the next block, or this row) is prefetched into L2,
+ * so that the memory streams the next rows while this one is written. */
+INLINE void output_row(const void * src, void * dst, size_t base, size_t next, size_t segments, size_t size, float mean,
+                       float k, const float * sp, const TnNormalizationParam * sc, const float * bp,
                        const TnNormalizationParam * bi, const TnNormalization * norm, int type)
 {
+    const size_t es = tn_gn_size(type);
+    const char * pf = (const char *)src + next * es;
     const __m512 m = _mm512_set1_ps(mean), vk = _mm512_set1_ps(k);
     const int act = norm->activation;
     const size_t body = size - size % F;
@@ -202,12 +206,14 @@ INLINE void output_row(const void * src, void * dst, size_t base, size_t segment
         size_t e = 0;
         if (act == TnActivationIdentity) {
             for (; e < body; e += F) {
+                _mm_prefetch(pf + (j * size + e) * es, _MM_HINT_T1);
                 __m512 d = _mm512_mul_ps(_mm512_sub_ps(ld(src, at + e, type), m), vk);
                 __m512 vs = sc->step ? _mm512_loadu_ps(s + e) : s0, vb = bi->step ? _mm512_loadu_ps(b + e) : b0;
                 st(dst, at + e, _mm512_fmadd_ps(d, vs, vb), type);
             }
         } else {
             for (; e < body; e += F) {
+                _mm_prefetch(pf + (j * size + e) * es, _MM_HINT_T1);
                 __m512 d = _mm512_mul_ps(_mm512_sub_ps(ld(src, at + e, type), m), vk);
                 __m512 vs = sc->step ? _mm512_loadu_ps(s + e) : s0, vb = bi->step ? _mm512_loadu_ps(b + e) : b0;
                 st(dst, at + e, activate(_mm512_fmadd_ps(d, vs, vb), act, norm->activationParams), type);
@@ -224,7 +230,7 @@ INLINE void output_row(const void * src, void * dst, size_t base, size_t segment
 }
 
 /* R (<= TN_GN_ROWS) rows starting at row o. */
-INLINE void rows_block(const void * src, size_t o, size_t R, size_t segments, size_t size,
+INLINE void rows_block(const void * src, size_t o, size_t R, size_t outer, size_t segments, size_t size,
                        const TnNormalizationParam * sc, const TnNormalizationParam * bi,
                        const TnNormalization * norm, void * dst, int type)
 {
@@ -265,7 +271,8 @@ INLINE void rows_block(const void * src, size_t o, size_t R, size_t segments, si
             k[r] = 1.0f / sqrtf(tn_avx512_hsum(a[r]) * inv + norm->eps);
     }
     for (size_t r = 0; r < R; ++r)
-        output_row(src, dst, (o + r) * n, segments, size, mean[r], k[r], tn_gn_row(sc, o + r), sc,
+        output_row(src, dst, (o + r) * n, (o + r + R < outer ? o + r + R : o + r) * n, segments, size, mean[r], k[r],
+                   tn_gn_row(sc, o + r), sc,
                    tn_gn_row(bi, o + r), bi, norm, type);
 }
 
@@ -276,9 +283,9 @@ INLINE void rows_typed(const void * src, size_t outer, size_t segments, size_t s
     const TnNormalizationParam bi = tn_gn_param(norm->bias, &tn_gn_zero);
     size_t o = 0;
     for (; o + TN_GN_ROWS <= outer; o += TN_GN_ROWS)
-        rows_block(src, o, TN_GN_ROWS, segments, size, &sc, &bi, norm, dst, type);
+        rows_block(src, o, TN_GN_ROWS, outer, segments, size, &sc, &bi, norm, dst, type);
     for (; o < outer; ++o)
-        rows_block(src, o, 1, segments, size, &sc, &bi, norm, dst, type);
+        rows_block(src, o, 1, outer, segments, size, &sc, &bi, norm, dst, type);
 }
 
 void tn_avx512_NormalizationRows(const void * src, size_t outer, size_t segments, size_t segmentSize,

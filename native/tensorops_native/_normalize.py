@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import math
 import numbers
+from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -176,6 +178,9 @@ def _parameter(value, name: str, shape: tuple[int, ...], groups: int) -> np.ndar
     expanded to their channels)."""
     if value is None:
         return None
+    if type(value) is np.ndarray and value.dtype is ck.F32 and value.flags.c_contiguous and value.ndim == len(shape) \
+            and all(p == 1 or p == n for p, n in zip(value.shape, shape)):
+        return value   # the common case, checked cheaply
     if ck.is_bf16(value):
         arr = ck._as_array(value, name)
         arr = (arr.view(ck.BF16) if arr.dtype == ck.U16 else arr).astype(np.float32)
@@ -202,18 +207,22 @@ def _parameter(value, name: str, shape: tuple[int, ...], groups: int) -> np.ndar
 # Canonical form
 
 class _Param:
-    """A parameter: its compact fp32 array and its element strides over the working axes."""
+    """A parameter during planning: its element strides over the working axes and, once it
+    had to be expanded, how (the axis from which it is copied, and the view it is copied
+    from)."""
 
-    def __init__(self, arr: np.ndarray, strides: list[int]):
-        self.arr = arr
+    def __init__(self, strides: list[int]):
         self.strides = strides
+        self.expansion = None
 
     def expand(self, sizes: list[int]) -> None:
-        """Copy the values from the first varying axis on: contiguous strides from there."""
         first = next((i for i, s in enumerate(self.strides) if s), len(sizes))
-        view = as_strided(self.arr, shape=sizes, strides=[4 * s for s in self.strides], writeable=False)
-        self.arr = np.ascontiguousarray(view[(0,) * first])
+        self.expansion = (first, tuple(sizes), tuple(self.strides))
         self.strides = [0] * first + _contiguous(sizes[first:])
+
+    def size_from_first(self, sizes) -> int:
+        first = next((i for i, s in enumerate(self.strides) if s), len(sizes))
+        return math.prod(sizes[first:])
 
 
 def _contiguous(sizes) -> list[int]:
@@ -226,7 +235,10 @@ def _contiguous(sizes) -> list[int]:
 
 def _chain(strides, sizes) -> bool:
     """One stride describes these axes together (all zero included)."""
-    return all(strides[i] == strides[i + 1] * sizes[i + 1] for i in range(len(strides) - 1))
+    for i in range(len(strides) - 1):
+        if strides[i] != strides[i + 1] * sizes[i + 1]:
+            return False
+    return True
 
 
 def _run_step(strides, sizes) -> int | None:
@@ -258,12 +270,97 @@ def _rows_splits(strides, sizes) -> dict[int, tuple[int, int]]:
     return found
 
 
-def _set(c_param, data, period, outer_stride, stride, step):
-    c_param.data = data
-    c_param.period = period
-    c_param.outerStride = outer_stride
-    c_param.stride = stride
-    c_param.step = step
+@dataclass(frozen=True)
+class _Plan:
+    rows: bool                   # rows kernel, else columns
+    dims: tuple[int, int, int]   # (outer, segments, segment size) or (outer, count, inner)
+    params: tuple                # per parameter: None or (expansion, period, outer stride, stride, step)
+    transpose: tuple | None      # (working shape, permutation, inverse, permuted shape)
+
+
+@lru_cache(maxsize=512)
+def _plan(shape: tuple[int, ...], reduced: frozenset, groups: int, pshapes: tuple) -> _Plan:
+    """How to run a normalization of x's shape, from the shapes alone."""
+    params = [None if ps is None else _Param([st if n > 1 else 0 for st, n in zip(_contiguous(ps), ps)])
+              for ps in pshapes]
+    sizes, marks, cols = [], [], [[] for _ in params]
+    for i, n in enumerate(shape):
+        parts = ((n, i in reduced, 1),)
+        if i == 1 and groups > 1:
+            parts = ((groups, i in reduced, n // groups), (n // groups, True, 1))
+        for size, red, mult in parts:
+            if size == 1:
+                continue
+            sizes.append(size)
+            marks.append(red)
+            for k, p in enumerate(params):
+                if p is not None:
+                    cols[k].append(p.strides[i] * mult)
+    for k, p in enumerate(params):
+        if p is not None:
+            p.strides = cols[k]
+    pattern = "".join("R" if m else "K" for j, m in enumerate(marks) if j == 0 or m != marks[j - 1])
+    transpose = None
+    if pattern not in ("", "K", "R", "KR", "RK", "KRK"):
+        perm = [j for j, m in enumerate(marks) if not m] + [j for j, m in enumerate(marks) if m]
+        inverse = tuple(perm.index(j) for j in range(len(perm)))
+        work = tuple(sizes)
+        sizes = [sizes[j] for j in perm]
+        marks = [marks[j] for j in perm]
+        for p in params:
+            if p is not None:
+                p.strides = [p.strides[j] for j in perm]
+        transpose = (work, tuple(perm), inverse, tuple(sizes))
+        pattern = "KR"
+    nk = marks.index(True) if True in marks else len(marks)
+    present = [p for p in params if p is not None]
+
+    if pattern in ("RK", "KRK"):
+        nr = nk + marks[nk:].index(False)
+        ko, rd, ki = slice(0, nk), slice(nk, nr), slice(nr, len(sizes))
+        for p in present:
+            if _outer(p.strides[ko], sizes[ko]) is None or _run_step(p.strides[ki], sizes[ki]) is None or \
+                    not _chain(p.strides[rd], sizes[rd]):
+                p.expand(sizes)
+        out = tuple(None if p is None else (p.expansion, *_outer(p.strides[ko], sizes[ko]), p.strides[nr - 1],
+                                            _run_step(p.strides[ki], sizes[ki])) for p in params)
+        return _Plan(False, (math.prod(sizes[ko]), math.prod(sizes[rd]), math.prod(sizes[ki])), out, transpose)
+
+    ks, rs = sizes[:nk], sizes[nk:]
+    everything = set(range(len(rs) + 1))
+    for p in present:
+        if _outer(p.strides[:nk], ks) is None:
+            p.expand(sizes)
+
+    def common():
+        valid = set(everything)
+        for p in present:
+            valid &= set(_rows_splits(p.strides[nk:], rs))
+        return min(valid) if valid else None
+
+    m = common()
+    for p in present:
+        if m is not None:
+            break
+        if _rows_splits(p.strides[nk:], rs).keys() != everything:
+            p.expand(sizes)
+            m = common()
+    if m > 0 and math.prod(rs[m:]) < _SHORT_SEGMENT:
+        for p in present:
+            if 0 not in _rows_splits(p.strides[nk:], rs) and p.size_from_first(sizes) <= _SMALL_EXPANSION:
+                p.expand(sizes)
+        m = common()
+    out = tuple(None if p is None else (p.expansion, *_outer(p.strides[:nk], ks), *_rows_splits(p.strides[nk:], rs)[m])
+                for p in params)
+    return _Plan(True, (math.prod(ks), math.prod(rs[:m]), math.prod(rs[m:])), out, transpose)
+
+
+def _param_buffer(arr: np.ndarray, expansion):
+    if expansion is not None:
+        first, sizes, strides = expansion
+        view = as_strided(arr, shape=sizes, strides=[4 * s for s in strides], writeable=False)
+        arr = np.ascontiguousarray(view[(0,) * first])
+    return ffi.from_buffer("float[]", arr)
 
 
 def normalize(x, scale=None, bias=None, *, axes, num_groups=1, eps=1e-5, normalize_variance=True, activation=None,
@@ -291,7 +388,7 @@ def normalize(x, scale=None, bias=None, *, axes, num_groups=1, eps=1e-5, normali
     """
     x, code = _input(x)
     shape, ndim = x.shape, x.ndim
-    reduced = set(reduced_axes(axes, ndim))
+    reduced = reduced_axes(axes, ndim)
     groups = ck.integer(num_groups, "num_groups", minimum=1)
     if groups > 1:
         if ndim < 2:
@@ -303,107 +400,32 @@ def normalize(x, scale=None, bias=None, *, axes, num_groups=1, eps=1e-5, normali
     variance = ck.boolean(normalize_variance, "normalize_variance")
     act, act_params = activation_spec(activation)
     _compute_dtype(compute_dtype)
-    given = [_parameter(scale, "scale", shape, groups), _parameter(bias, "bias", shape, groups)]
+    given = (_parameter(scale, "scale", shape, groups), _parameter(bias, "bias", shape, groups))
     y = np.empty_like(x)
     if x.size == 0:
         return y
-
-    # Working axes: groups split, size-1 axes dropped.
-    params = [None if p is None else _Param(p, [s if n > 1 else 0 for s, n in zip(_contiguous(p.shape), p.shape)])
-              for p in given]
-    sizes, marks, cols = [], [], [[] for _ in params]
-    for i, n in enumerate(shape):
-        parts = [(n, i in reduced, 1)]
-        if i == 1 and groups > 1:
-            parts = [(groups, i in reduced, n // groups), (n // groups, True, 1)]
-        for size, red, mult in parts:
-            if size == 1:
-                continue
-            sizes.append(size)
-            marks.append(red)
-            for k, p in enumerate(params):
-                if p is not None:
-                    cols[k].append(p.strides[i] * mult)
-    for k, p in enumerate(params):
-        if p is not None:
-            p.strides = cols[k]
-    pattern = "".join("R" if m else "K" for j, m in enumerate(marks) if j == 0 or m != marks[j - 1])
-    src = x.view(np.uint16) if x.dtype.itemsize == 2 else x   # raw bits for C
-    out = dst = y.view(np.uint16) if y.dtype.itemsize == 2 else y
-    if pattern not in ("", "K", "R", "KR", "RK", "KRK"):
-        perm = [j for j, m in enumerate(marks) if not m] + [j for j, m in enumerate(marks) if m]
-        sizes = [sizes[j] for j in perm]
-        marks = [marks[j] for j in perm]
-        for p in params:
-            if p is not None:
-                p.strides = [p.strides[j] for j in perm]
-        src = np.ascontiguousarray(src.reshape([sizes[perm.index(j)] for j in range(len(perm))]).transpose(perm))
-        dst = np.empty_like(src)
-        pattern = "KR"
+    plan = _plan(shape, frozenset(reduced), groups, tuple(None if p is None else p.shape for p in given))
 
     norm = ffi.new("TnNormalization *")
     norm.type = code
     norm.eps = eps
-    norm.normalizeVariance = int(variance)
+    norm.normalizeVariance = variance
     norm.activation = act
     norm.activationParams = act_params
-    nk = marks.index(True) if True in marks else len(marks)
-    c_params = (norm.scale, norm.bias)
     keep = []
-
-    if pattern in ("RK", "KRK"):
-        nr = nk + marks[nk:].index(False)
-        ko, rd, ki = slice(0, nk), slice(nk, nr), slice(nr, len(sizes))
-        for p, c in zip(params, c_params):
-            if p is None:
-                continue
-            outer = _outer(p.strides[ko], sizes[ko])
-            step = _run_step(p.strides[ki], sizes[ki])
-            if outer is None or step is None or not _chain(p.strides[rd], sizes[rd]):
-                p.expand(sizes)
-                outer, step = _outer(p.strides[ko], sizes[ko]), _run_step(p.strides[ki], sizes[ki])
-            data = ffi.from_buffer("float[]", p.arr)
+    for arr, spec, c in zip(given, plan.params, (norm.scale, norm.bias)):
+        if arr is not None:
+            expansion, c.period, c.outerStride, c.stride, c.step = spec
+            c.data = data = _param_buffer(arr, expansion)
             keep.append(data)
-            _set(c, data, outer[0], outer[1], p.strides[nr - 1], step)
-        lib.TnNormalizationColumns(ffi.from_buffer(src), math.prod(sizes[ko]), math.prod(sizes[rd]),
-                                   math.prod(sizes[ki]), norm, ffi.from_buffer(dst))
-    else:
-        ks, rs = sizes[:nk], sizes[nk:]
-        present = [p for p in params if p is not None]
-        for p in present:
-            if _outer(p.strides[:nk], ks) is None:
-                p.expand(sizes)
-
-        def common():
-            valid = set(range(len(rs) + 1))
-            for p in present:
-                valid &= set(_rows_splits(p.strides[nk:], rs))
-            return min(valid) if valid else None
-
-        m = common()
-        for p in present:
-            if m is not None:
-                break
-            if _rows_splits(p.strides[nk:], rs).keys() != set(range(len(rs) + 1)):
-                p.expand(sizes)
-                m = common()
-        if m is not None and m > 0 and math.prod(rs[m:]) < _SHORT_SEGMENT:
-            for p in present:
-                first = next((i for i, s in enumerate(p.strides) if s), len(sizes))
-                if 0 not in _rows_splits(p.strides[nk:], rs) and math.prod(sizes[first:]) <= _SMALL_EXPANSION:
-                    p.expand(sizes)
-            m = common() if common() is not None else m
-        for p, c in zip(params, c_params):
-            if p is None:
-                continue
-            period, outer_stride = _outer(p.strides[:nk], ks)
-            stride, step = _rows_splits(p.strides[nk:], rs)[m]
-            data = ffi.from_buffer("float[]", p.arr)
-            keep.append(data)
-            _set(c, data, period, outer_stride, stride, step)
-        lib.TnNormalizationRows(ffi.from_buffer(src), math.prod(ks), math.prod(rs[:m]), math.prod(rs[m:]), norm,
-                                ffi.from_buffer(dst))
-    if dst is not out:
-        inverse = np.argsort(perm)
-        np.copyto(out.reshape([sizes[i] for i in inverse]), dst.transpose(inverse))
+    src = x.view(np.uint16) if x.dtype.itemsize == 2 else x   # raw bits for C
+    out = dst = y.view(np.uint16) if y.dtype.itemsize == 2 else y
+    if plan.transpose is not None:
+        work, perm, inverse, permuted = plan.transpose
+        src = np.ascontiguousarray(src.reshape(work).transpose(perm))
+        dst = np.empty(permuted, src.dtype)
+    kernel = lib.TnNormalizationRows if plan.rows else lib.TnNormalizationColumns
+    kernel(ffi.from_buffer(src), *plan.dims, norm, ffi.from_buffer(dst))
+    if plan.transpose is not None:
+        np.copyto(out.reshape(work), dst.transpose(inverse))
     return y
