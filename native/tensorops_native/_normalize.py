@@ -69,9 +69,17 @@ ACTIVATIONS = {
 }
 
 
-class ArgumentDtypeError(ck.ArgumentTypeError, ValueError):
-    """An unsupported dtype: a TypeError like every dtype error of this package, and a
-    ValueError as the generic normalization's specification asks for bad input."""
+class ArgumentTypeValueError(ck.ArgumentTypeError, ValueError):
+    """A value of the wrong type or dtype: a TypeError (ArgumentTypeError) like the other
+    operations' type errors, and a ValueError, as every bad input of normalize() is."""
+
+
+def _typed(check, value, name, **kwargs):
+    """A _checks validator whose type errors are also ValueErrors."""
+    try:
+        return check(value, name, **kwargs)
+    except ck.ArgumentTypeError as exc:
+        raise ArgumentTypeValueError(exc.argument, str(exc).split(": ", 1)[-1]) from None
 
 
 # ---------------------------------------------------------------------------------------
@@ -79,16 +87,16 @@ class ArgumentDtypeError(ck.ArgumentTypeError, ValueError):
 
 def _input(x):
     if ck.is_bf16(x):
-        x = ck.bf16_tensor(x, "x")
+        x = _typed(ck.bf16_tensor, x, "x")
         code = _TYPE_CODES["bfloat16"]
     else:
-        x = ck._as_array(x, "x")
+        x = _typed(ck._as_array, x, "x")
         if x.dtype == F16:
             code = _TYPE_CODES["float16"]
         elif x.dtype.kind == "f" and x.dtype.itemsize == 4:
             code = _TYPE_CODES["float32"]
         else:
-            raise ArgumentDtypeError("x", f"expected float32, float16 or bfloat16 (ml_dtypes.bfloat16, or uint16 "
+            raise ArgumentTypeValueError("x", f"expected float32, float16 or bfloat16 (ml_dtypes.bfloat16, or uint16 "
                                           f"holding BF16 bits), got dtype {x.dtype}")
         x = ck._native_contiguous(x)
     if not 1 <= x.ndim <= MAX_NDIM:
@@ -152,7 +160,7 @@ def activation_spec(activation) -> tuple[int, tuple[float, float]]:
         raise ck.ArgumentError("activation", f"{key!r} takes {count} parameters ({names}), got {len(given)}")
     values = []
     for i, (pname, default) in enumerate(spec):
-        v = ck.finite_float(given[i], "activation") if i < len(given) else default
+        v = _typed(ck.finite_float, given[i], "activation") if i < len(given) else default
         values.append(float(v))
     if key == "softplus" and values[0] < 1.0:
         raise ck.ArgumentError("activation", f"softplus steepness must be >= 1, got {values[0]}")
@@ -182,12 +190,12 @@ def _parameter(value, name: str, shape: tuple[int, ...], groups: int) -> np.ndar
             and all(p == 1 or p == n for p, n in zip(value.shape, shape)):
         return value   # the common case, checked cheaply
     if ck.is_bf16(value):
-        arr = ck._as_array(value, name)
+        arr = _typed(ck._as_array, value, name)
         arr = (arr.view(ck.BF16) if arr.dtype == ck.U16 else arr).astype(np.float32)
     else:
-        arr = ck._as_array(value, name)
+        arr = _typed(ck._as_array, value, name)
         if arr.dtype.kind not in "fiu":
-            raise ArgumentDtypeError(name, f"expected float32, float16, bfloat16 or real numbers, got dtype {arr.dtype}")
+            raise ArgumentTypeValueError(name, f"expected float32, float16, bfloat16 or real numbers, got dtype {arr.dtype}")
     ndim = len(shape)
     if arr.ndim > ndim:
         raise ck.ArgumentError(name, f"shape {arr.shape} has more dimensions than x {shape}")
@@ -215,14 +223,17 @@ class _Param:
         self.strides = strides
         self.expansion = None
 
-    def expand(self, sizes: list[int]) -> None:
-        first = next((i for i, s in enumerate(self.strides) if s), len(sizes))
+    def first(self, reduced_from: int) -> int:
+        """Where an expansion starts: the first axis the parameter varies along, or the first
+        reduced axis if that comes earlier (the reduced axes are always copied whole: a
+        parameter constant along a leading reduced axis but not a later one has no stride
+        over the reduced index)."""
+        return min(next((i for i, s in enumerate(self.strides) if s), len(self.strides)), reduced_from)
+
+    def expand(self, sizes: list[int], reduced_from: int) -> None:
+        first = self.first(reduced_from)
         self.expansion = (first, tuple(sizes), tuple(self.strides))
         self.strides = [0] * first + _contiguous(sizes[first:])
-
-    def size_from_first(self, sizes) -> int:
-        first = next((i for i, s in enumerate(self.strides) if s), len(sizes))
-        return math.prod(sizes[first:])
 
 
 def _contiguous(sizes) -> list[int]:
@@ -287,7 +298,7 @@ def _plan(shape: tuple[int, ...], reduced: frozenset, groups: int, pshapes: tupl
     for i, n in enumerate(shape):
         parts = ((n, i in reduced, 1),)
         if i == 1 and groups > 1:
-            parts = ((groups, i in reduced, n // groups), (n // groups, True, 1))
+            parts = ((groups, False, n // groups), (n // groups, True, 1))   # each group on its own
         for size, red, mult in parts:
             if size == 1:
                 continue
@@ -321,7 +332,7 @@ def _plan(shape: tuple[int, ...], reduced: frozenset, groups: int, pshapes: tupl
         for p in present:
             if _outer(p.strides[ko], sizes[ko]) is None or _run_step(p.strides[ki], sizes[ki]) is None or \
                     not _chain(p.strides[rd], sizes[rd]):
-                p.expand(sizes)
+                p.expand(sizes, nk)
         out = tuple(None if p is None else (p.expansion, *_outer(p.strides[ko], sizes[ko]), p.strides[nr - 1],
                                             _run_step(p.strides[ki], sizes[ki])) for p in params)
         return _Plan(False, (math.prod(sizes[ko]), math.prod(sizes[rd]), math.prod(sizes[ki])), out, transpose)
@@ -330,7 +341,7 @@ def _plan(shape: tuple[int, ...], reduced: frozenset, groups: int, pshapes: tupl
     everything = set(range(len(rs) + 1))
     for p in present:
         if _outer(p.strides[:nk], ks) is None:
-            p.expand(sizes)
+            p.expand(sizes, nk)
 
     def common():
         valid = set(everything)
@@ -343,12 +354,12 @@ def _plan(shape: tuple[int, ...], reduced: frozenset, groups: int, pshapes: tupl
         if m is not None:
             break
         if _rows_splits(p.strides[nk:], rs).keys() != everything:
-            p.expand(sizes)
+            p.expand(sizes, nk)
             m = common()
     if m > 0 and math.prod(rs[m:]) < _SHORT_SEGMENT:
         for p in present:
-            if 0 not in _rows_splits(p.strides[nk:], rs) and p.size_from_first(sizes) <= _SMALL_EXPANSION:
-                p.expand(sizes)
+            if 0 not in _rows_splits(p.strides[nk:], rs) and math.prod(sizes[p.first(nk):]) <= _SMALL_EXPANSION:
+                p.expand(sizes, nk)
         m = common()
     out = tuple(None if p is None else (p.expansion, *_outer(p.strides[:nk], ks), *_rows_splits(p.strides[nk:], rs)[m])
                 for p in params)
@@ -373,7 +384,9 @@ def normalize(x, scale=None, bias=None, *, axes, num_groups=1, eps=1e-5, normali
     dimensions; the result has its dtype and shape. axes: axis indices (negative allowed) or
     a TensorRT bitmask int (bit i = axis i). num_groups > 1: axis 1 (channels, divisible by
     num_groups) is split into groups, and each group's channels are reduced together with
-    `axes` (group normalization). scale, bias: optional, each independently; broadcastable
+    `axes` (group normalization); every group is normalized on its own, so axis 1 in `axes`
+    adds nothing (it names the group's channels, which are reduced anyway: axes=[1] gives
+    group normalization of an (N, C) tensor). scale, bias: optional, each independently; broadcastable
     to x (NumPy rules), or for group normalization also (1, num_groups, 1, ...) per group;
     float32, float16, bfloat16 or real numbers, used as float32. activation: None, a name of
     ACTIVATIONS, or (name, *parameters) with DirectML's parameters in its order, e.g.
@@ -389,15 +402,15 @@ def normalize(x, scale=None, bias=None, *, axes, num_groups=1, eps=1e-5, normali
     x, code = _input(x)
     shape, ndim = x.shape, x.ndim
     reduced = reduced_axes(axes, ndim)
-    groups = ck.integer(num_groups, "num_groups", minimum=1)
+    groups = _typed(ck.integer, num_groups, "num_groups", minimum=1)
     if groups > 1:
         if ndim < 2:
             raise ck.ArgumentError("num_groups", f"group normalization needs at least 2 dimensions (N, C, ...), "
                                                  f"got shape {shape}")
         if shape[1] % groups:
             raise ck.ArgumentError("num_groups", f"{shape[1]} channels cannot be split into {groups} groups")
-    eps = ck.finite_float(eps, "eps", minimum=0.0)
-    variance = ck.boolean(normalize_variance, "normalize_variance")
+    eps = _typed(ck.finite_float, eps, "eps", minimum=0.0)
+    variance = _typed(ck.boolean, normalize_variance, "normalize_variance")
     act, act_params = activation_spec(activation)
     _compute_dtype(compute_dtype)
     given = (_parameter(scale, "scale", shape, groups), _parameter(bias, "bias", shape, groups))
