@@ -5,12 +5,14 @@
  *
  * Every level computes the same fp32 values with the same operation sequence, so results
  * are bit-identical on every level and for every dtype:
- *   - sums over a row (or over the rows of a column) use the canonical 16-lane order: element
- *     i of the reduction goes to lane i % 16, each lane adds its elements in increasing order
- *     starting from +0.0f, and the lanes are reduced as tn_avx512_hsum does (i + (i + 8),
- *     then i + (i + 4), then (0 + 2) + (1 + 3)). A lane started at +0.0f and rounded to
- *     nearest is never -0.0f, so adding +0.0f (masked tails, absent lanes) or skipping it
- *     gives the same sum;
+ *   - sums use fixed lane orders. Rows: 64 lanes, element i of the row goes to lane i % 64
+ *     (four 16-lane accumulators, so that one row has four independent chains); lanes l,
+ *     16 + l, 32 + l, 48 + l are added as (0 + 1) + (2 + 3), then the 16 lanes are reduced as
+ *     tn_avx512_hsum does (i + (i + 8), then i + (i + 4), then (0 + 2) + (1 + 3)). Columns:
+ *     for each position, row r goes to lane r % 16, reduced with the same 16-lane tree. Each
+ *     lane adds its elements in increasing order starting from +0.0f; a lane started at +0.0f
+ *     and rounded to nearest is never -0.0f, so adding +0.0f (masked tails, absent lanes) or
+ *     skipping it gives the same sum;
  *   - mean = sum(x) * (1 / n); d = x - mean, sum of squares as fma(d, d, lane);
  *     k = 1 / sqrt(sumsq * (1 / n) + eps), or k = 1 without variance normalization;
  *   - y = act(fma(d * k, scale, bias)) (an absent scale is 1, an absent bias +0);
@@ -30,12 +32,20 @@
 
 #include "tensorops.h"
 
-/* Rows kernel: rows normalized side by side (their reduction chains overlap). */
-#define TN_GN_ROWS 4
+/* Rows kernel: while a row is written, the input this far ahead (at least one row) is
+ * prefetched into L2. */
+#define TN_GN_AHEAD_BYTES (16 * 1024)
 /* Columns kernel: positions per chunk at most (16 lane arrays on the stack), and the bytes a
  * chunk of all the rows should not exceed (so its later passes read it from L2). */
 #define TN_GN_CHUNK 256
 #define TN_GN_CHUNK_BYTES (512 * 1024)
+
+/* Outputs at least this large (more than L2 holds) are written with streaming stores by the
+ * rows kernel of the vector levels: they would leave the cache before being read anyway, and
+ * streaming stores save the read for ownership of every output line. */
+#ifndef TN_GN_STREAM_BYTES
+#define TN_GN_STREAM_BYTES (2 * 1024 * 1024)
+#endif
 
 #define TN_GN_QNAN 0x7fc00000u
 

@@ -1,10 +1,9 @@
 /*
  * Generic normalization (TensorRT INormalization, DirectML MVN1), AVX2 level: the work
- * layout of gnorm_avx512.c with 8-lane vectors. The canonical 16 lanes of a row reduction
- * are two __m256 accumulators (lanes 0-7 and 8-15), reduced as tn_avx2_hsum(lo + hi), which
- * is the tn_avx512_hsum tree (see gnorm.h). Tails: masked loads and stores for FP32, a small
- * zero-padded stack copy for FP16 and BF16. FP16 converts with F16C (VCVTPH2PS / VCVTPS2PH,
- * round to nearest even).
+ * layout of gnorm_avx512.c with 8-lane vectors. The canonical 64 lanes of a row sum are
+ * eight __m256 accumulators, the 16 lanes of a column sum two (see gnorm.h). Tails: masked
+ * loads and stores for FP32, a small zero-padded stack copy for FP16 and BF16. FP16 converts
+ * with F16C (VCVTPH2PS / VCVTPS2PH, round to nearest even).
  */
 #include "vmath_avx2.h"
 
@@ -24,9 +23,17 @@ INLINE __m256 from16(__m128i h, int type)
     return type == TnTensorData16b ? tn_avx2_bf16_to_f32(h) : _mm256_cvtph_ps(h);
 }
 
+/* FP32 -> BF16 bits (round to nearest even) or FP16 (F16C), for values whose only NaN is the
+ * canonical one: BF16 then needs no NaN handling (0x7FC00000 rounds to 0x7FC0, as
+ * tn_f32_to_bf16 gives). */
 INLINE __m128i to16(__m256 v, int type)
 {
-    return type == TnTensorData16b ? tn_avx2_f32_to_bf16(v) : _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+    if (type != TnTensorData16b)
+        return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+    __m256i u = _mm256_castps_si256(v);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
 
 INLINE __m256 ld(const void * p, size_t i, int type)
@@ -212,114 +219,171 @@ static __m256 activate(__m256 y, int type, const float * prm)
 
 /* ---- Rows ---------------------------------------------------------------------------------- */
 
+/* Streaming (non-temporal) store of a full vector at a vector-aligned address. */
+INLINE void st_stream(void * p, size_t i, __m256 v, int type)
+{
+    v = canonical_nan(v);
+    if (type == TnTensorData32f)
+        _mm256_stream_ps((float *)p + i, v);
+    else
+        _mm_stream_si128((__m128i *)((uint16_t *)p + i), to16(v, type));
+}
+
+/* Full vectors of one segment from position e while e + F <= size; returns the next e. */
+INLINE size_t output_body(const void * src, void * dst, size_t at, size_t e, size_t size, __m256 m, __m256 vk,
+                          const float * s, size_t sstep, __m256 s0, const float * b, size_t bstep, __m256 b0,
+                          const char * pf, size_t es, const TnNormalization * norm, int type, int act, int stream)
+{
+    for (; e + F <= size; e += F) {
+        _mm_prefetch(pf + e * es, _MM_HINT_T1);
+        __m256 d = _mm256_mul_ps(_mm256_sub_ps(ld(src, at + e, type), m), vk);
+        __m256 vs = sstep ? _mm256_loadu_ps(s + e) : s0, vb = bstep ? _mm256_loadu_ps(b + e) : b0;
+        __m256 y = _mm256_fmadd_ps(d, vs, vb);
+        if (act)
+            y = activate(y, norm->activation, norm->activationParams);
+        if (stream)
+            st_stream(dst, at + e, y, type);
+        else
+            st(dst, at + e, y, type);
+    }
+    return e;
+}
+
+/* The n (< F) values of one segment from position e. */
+INLINE void output_part(const void * src, void * dst, size_t at, size_t e, size_t n, __m256 m, __m256 vk,
+                        const float * s, size_t sstep, __m256 s0, const float * b, size_t bstep, __m256 b0,
+                        const TnNormalization * norm, int type)
+{
+    __m256 d = _mm256_mul_ps(_mm256_sub_ps(ldn(src, at + e, n, type), m), vk);
+    __m256 vs = sstep ? ldpn(s + e, n) : s0, vb = bstep ? ldpn(b + e, n) : b0;
+    __m256 y = _mm256_fmadd_ps(d, vs, vb);
+    stn(dst, at + e, n, norm->activation ? activate(y, norm->activation, norm->activationParams) : y, type);
+}
+
+/* Values [e0, e1) of one segment: full vectors (streaming stores if `stream`, which needs
+ * [e0, e1) to be whole aligned cache lines), then a masked part. */
+INLINE void output_range(const void * src, void * dst, size_t at, size_t e0, size_t e1, __m256 m, __m256 vk,
+                         const float * s, size_t sstep, __m256 s0, const float * b, size_t bstep, __m256 b0,
+                         const char * pf, size_t es, const TnNormalization * norm, int type, int stream)
+{
+    size_t e = norm->activation != TnActivationIdentity
+        ? (stream ? output_body(src, dst, at, e0, e1, m, vk, s, sstep, s0, b, bstep, b0, pf, es, norm, type, 1, 1)
+                  : output_body(src, dst, at, e0, e1, m, vk, s, sstep, s0, b, bstep, b0, pf, es, norm, type, 1, 0))
+        : (stream ? output_body(src, dst, at, e0, e1, m, vk, s, sstep, s0, b, bstep, b0, pf, es, norm, type, 0, 1)
+                  : output_body(src, dst, at, e0, e1, m, vk, s, sstep, s0, b, bstep, b0, pf, es, norm, type, 0, 0));
+    if (e < e1)
+        output_part(src, dst, at, e, e1 - e, m, vk, s, sstep, s0, b, bstep, b0, norm, type);
+}
+
 /* Output of one row: y = act(fma((x - mean) * k, scale, bias)), segment by segment, while the
- * row at element `next` (the same row of the next block, or this row) is prefetched into L2,
- * so that the memory streams the next rows while this one is written. */
+ * row at element `next` (further on in the input) is prefetched into L2. With `stream`
+ * (large outputs, which leave the cache before anyone reads them) the whole 64-byte lines of
+ * each segment are written with streaming stores: no read for ownership of those lines. A
+ * line is never written partly by streaming stores (that would flush a partial
+ * write-combining buffer): the parts before the first and after the last whole line use
+ * ordinary stores. */
 INLINE void output_row(const void * src, void * dst, size_t base, size_t next, size_t segments, size_t size, float mean,
                        float k, const float * sp, const TnNormalizationParam * sc, const float * bp,
-                       const TnNormalizationParam * bi, const TnNormalization * norm, int type)
+                       const TnNormalizationParam * bi, const TnNormalization * norm, int type, int stream)
 {
     const size_t es = tn_gn_size(type);
-    const char * pf = (const char *)src + next * es;
     const __m256 m = _mm256_set1_ps(mean), vk = _mm256_set1_ps(k);
-    const int act = norm->activation;
-    const size_t body = size - size % F, rest = size % F;
     for (size_t j = 0; j < segments; ++j) {
         const float * s = sp + j * sc->stride, * b = bp + j * bi->stride;
         const size_t at = base + j * size;
+        const char * pf = (const char *)src + (next + j * size) * es;
         const __m256 s0 = _mm256_set1_ps(s[0]), b0 = _mm256_set1_ps(b[0]);
         size_t e = 0;
-        if (act == TnActivationIdentity) {
-            for (; e < body; e += F) {
-                _mm_prefetch(pf + (j * size + e) * es, _MM_HINT_T1);
-                __m256 d = _mm256_mul_ps(_mm256_sub_ps(ld(src, at + e, type), m), vk);
-                __m256 vs = sc->step ? _mm256_loadu_ps(s + e) : s0, vb = bi->step ? _mm256_loadu_ps(b + e) : b0;
-                st(dst, at + e, _mm256_fmadd_ps(d, vs, vb), type);
-            }
-        } else {
-            for (; e < body; e += F) {
-                _mm_prefetch(pf + (j * size + e) * es, _MM_HINT_T1);
-                __m256 d = _mm256_mul_ps(_mm256_sub_ps(ld(src, at + e, type), m), vk);
-                __m256 vs = sc->step ? _mm256_loadu_ps(s + e) : s0, vb = bi->step ? _mm256_loadu_ps(b + e) : b0;
-                st(dst, at + e, activate(_mm256_fmadd_ps(d, vs, vb), act, norm->activationParams), type);
+        if (stream) {
+            const uintptr_t a0 = (uintptr_t)dst + at * es, a1 = a0 + size * es;
+            const uintptr_t l0 = (a0 + 63) & ~(uintptr_t)63, l1 = a1 & ~(uintptr_t)63;
+            if (l1 > l0) {
+                const size_t h = (l0 - a0) / es, t = (l1 - a0) / es;
+                output_range(src, dst, at, 0, h, m, vk, s, sc->step, s0, b, bi->step, b0, pf, es, norm, type, 0);
+                output_range(src, dst, at, h, t, m, vk, s, sc->step, s0, b, bi->step, b0, pf, es, norm, type, 1);
+                e = t;
             }
         }
-        if (rest) {
-            __m256 d = _mm256_mul_ps(_mm256_sub_ps(ldn(src, at + e, rest, type), m), vk);
-            __m256 vs = sc->step ? ldpn(s + e, rest) : s0, vb = bi->step ? ldpn(b + e, rest) : b0;
-            __m256 y = _mm256_fmadd_ps(d, vs, vb);
-            stn(dst, at + e, rest, act ? activate(y, act, norm->activationParams) : y, type);
-        }
+        output_range(src, dst, at, e, size, m, vk, s, sc->step, s0, b, bi->step, b0, pf, es, norm, type, 0);
     }
 }
 
-INLINE void rows_block(const void * src, size_t o, size_t R, size_t outer, size_t segments, size_t size,
-                       const TnNormalizationParam * sc, const TnNormalizationParam * bi,
-                       const TnNormalization * norm, void * dst, int type)
+/* Sum of the n values from element `at` in the canonical 64-lane order (gnorm.h): element i
+ * goes to accumulator (i / 16) % 4, lane i % 16, which here is the __m256 a[2q + (i / 8) % 2]
+ * for q = (i / 16) % 4; the groups are added as (0 + 1) + (2 + 3), then the 16 lanes as
+ * tn_avx2_hsum(lanes 0-7 + lanes 8-15). sq: the sum of (x - m)^2 instead. */
+INLINE float row_sum(const void * src, size_t at, size_t n, __m256 m, int sq, int type)
 {
-    const size_t n = segments * size, body = n - n % (2 * F), rest = n % (2 * F);
-    const size_t rlo = rest < F ? rest : F, rhi = rest - rlo;   /* the tail's values in lo and hi */
-    const float inv = 1.0f / (float)n;
-    __m256 lo[TN_GN_ROWS], hi[TN_GN_ROWS];
-    float mean[TN_GN_ROWS], k[TN_GN_ROWS];
-    for (size_t r = 0; r < R; ++r)
-        lo[r] = hi[r] = _mm256_setzero_ps();
-    for (size_t i = 0; i < body; i += 2 * F)
-        for (size_t r = 0; r < R; ++r) {
-            lo[r] = _mm256_add_ps(lo[r], ld(src, (o + r) * n + i, type));
-            hi[r] = _mm256_add_ps(hi[r], ld(src, (o + r) * n + i + F, type));
-        }
-    if (rest)
-        for (size_t r = 0; r < R; ++r) {
-            lo[r] = _mm256_add_ps(lo[r], ldn(src, (o + r) * n + body, rlo, type));
-            if (rhi)
-                hi[r] = _mm256_add_ps(hi[r], ldn(src, (o + r) * n + body + F, rhi, type));
-        }
-    for (size_t r = 0; r < R; ++r) {
-        mean[r] = tn_avx2_hsum(_mm256_add_ps(lo[r], hi[r])) * inv;
-        k[r] = 1.0f;
-    }
-    if (norm->normalizeVariance) {
-        __m256 m[TN_GN_ROWS];
-        for (size_t r = 0; r < R; ++r) {
-            lo[r] = hi[r] = _mm256_setzero_ps();
-            m[r] = _mm256_set1_ps(mean[r]);
-        }
-        for (size_t i = 0; i < body; i += 2 * F)
-            for (size_t r = 0; r < R; ++r) {
-                __m256 d0 = _mm256_sub_ps(ld(src, (o + r) * n + i, type), m[r]);
-                __m256 d1 = _mm256_sub_ps(ld(src, (o + r) * n + i + F, type), m[r]);
-                lo[r] = _mm256_fmadd_ps(d0, d0, lo[r]);
-                hi[r] = _mm256_fmadd_ps(d1, d1, hi[r]);
+    __m256 a[8];
+    for (int j = 0; j < 8; ++j)
+        a[j] = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 * F <= n; i += 8 * F)
+        for (int j = 0; j < 8; ++j) {
+            __m256 x = ld(src, at + i + j * F, type);
+            if (sq) {
+                x = _mm256_sub_ps(x, m);
+                a[j] = _mm256_fmadd_ps(x, x, a[j]);
+            } else {
+                a[j] = _mm256_add_ps(a[j], x);
             }
-        if (rest)
-            for (size_t r = 0; r < R; ++r) {
-                __m256 d0 = maskz_sub(rlo, ldn(src, (o + r) * n + body, rlo, type), m[r]);
-                lo[r] = _mm256_fmadd_ps(d0, d0, lo[r]);
-                if (rhi) {
-                    __m256 d1 = maskz_sub(rhi, ldn(src, (o + r) * n + body + F, rhi, type), m[r]);
-                    hi[r] = _mm256_fmadd_ps(d1, d1, hi[r]);
-                }
-            }
-        for (size_t r = 0; r < R; ++r)
-            k[r] = 1.0f / sqrtf(tn_avx2_hsum(_mm256_add_ps(lo[r], hi[r])) * inv + norm->eps);
+        }
+    /* The last (< 64) values: vectors of up to 8 into a[0], a[1], ... in turn (written out so
+     * that a[] stays in registers). */
+#define TN_GN_PART(j) \
+    if (i + (j) * F < n) { \
+        size_t c = n - i - (j) * F < F ? n - i - (j) * F : F; \
+        __m256 x = ldn(src, at + i + (j) * F, c, type); \
+        if (sq) { \
+            x = maskz_sub(c, x, m); \
+            a[j] = _mm256_fmadd_ps(x, x, a[j]); \
+        } else { \
+            a[j] = _mm256_add_ps(a[j], x); \
+        } \
     }
-    for (size_t r = 0; r < R; ++r)
-        output_row(src, dst, (o + r) * n, (o + r + R < outer ? o + r + R : o + r) * n, segments, size, mean[r], k[r],
-                   tn_gn_row(sc, o + r), sc,
-                   tn_gn_row(bi, o + r), bi, norm, type);
+    TN_GN_PART(0) TN_GN_PART(1) TN_GN_PART(2) TN_GN_PART(3) TN_GN_PART(4) TN_GN_PART(5) TN_GN_PART(6) TN_GN_PART(7)
+#undef TN_GN_PART
+    __m256 lo = _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[4], a[6]));
+    __m256 hi = _mm256_add_ps(_mm256_add_ps(a[1], a[3]), _mm256_add_ps(a[5], a[7]));
+    return tn_avx2_hsum(_mm256_add_ps(lo, hi));
 }
 
+/* Mean and k of the row of n values from element `at` (two passes: the first brings the
+ * row into L1 or L2, the second finds it there). */
+INLINE void row_stats(const void * src, size_t at, size_t n, const TnNormalization * norm, int type, float * mean,
+                      float * k)
+{
+    const float inv = 1.0f / (float)n;
+    *mean = row_sum(src, at, n, _mm256_setzero_ps(), 0, type) * inv;
+    *k = 1.0f;
+    if (norm->normalizeVariance)
+        *k = 1.0f / sqrtf(row_sum(src, at, n, _mm256_set1_ps(*mean), 1, type) * inv + norm->eps);
+}
+
+/* Rows one at a time, the statistics of the next row computed before the output of this one:
+ * the latency of their reduction tree and square root overlaps with the output stores. While
+ * a row is written, the input `ahead` elements further on is prefetched into L2. */
 INLINE void rows_typed(const void * src, size_t outer, size_t segments, size_t size, const TnNormalization * norm,
                        void * dst, int type)
 {
     const TnNormalizationParam sc = tn_gn_param(norm->scale, &tn_gn_one);
     const TnNormalizationParam bi = tn_gn_param(norm->bias, &tn_gn_zero);
-    size_t o = 0;
-    for (; o + TN_GN_ROWS <= outer; o += TN_GN_ROWS)
-        rows_block(src, o, TN_GN_ROWS, outer, segments, size, &sc, &bi, norm, dst, type);
-    for (; o < outer; ++o)
-        rows_block(src, o, 1, outer, segments, size, &sc, &bi, norm, dst, type);
+    const size_t es = tn_gn_size(type), n = segments * size, total = outer * n;
+    const int stream = total * es >= TN_GN_STREAM_BYTES && (uintptr_t)dst % es == 0;
+    const size_t ahead = n * es >= TN_GN_AHEAD_BYTES ? n : (TN_GN_AHEAD_BYTES / es + n - 1) / n * n;
+    float mean, k, next_mean = 0.0f, next_k = 0.0f;
+    row_stats(src, 0, n, norm, type, &mean, &k);
+    for (size_t o = 0; o < outer; ++o) {
+        const size_t at = o * n;
+        if (o + 1 < outer)
+            row_stats(src, at + n, n, norm, type, &next_mean, &next_k);
+        const size_t next = at + ahead + n <= total ? at + ahead : total - n;
+        output_row(src, dst, at, next, segments, size, mean, k, tn_gn_row(&sc, o), &sc, tn_gn_row(&bi, o), &bi, norm,
+                   type, stream);
+        mean = next_mean, k = next_k;
+    }
+    if (stream)
+        _mm_sfence();   /* the streaming stores are weakly ordered */
 }
 
 void tn_avx2_NormalizationRows(const void * src, size_t outer, size_t segments, size_t segmentSize,

@@ -2,10 +2,11 @@
  * Generic normalization (TensorRT INormalization, DirectML MVN1), AVX-512 level: the
  * operation sequence of gnorm_scalar.c (see gnorm.h) with 16-lane vectors.
  *
- * Rows: TN_GN_ROWS rows at a time; each row has one accumulator (lane i % 16 of the
- * canonical order is the vector lane), so the rows' serial reduction chains overlap. The
- * first pass streams the rows from memory; the variance and output passes find them in
- * L1/L2. The output is written row after row (one sequential stream).
+ * Rows: one row at a time. The sums use four accumulators (the canonical 64 lanes), so a
+ * row has four independent chains; the first pass brings the row into L1/L2, the variance
+ * and output passes find it there. While a row is written, the input TN_GN_AHEAD_BYTES
+ * further on is prefetched into L2, so the memory keeps streaming during the cache passes.
+ * Outputs of TN_GN_STREAM_BYTES or more use streaming stores (no read for ownership).
  * Columns: positions in chunks of at most TN_GN_CHUNK; whole rows of a chunk are streamed
  * into 16 lane arrays (row r adds into lane r % 16), reduced with the canonical tree.
  * Tails use masked loads and stores. FP16 converts with VCVTPH2PS / VCVTPS2PH (round to
@@ -45,13 +46,22 @@ INLINE __m512 ldm(const void * p, size_t i, __mmask16 m, int type)
     return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i));
 }
 
+/* FP32 -> BF16 bits, round to nearest even, for values whose only NaN is the canonical one
+ * (which it maps to 0x7FC0, as tn_f32_to_bf16 does): no NaN handling needed. */
+INLINE __m256i to_bf16(__m512 v)
+{
+    __m512i u = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16));
+}
+
 INLINE void stm(void * p, size_t i, __mmask16 m, __m512 v, int type)
 {
     v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_castsi512_ps(_mm512_set1_epi32(TN_GN_QNAN)));
     if (type == TnTensorData32f)
         _mm512_mask_storeu_ps((float *)p + i, m, v);
     else if (type == TnTensorData16b)
-        tn_avx512_mask_store_bf16((uint16_t *)p + i, m, v);
+        _mm256_mask_storeu_epi16((uint16_t *)p + i, m, to_bf16(v));
     else
         _mm256_mask_storeu_epi16((uint16_t *)p + i, m, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
@@ -62,7 +72,7 @@ INLINE void st(void * p, size_t i, __m512 v, int type)
     if (type == TnTensorData32f)
         _mm512_storeu_ps((float *)p + i, v);
     else if (type == TnTensorData16b)
-        tn_avx512_store_bf16((uint16_t *)p + i, v);
+        _mm256_storeu_si256((__m256i *)((uint16_t *)p + i), to_bf16(v));
     else
         _mm256_storeu_si256((__m256i *)((uint16_t *)p + i), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
@@ -186,106 +196,169 @@ static __m512 activate(__m512 y, int type, const float * prm)
 
 /* ---- Rows ---------------------------------------------------------------------------------- */
 
+/* Streaming (non-temporal) store of a full vector at a vector-aligned address. */
+INLINE void st_stream(void * p, size_t i, __m512 v, int type)
+{
+    v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_castsi512_ps(_mm512_set1_epi32(TN_GN_QNAN)));
+    if (type == TnTensorData32f)
+        _mm512_stream_ps((float *)p + i, v);
+    else if (type == TnTensorData16b)
+        _mm256_stream_si256((__m256i *)((uint16_t *)p + i), to_bf16(v));
+    else
+        _mm256_stream_si256((__m256i *)((uint16_t *)p + i), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+/* Full vectors of one segment from position e while e + F <= size; returns the next e. */
+INLINE size_t output_body(const void * src, void * dst, size_t at, size_t e, size_t size, __m512 m, __m512 vk,
+                          const float * s, size_t sstep, __m512 s0, const float * b, size_t bstep, __m512 b0,
+                          const char * pf, size_t es, const TnNormalization * norm, int type, int act, int stream)
+{
+    for (; e + F <= size; e += F) {
+        _mm_prefetch(pf + e * es, _MM_HINT_T1);
+        __m512 d = _mm512_mul_ps(_mm512_sub_ps(ld(src, at + e, type), m), vk);
+        __m512 vs = sstep ? _mm512_loadu_ps(s + e) : s0, vb = bstep ? _mm512_loadu_ps(b + e) : b0;
+        __m512 y = _mm512_fmadd_ps(d, vs, vb);
+        if (act)
+            y = activate(y, norm->activation, norm->activationParams);
+        if (stream)
+            st_stream(dst, at + e, y, type);
+        else
+            st(dst, at + e, y, type);
+    }
+    return e;
+}
+
+/* The n (< F) values of one segment from position e, stored with a mask. */
+INLINE void output_part(const void * src, void * dst, size_t at, size_t e, size_t n, __m512 m, __m512 vk,
+                        const float * s, size_t sstep, __m512 s0, const float * b, size_t bstep, __m512 b0,
+                        const TnNormalization * norm, int type)
+{
+    const __mmask16 t = tn_avx512_tail_mask(n);
+    __m512 d = _mm512_mul_ps(_mm512_sub_ps(ldm(src, at + e, t, type), m), vk);
+    __m512 vs = sstep ? _mm512_maskz_loadu_ps(t, s + e) : s0, vb = bstep ? _mm512_maskz_loadu_ps(t, b + e) : b0;
+    __m512 y = _mm512_fmadd_ps(d, vs, vb);
+    stm(dst, at + e, t, norm->activation ? activate(y, norm->activation, norm->activationParams) : y, type);
+}
+
+/* Values [e0, e1) of one segment: full vectors (streaming stores if `stream`, which needs
+ * [e0, e1) to be whole aligned cache lines), then a masked part. */
+INLINE void output_range(const void * src, void * dst, size_t at, size_t e0, size_t e1, __m512 m, __m512 vk,
+                         const float * s, size_t sstep, __m512 s0, const float * b, size_t bstep, __m512 b0,
+                         const char * pf, size_t es, const TnNormalization * norm, int type, int stream)
+{
+    size_t e = norm->activation != TnActivationIdentity
+        ? (stream ? output_body(src, dst, at, e0, e1, m, vk, s, sstep, s0, b, bstep, b0, pf, es, norm, type, 1, 1)
+                  : output_body(src, dst, at, e0, e1, m, vk, s, sstep, s0, b, bstep, b0, pf, es, norm, type, 1, 0))
+        : (stream ? output_body(src, dst, at, e0, e1, m, vk, s, sstep, s0, b, bstep, b0, pf, es, norm, type, 0, 1)
+                  : output_body(src, dst, at, e0, e1, m, vk, s, sstep, s0, b, bstep, b0, pf, es, norm, type, 0, 0));
+    if (e < e1)
+        output_part(src, dst, at, e, e1 - e, m, vk, s, sstep, s0, b, bstep, b0, norm, type);
+}
+
 /* Output of one row: y = act(fma((x - mean) * k, scale, bias)), segment by segment, while the
- * row at element `next` (the same row of the next block, or this row) is prefetched into L2,
- * so that the memory streams the next rows while this one is written. */
+ * row at element `next` (further on in the input) is prefetched into L2. With `stream`
+ * (large outputs, which leave the cache before anyone reads them) the whole 64-byte lines of
+ * each segment are written with streaming stores: no read for ownership of those lines. A
+ * line is never written partly by streaming stores (that would flush a partial
+ * write-combining buffer): the parts before the first and after the last whole line use
+ * ordinary stores. */
 INLINE void output_row(const void * src, void * dst, size_t base, size_t next, size_t segments, size_t size, float mean,
                        float k, const float * sp, const TnNormalizationParam * sc, const float * bp,
-                       const TnNormalizationParam * bi, const TnNormalization * norm, int type)
+                       const TnNormalizationParam * bi, const TnNormalization * norm, int type, int stream)
 {
     const size_t es = tn_gn_size(type);
-    const char * pf = (const char *)src + next * es;
     const __m512 m = _mm512_set1_ps(mean), vk = _mm512_set1_ps(k);
-    const int act = norm->activation;
-    const size_t body = size - size % F;
-    const __mmask16 tail = tn_avx512_tail_mask(size % F);
     for (size_t j = 0; j < segments; ++j) {
         const float * s = sp + j * sc->stride, * b = bp + j * bi->stride;
         const size_t at = base + j * size;
+        const char * pf = (const char *)src + (next + j * size) * es;
         const __m512 s0 = _mm512_set1_ps(s[0]), b0 = _mm512_set1_ps(b[0]);
         size_t e = 0;
-        if (act == TnActivationIdentity) {
-            for (; e < body; e += F) {
-                _mm_prefetch(pf + (j * size + e) * es, _MM_HINT_T1);
-                __m512 d = _mm512_mul_ps(_mm512_sub_ps(ld(src, at + e, type), m), vk);
-                __m512 vs = sc->step ? _mm512_loadu_ps(s + e) : s0, vb = bi->step ? _mm512_loadu_ps(b + e) : b0;
-                st(dst, at + e, _mm512_fmadd_ps(d, vs, vb), type);
-            }
-        } else {
-            for (; e < body; e += F) {
-                _mm_prefetch(pf + (j * size + e) * es, _MM_HINT_T1);
-                __m512 d = _mm512_mul_ps(_mm512_sub_ps(ld(src, at + e, type), m), vk);
-                __m512 vs = sc->step ? _mm512_loadu_ps(s + e) : s0, vb = bi->step ? _mm512_loadu_ps(b + e) : b0;
-                st(dst, at + e, activate(_mm512_fmadd_ps(d, vs, vb), act, norm->activationParams), type);
+        if (stream) {
+            const uintptr_t a0 = (uintptr_t)dst + at * es, a1 = a0 + size * es;
+            const uintptr_t l0 = (a0 + 63) & ~(uintptr_t)63, l1 = a1 & ~(uintptr_t)63;
+            if (l1 > l0) {
+                const size_t h = (l0 - a0) / es, t = (l1 - a0) / es;
+                output_range(src, dst, at, 0, h, m, vk, s, sc->step, s0, b, bi->step, b0, pf, es, norm, type, 0);
+                output_range(src, dst, at, h, t, m, vk, s, sc->step, s0, b, bi->step, b0, pf, es, norm, type, 1);
+                e = t;
             }
         }
-        if (tail) {
-            __m512 d = _mm512_mul_ps(_mm512_sub_ps(ldm(src, at + e, tail, type), m), vk);
-            __m512 vs = sc->step ? _mm512_maskz_loadu_ps(tail, s + e) : s0;
-            __m512 vb = bi->step ? _mm512_maskz_loadu_ps(tail, b + e) : b0;
-            __m512 y = _mm512_fmadd_ps(d, vs, vb);
-            stm(dst, at + e, tail, act ? activate(y, act, norm->activationParams) : y, type);
-        }
+        output_range(src, dst, at, e, size, m, vk, s, sc->step, s0, b, bi->step, b0, pf, es, norm, type, 0);
     }
 }
 
-/* R (<= TN_GN_ROWS) rows starting at row o. */
-INLINE void rows_block(const void * src, size_t o, size_t R, size_t outer, size_t segments, size_t size,
-                       const TnNormalizationParam * sc, const TnNormalizationParam * bi,
-                       const TnNormalization * norm, void * dst, int type)
+/* Sum of the n values from element `at` in the canonical 64-lane order (gnorm.h): element i
+ * goes to accumulator (i / 16) % 4, lane i % 16; the accumulators are added as
+ * (0 + 1) + (2 + 3), then the lanes as tn_avx512_hsum does. sq: the sum of (x - m)^2 instead. */
+INLINE float row_sum(const void * src, size_t at, size_t n, __m512 m, int sq, int type)
 {
-    const size_t n = segments * size, body = n - n % F;
-    const __mmask16 tail = tn_avx512_tail_mask(n % F);
-    const float inv = 1.0f / (float)n;
-    __m512 a[TN_GN_ROWS];
-    float mean[TN_GN_ROWS], k[TN_GN_ROWS];
-    for (size_t r = 0; r < R; ++r)
-        a[r] = _mm512_setzero_ps();
-    for (size_t i = 0; i < body; i += F)
-        for (size_t r = 0; r < R; ++r)
-            a[r] = _mm512_add_ps(a[r], ld(src, (o + r) * n + i, type));
-    if (tail)
-        for (size_t r = 0; r < R; ++r)
-            a[r] = _mm512_add_ps(a[r], ldm(src, (o + r) * n + body, tail, type));
-    for (size_t r = 0; r < R; ++r) {
-        mean[r] = tn_avx512_hsum(a[r]) * inv;
-        k[r] = 1.0f;
-    }
-    if (norm->normalizeVariance) {
-        __m512 m[TN_GN_ROWS];
-        for (size_t r = 0; r < R; ++r) {
-            a[r] = _mm512_setzero_ps();
-            m[r] = _mm512_set1_ps(mean[r]);
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    size_t i = 0;
+    for (; i + 4 * F <= n; i += 4 * F) {
+        __m512 x0 = ld(src, at + i, type), x1 = ld(src, at + i + F, type);
+        __m512 x2 = ld(src, at + i + 2 * F, type), x3 = ld(src, at + i + 3 * F, type);
+        if (sq) {
+            x0 = _mm512_sub_ps(x0, m), x1 = _mm512_sub_ps(x1, m), x2 = _mm512_sub_ps(x2, m), x3 = _mm512_sub_ps(x3, m);
+            a0 = _mm512_fmadd_ps(x0, x0, a0), a1 = _mm512_fmadd_ps(x1, x1, a1);
+            a2 = _mm512_fmadd_ps(x2, x2, a2), a3 = _mm512_fmadd_ps(x3, x3, a3);
+        } else {
+            a0 = _mm512_add_ps(a0, x0), a1 = _mm512_add_ps(a1, x1), a2 = _mm512_add_ps(a2, x2), a3 = _mm512_add_ps(a3, x3);
         }
-        for (size_t i = 0; i < body; i += F)
-            for (size_t r = 0; r < R; ++r) {
-                __m512 d = _mm512_sub_ps(ld(src, (o + r) * n + i, type), m[r]);
-                a[r] = _mm512_fmadd_ps(d, d, a[r]);
-            }
-        if (tail)
-            for (size_t r = 0; r < R; ++r) {
-                __m512 d = _mm512_maskz_sub_ps(tail, ldm(src, (o + r) * n + body, tail, type), m[r]);
-                a[r] = _mm512_fmadd_ps(d, d, a[r]);
-            }
-        for (size_t r = 0; r < R; ++r)
-            k[r] = 1.0f / sqrtf(tn_avx512_hsum(a[r]) * inv + norm->eps);
     }
-    for (size_t r = 0; r < R; ++r)
-        output_row(src, dst, (o + r) * n, (o + r + R < outer ? o + r + R : o + r) * n, segments, size, mean[r], k[r],
-                   tn_gn_row(sc, o + r), sc,
-                   tn_gn_row(bi, o + r), bi, norm, type);
+    /* The last (< 64) values: masked vectors into accumulators 0, 1, 2, 3 in turn. */
+#define TN_GN_PART(a, j) \
+    if (i + (j) * F < n) { \
+        __mmask16 t = lanes(n - i - (j) * F); \
+        __m512 x = ldm(src, at + i + (j) * F, t, type); \
+        if (sq) { \
+            x = _mm512_maskz_sub_ps(t, x, m); \
+            a = _mm512_fmadd_ps(x, x, a); \
+        } else { \
+            a = _mm512_add_ps(a, x); \
+        } \
+    }
+    TN_GN_PART(a0, 0) TN_GN_PART(a1, 1) TN_GN_PART(a2, 2) TN_GN_PART(a3, 3)
+#undef TN_GN_PART
+    return tn_avx512_hsum(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
 }
 
+/* Mean and k of the row of n values from element `at` (two passes: the first brings the
+ * row into L1 or L2, the second finds it there). */
+INLINE void row_stats(const void * src, size_t at, size_t n, const TnNormalization * norm, int type, float * mean,
+                      float * k)
+{
+    const float inv = 1.0f / (float)n;
+    *mean = row_sum(src, at, n, _mm512_setzero_ps(), 0, type) * inv;
+    *k = 1.0f;
+    if (norm->normalizeVariance)
+        *k = 1.0f / sqrtf(row_sum(src, at, n, _mm512_set1_ps(*mean), 1, type) * inv + norm->eps);
+}
+
+/* Rows one at a time, the statistics of the next row computed before the output of this one:
+ * the latency of their reduction tree and square root overlaps with the output stores. While
+ * a row is written, the input `ahead` elements further on is prefetched into L2. */
 INLINE void rows_typed(const void * src, size_t outer, size_t segments, size_t size, const TnNormalization * norm,
                        void * dst, int type)
 {
     const TnNormalizationParam sc = tn_gn_param(norm->scale, &tn_gn_one);
     const TnNormalizationParam bi = tn_gn_param(norm->bias, &tn_gn_zero);
-    size_t o = 0;
-    for (; o + TN_GN_ROWS <= outer; o += TN_GN_ROWS)
-        rows_block(src, o, TN_GN_ROWS, outer, segments, size, &sc, &bi, norm, dst, type);
-    for (; o < outer; ++o)
-        rows_block(src, o, 1, outer, segments, size, &sc, &bi, norm, dst, type);
+    const size_t es = tn_gn_size(type), n = segments * size, total = outer * n;
+    const int stream = total * es >= TN_GN_STREAM_BYTES && (uintptr_t)dst % es == 0;
+    const size_t ahead = n * es >= TN_GN_AHEAD_BYTES ? n : (TN_GN_AHEAD_BYTES / es + n - 1) / n * n;
+    float mean, k, next_mean = 0.0f, next_k = 0.0f;
+    row_stats(src, 0, n, norm, type, &mean, &k);
+    for (size_t o = 0; o < outer; ++o) {
+        const size_t at = o * n;
+        if (o + 1 < outer)
+            row_stats(src, at + n, n, norm, type, &next_mean, &next_k);
+        const size_t next = at + ahead + n <= total ? at + ahead : total - n;
+        output_row(src, dst, at, next, segments, size, mean, k, tn_gn_row(&sc, o), &sc, tn_gn_row(&bi, o), &bi, norm,
+                   type, stream);
+        mean = next_mean, k = next_k;
+    }
+    if (stream)
+        _mm_sfence();   /* the streaming stores are weakly ordered */
 }
 
 void tn_avx512_NormalizationRows(const void * src, size_t outer, size_t segments, size_t segmentSize,

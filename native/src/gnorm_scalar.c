@@ -195,6 +195,16 @@ static float hsum16(const float * l)
     return (b[0] + b[2]) + (b[1] + b[3]);
 }
 
+/* The canonical 64-lane sum (gnorm.h): lanes l, 16 + l, 32 + l, 48 + l added as
+ * (0 + 1) + (2 + 3), then the 16 lanes as tn_avx512_hsum does. */
+static float hsum64(const float * l)
+{
+    float g[16];
+    for (int i = 0; i < 16; ++i)
+        g[i] = (l[i] + l[i + 16]) + (l[i + 32] + l[i + 48]);
+    return hsum16(g);
+}
+
 /* ---- Rows ---------------------------------------------------------------------------------- */
 
 void tn_scalar_NormalizationRows(const void * src, size_t outer, size_t segments, size_t segmentSize,
@@ -209,19 +219,19 @@ void tn_scalar_NormalizationRows(const void * src, size_t outer, size_t segments
         return;
     for (size_t o = 0; o < outer; ++o) {
         const size_t base = o * n;
-        float lane[16] = {0};
+        float lane[64] = {0};
         for (size_t i = 0; i < n; ++i)
-            lane[i % 16] += load1(src, base + i, type);
-        const float mean = hsum16(lane) * inv;
+            lane[i % 64] += load1(src, base + i, type);
+        const float mean = hsum64(lane) * inv;
         float k = 1.0f;
         if (norm->normalizeVariance) {
-            for (int l = 0; l < 16; ++l)
+            for (int l = 0; l < 64; ++l)
                 lane[l] = 0.0f;
             for (size_t i = 0; i < n; ++i) {
                 float d = load1(src, base + i, type) - mean;
-                lane[i % 16] = fmaf(d, d, lane[i % 16]);
+                lane[i % 64] = fmaf(d, d, lane[i % 64]);
             }
-            k = 1.0f / sqrtf(hsum16(lane) * inv + eps);
+            k = 1.0f / sqrtf(hsum64(lane) * inv + eps);
         }
         const float * sp = tn_gn_row(&sc, o), * bp = tn_gn_row(&bi, o);
         for (size_t j = 0; j < segments; ++j) {

@@ -374,6 +374,81 @@ def _param_buffer(arr: np.ndarray, expansion):
     return ffi.from_buffer("float[]", arr)
 
 
+@dataclass(frozen=True)
+class _Call:
+    """A validated call: everything but the arrays."""
+    code: int
+    plan: _Plan
+    eps: float
+    variance: bool
+    act: int
+    act_params: tuple[float, float]
+    pshapes: tuple   # the parameters' shapes with x's rank (None: absent)
+
+
+_F32_DTYPES = frozenset([ck.F32])
+_X_DTYPES = frozenset([ck.F32, F16, ck.BF16, ck.U16])
+_CALLS: dict = {}     # fast-path key -> _Call, for arguments of plain types
+_MAX_CALLS = 1024
+
+
+def _fast_key(x, scale, bias, axes, num_groups, eps, normalize_variance, activation, compute_dtype):
+    """A hashable key of a call whose arguments are of plain types and whose arrays need no
+    conversion (so that a validated _Call can be reused), or None."""
+    if type(x) is not np.ndarray or x.dtype not in _X_DTYPES or not x.flags.c_contiguous:
+        return None
+    shapes = []
+    for p in (scale, bias):
+        if p is None:
+            shapes.append(None)
+        elif type(p) is np.ndarray and p.dtype in _F32_DTYPES and p.flags.c_contiguous:
+            shapes.append(p.shape)
+        else:
+            return None
+    t = type(axes)
+    if t is tuple or t is list:
+        axes = tuple(axes)
+        for a in axes:
+            if type(a) is not int:
+                return None
+    elif t is not int:
+        return None
+    if type(num_groups) is not int or type(eps) is not float or type(normalize_variance) is not bool:
+        return None
+    if activation is not None and type(activation) is not str:
+        if type(activation) not in (tuple, list):
+            return None
+        activation = tuple(activation)
+        for v in activation:
+            if type(v) not in (str, float, int):
+                return None
+    if compute_dtype is not None and type(compute_dtype) is not str:
+        return None
+    return (x.dtype, x.shape, t is int, axes, num_groups, eps, normalize_variance, activation, compute_dtype, *shapes)
+
+
+def _validate(x, scale, bias, axes, num_groups, eps, normalize_variance, activation, compute_dtype):
+    """(x, [scale, bias] as compact fp32 arrays with x's rank, _Call) after every check."""
+    x, code = _input(x)
+    shape, ndim = x.shape, x.ndim
+    reduced = reduced_axes(axes, ndim)
+    groups = _typed(ck.integer, num_groups, "num_groups", minimum=1)
+    if groups > 1:
+        if ndim < 2:
+            raise ck.ArgumentError("num_groups", f"group normalization needs at least 2 dimensions (N, C, ...), "
+                                                 f"got shape {shape}")
+        if shape[1] % groups:
+            raise ck.ArgumentError("num_groups", f"{shape[1]} channels cannot be split into {groups} groups")
+    eps = _typed(ck.finite_float, eps, "eps", minimum=0.0)
+    variance = _typed(ck.boolean, normalize_variance, "normalize_variance")
+    act, act_params = activation_spec(activation)
+    _compute_dtype(compute_dtype)
+    given = [_parameter(scale, "scale", shape, groups), _parameter(bias, "bias", shape, groups)]
+    pshapes = tuple(None if p is None else p.shape for p in given)
+    plan = _plan(shape, frozenset(reduced), groups, pshapes) if x.size else None
+    return x, given, _Call(code, plan, eps, variance, act, act_params, pshapes)
+
+
 def normalize(x, scale=None, bias=None, *, axes, num_groups=1, eps=1e-5, normalize_variance=True, activation=None,
               compute_dtype=None):
     """Generic normalization (TensorRT INormalization, DirectML MVN1):
@@ -399,32 +474,26 @@ def normalize(x, scale=None, bias=None, *, axes, num_groups=1, eps=1e-5, normali
     refused rather than emulated. Results are bit-identical on every ISA level; a NaN result
     is the quiet NaN 0x7FC00000 (FP16 0x7E00, BF16 0x7FC0).
     """
-    x, code = _input(x)
-    shape, ndim = x.shape, x.ndim
-    reduced = reduced_axes(axes, ndim)
-    groups = _typed(ck.integer, num_groups, "num_groups", minimum=1)
-    if groups > 1:
-        if ndim < 2:
-            raise ck.ArgumentError("num_groups", f"group normalization needs at least 2 dimensions (N, C, ...), "
-                                                 f"got shape {shape}")
-        if shape[1] % groups:
-            raise ck.ArgumentError("num_groups", f"{shape[1]} channels cannot be split into {groups} groups")
-    eps = _typed(ck.finite_float, eps, "eps", minimum=0.0)
-    variance = _typed(ck.boolean, normalize_variance, "normalize_variance")
-    act, act_params = activation_spec(activation)
-    _compute_dtype(compute_dtype)
-    given = (_parameter(scale, "scale", shape, groups), _parameter(bias, "bias", shape, groups))
+    key = _fast_key(x, scale, bias, axes, num_groups, eps, normalize_variance, activation, compute_dtype)
+    call = _CALLS.get(key) if key is not None else None
+    if call is None:
+        x, given, call = _validate(x, scale, bias, axes, num_groups, eps, normalize_variance, activation, compute_dtype)
+        if key is not None and all(g is None or g is p or g.base is p for g, p in zip(given, (scale, bias))):
+            if len(_CALLS) >= _MAX_CALLS:
+                _CALLS.clear()
+            _CALLS[key] = call
+    else:
+        given = [None if p is None else p.reshape(ps) for p, ps in zip((scale, bias), call.pshapes)]
     y = np.empty_like(x)
-    if x.size == 0:
+    plan = call.plan
+    if plan is None:   # an empty tensor
         return y
-    plan = _plan(shape, frozenset(reduced), groups, tuple(None if p is None else p.shape for p in given))
-
     norm = ffi.new("TnNormalization *")
-    norm.type = code
-    norm.eps = eps
-    norm.normalizeVariance = variance
-    norm.activation = act
-    norm.activationParams = act_params
+    norm.type = call.code
+    norm.eps = call.eps
+    norm.normalizeVariance = call.variance
+    norm.activation = call.act
+    norm.activationParams = call.act_params
     keep = []
     for arr, spec, c in zip(given, plan.params, (norm.scale, norm.bias)):
         if arr is not None:
