@@ -21,6 +21,22 @@
 #define F TN_AVX512_F
 #define INLINE static inline __attribute__((always_inline))
 
+/* The prefetch cursor of the rows kernel: lines from p up to end (exclusive) are still to be
+ * prefetched into L2; every pass takes a step now and then, so the memory keeps streaming
+ * the next rows while the current one is reduced and written. */
+typedef struct {
+    const char * p;
+    const char * end;
+} Cursor;
+
+INLINE void pf_step(Cursor * c)
+{
+    if (c->p < c->end) {
+        _mm_prefetch(c->p, _MM_HINT_T1);
+        c->p += 64;
+    }
+}
+
 INLINE __mmask16 lanes(size_t n)
 {
     return n >= F ? (__mmask16)0xffff : tn_avx512_tail_mask(n);
@@ -211,10 +227,10 @@ INLINE void st_stream(void * p, size_t i, __m512 v, int type)
 /* Full vectors of one segment from position e while e + F <= size; returns the next e. */
 INLINE size_t output_body(const void * src, void * dst, size_t at, size_t e, size_t size, __m512 m, __m512 vk,
                           const float * s, size_t sstep, __m512 s0, const float * b, size_t bstep, __m512 b0,
-                          const char * pf, size_t es, const TnNormalization * norm, int type, int act, int stream)
+                          Cursor * pf, const TnNormalization * norm, int type, int act, int stream)
 {
     for (; e + F <= size; e += F) {
-        _mm_prefetch(pf + e * es, _MM_HINT_T1);
+        pf_step(pf);
         __m512 d = _mm512_mul_ps(_mm512_sub_ps(ld(src, at + e, type), m), vk);
         __m512 vs = sstep ? _mm512_loadu_ps(s + e) : s0, vb = bstep ? _mm512_loadu_ps(b + e) : b0;
         __m512 y = _mm512_fmadd_ps(d, vs, vb);
@@ -244,13 +260,13 @@ INLINE void output_part(const void * src, void * dst, size_t at, size_t e, size_
  * [e0, e1) to be whole aligned cache lines), then a masked part. */
 INLINE void output_range(const void * src, void * dst, size_t at, size_t e0, size_t e1, __m512 m, __m512 vk,
                          const float * s, size_t sstep, __m512 s0, const float * b, size_t bstep, __m512 b0,
-                         const char * pf, size_t es, const TnNormalization * norm, int type, int stream)
+                         Cursor * pf, const TnNormalization * norm, int type, int stream)
 {
     size_t e = norm->activation != TnActivationIdentity
-        ? (stream ? output_body(src, dst, at, e0, e1, m, vk, s, sstep, s0, b, bstep, b0, pf, es, norm, type, 1, 1)
-                  : output_body(src, dst, at, e0, e1, m, vk, s, sstep, s0, b, bstep, b0, pf, es, norm, type, 1, 0))
-        : (stream ? output_body(src, dst, at, e0, e1, m, vk, s, sstep, s0, b, bstep, b0, pf, es, norm, type, 0, 1)
-                  : output_body(src, dst, at, e0, e1, m, vk, s, sstep, s0, b, bstep, b0, pf, es, norm, type, 0, 0));
+        ? (stream ? output_body(src, dst, at, e0, e1, m, vk, s, sstep, s0, b, bstep, b0, pf, norm, type, 1, 1)
+                  : output_body(src, dst, at, e0, e1, m, vk, s, sstep, s0, b, bstep, b0, pf, norm, type, 1, 0))
+        : (stream ? output_body(src, dst, at, e0, e1, m, vk, s, sstep, s0, b, bstep, b0, pf, norm, type, 0, 1)
+                  : output_body(src, dst, at, e0, e1, m, vk, s, sstep, s0, b, bstep, b0, pf, norm, type, 0, 0));
     if (e < e1)
         output_part(src, dst, at, e, e1 - e, m, vk, s, sstep, s0, b, bstep, b0, norm, type);
 }
@@ -262,7 +278,7 @@ INLINE void output_range(const void * src, void * dst, size_t at, size_t e0, siz
  * line is never written partly by streaming stores (that would flush a partial
  * write-combining buffer): the parts before the first and after the last whole line use
  * ordinary stores. */
-INLINE void output_row(const void * src, void * dst, size_t base, size_t next, size_t segments, size_t size, float mean,
+INLINE void output_row(const void * src, void * dst, size_t base, Cursor * pf, size_t segments, size_t size, float mean,
                        float k, const float * sp, const TnNormalizationParam * sc, const float * bp,
                        const TnNormalizationParam * bi, const TnNormalization * norm, int type, int stream)
 {
@@ -271,7 +287,6 @@ INLINE void output_row(const void * src, void * dst, size_t base, size_t next, s
     for (size_t j = 0; j < segments; ++j) {
         const float * s = sp + j * sc->stride, * b = bp + j * bi->stride;
         const size_t at = base + j * size;
-        const char * pf = (const char *)src + (next + j * size) * es;
         const __m512 s0 = _mm512_set1_ps(s[0]), b0 = _mm512_set1_ps(b[0]);
         size_t e = 0;
         if (stream) {
@@ -279,23 +294,24 @@ INLINE void output_row(const void * src, void * dst, size_t base, size_t next, s
             const uintptr_t l0 = (a0 + 63) & ~(uintptr_t)63, l1 = a1 & ~(uintptr_t)63;
             if (l1 > l0) {
                 const size_t h = (l0 - a0) / es, t = (l1 - a0) / es;
-                output_range(src, dst, at, 0, h, m, vk, s, sc->step, s0, b, bi->step, b0, pf, es, norm, type, 0);
-                output_range(src, dst, at, h, t, m, vk, s, sc->step, s0, b, bi->step, b0, pf, es, norm, type, 1);
+                output_range(src, dst, at, 0, h, m, vk, s, sc->step, s0, b, bi->step, b0, pf, norm, type, 0);
+                output_range(src, dst, at, h, t, m, vk, s, sc->step, s0, b, bi->step, b0, pf, norm, type, 1);
                 e = t;
             }
         }
-        output_range(src, dst, at, e, size, m, vk, s, sc->step, s0, b, bi->step, b0, pf, es, norm, type, 0);
+        output_range(src, dst, at, e, size, m, vk, s, sc->step, s0, b, bi->step, b0, pf, norm, type, 0);
     }
 }
 
 /* Sum of the n values from element `at` in the canonical 64-lane order (gnorm.h): element i
  * goes to accumulator (i / 16) % 4, lane i % 16; the accumulators are added as
  * (0 + 1) + (2 + 3), then the lanes as tn_avx512_hsum does. sq: the sum of (x - m)^2 instead. */
-INLINE float row_sum(const void * src, size_t at, size_t n, __m512 m, int sq, int type)
+INLINE float row_sum(const void * src, size_t at, size_t n, __m512 m, int sq, int type, Cursor * pf)
 {
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     size_t i = 0;
     for (; i + 4 * F <= n; i += 4 * F) {
+        pf_step(pf);
         __m512 x0 = ld(src, at + i, type), x1 = ld(src, at + i + F, type);
         __m512 x2 = ld(src, at + i + 2 * F, type), x3 = ld(src, at + i + 3 * F, type);
         if (sq) {
@@ -326,13 +342,13 @@ INLINE float row_sum(const void * src, size_t at, size_t n, __m512 m, int sq, in
 /* Mean and k of the row of n values from element `at` (two passes: the first brings the
  * row into L1 or L2, the second finds it there). */
 INLINE void row_stats(const void * src, size_t at, size_t n, const TnNormalization * norm, int type, float * mean,
-                      float * k)
+                      float * k, Cursor * pf)
 {
     const float inv = 1.0f / (float)n;
-    *mean = row_sum(src, at, n, _mm512_setzero_ps(), 0, type) * inv;
+    *mean = row_sum(src, at, n, _mm512_setzero_ps(), 0, type, pf) * inv;
     *k = 1.0f;
     if (norm->normalizeVariance)
-        *k = 1.0f / sqrtf(row_sum(src, at, n, _mm512_set1_ps(*mean), 1, type) * inv + norm->eps);
+        *k = 1.0f / sqrtf(row_sum(src, at, n, _mm512_set1_ps(*mean), 1, type, pf) * inv + norm->eps);
 }
 
 /* Rows one at a time, the statistics of the next row computed before the output of this one:
@@ -347,13 +363,16 @@ INLINE void rows_typed(const void * src, size_t outer, size_t segments, size_t s
     const int stream = total * es >= TN_GN_STREAM_BYTES && (uintptr_t)dst % es == 0;
     const size_t ahead = n * es >= TN_GN_AHEAD_BYTES ? n : (TN_GN_AHEAD_BYTES / es + n - 1) / n * n;
     float mean, k, next_mean = 0.0f, next_k = 0.0f;
-    row_stats(src, 0, n, norm, type, &mean, &k);
+    const char * const bytes = (const char *)src, * const last = bytes + total * es;
+    Cursor pf = {bytes + (ahead < total ? ahead : total) * es, bytes};
+    pf.end = bytes + (ahead + n < total ? ahead + n : total) * es;
+    row_stats(src, 0, n, norm, type, &mean, &k, &pf);
     for (size_t o = 0; o < outer; ++o) {
         const size_t at = o * n;
+        pf.end = at + n + ahead + n <= total ? bytes + (at + n + ahead + n) * es : last;
         if (o + 1 < outer)
-            row_stats(src, at + n, n, norm, type, &next_mean, &next_k);
-        const size_t next = at + ahead + n <= total ? at + ahead : total - n;
-        output_row(src, dst, at, next, segments, size, mean, k, tn_gn_row(&sc, o), &sc, tn_gn_row(&bi, o), &bi, norm,
+            row_stats(src, at + n, n, norm, type, &next_mean, &next_k, &pf);
+        output_row(src, dst, at, &pf, segments, size, mean, k, tn_gn_row(&sc, o), &sc, tn_gn_row(&bi, o), &bi, norm,
                    type, stream);
         mean = next_mean, k = next_k;
     }
