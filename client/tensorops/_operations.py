@@ -62,6 +62,15 @@ class Operations:
         """Element-wise unary operation (SimdSynetUnaryOperation32f); op by name or value."""
         return self._call("unary", dict(x=x, op=op), timeout, metadata)
 
+    def normalize(self, x, scale=None, bias=None, *, axes, num_groups=1, eps=1e-5, normalize_variance=True,
+                  activation=None, compute_dtype=None, timeout=None, metadata=None):
+        """Generic normalization (TensorRT INormalization, DirectML MVN1): mean and variance
+        over `axes` (indices or a TensorRT bitmask), optional groups, scale, bias and fused
+        activation; FP32, FP16 or BF16 x."""
+        return self._call("normalize", dict(x=x, scale=scale, bias=bias, axes=axes, num_groups=num_groups, eps=eps,
+                                            normalize_variance=normalize_variance, activation=activation,
+                                            compute_dtype=compute_dtype), timeout, metadata)
+
     def quantized_inner_product(self, *arrays, b_scale, a_scale, a_zero, c_scale, c_zero, bias=None,
                                 trans_b=False, max_m=None, algorithm=None, timeout=None, metadata=None):
         """UINT8 x INT8 -> UINT8 matrix product with requantization

@@ -9,9 +9,9 @@ default; the `format` argument travels as the Format of the operation's image te
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from . import _codec
 from ._codec import WireError
 from .v1 import tensor_pb2, tensorops_pb2
 
-TENSOR, TENSORS, ENUM, SCALAR, REPEATED = range(5)  # kinds of request fields
+TENSOR, TENSORS, ENUM, SCALAR, REPEATED, MESSAGE = range(6)  # kinds of request fields
 
 SERVICE = tensorops_pb2.DESCRIPTOR.services_by_name["TensorOps"]
 SERVICE_NAME = SERVICE.full_name
@@ -44,6 +44,8 @@ class Operation:
     rpc: str                          # the method of the service
     layout: tuple[str, ...] = ()      # image tensors whose Format is the `format` argument
     image_outputs: bool = True        # outputs carry the input layout (else no format)
+    # Client side: arguments the generic rules do not cover, turned into their wire form.
+    adapt: Callable[[dict], dict] | None = field(default=None, compare=False)
 
     @cached_property
     def method(self):
@@ -75,6 +77,8 @@ class Operation:
                 plan[f.name] = (TENSORS if f.is_repeated else TENSOR, f.name in self.layout)
             elif f.enum_type is not None:
                 plan[f.name] = (ENUM, f.enum_type)
+            elif f.message_type is not None:
+                plan[f.name] = (MESSAGE, f)
             else:
                 plan[f.name] = (REPEATED if f.is_repeated else SCALAR, f)
         return plan
@@ -88,8 +92,45 @@ class Operation:
         return method_path(self.rpc)
 
 
-# The stateless operations, in API.md's order. Generic normalization joins with one line
-# when tensorops_native.normalize exists.
+def _normalize_arguments(arguments: dict) -> dict:
+    """normalize(): a TensorRT bitmask int travels as the indices of its bits, the activation
+    (None, a name or (name, *parameters)) as a FusedActivation message, compute_dtype as the
+    dtype's name."""
+    args = dict(arguments)
+    axes = args.get("axes")
+    if isinstance(axes, numbers.Integral) and not isinstance(axes, (bool, np.bool_)):
+        mask = int(axes)
+        if mask < 0:
+            raise WireError("axes", f"a bitmask must be non-negative, got {mask}")
+        args["axes"] = [i for i in range(mask.bit_length()) if mask >> i & 1]
+    if args.get("axes") is not None and not isinstance(args["axes"], (str, bytes)) and \
+            hasattr(args["axes"], "__len__") and len(args["axes"]) == 0:
+        raise WireError("axes", "the set of axes is empty")
+    activation = args.get("activation")
+    if activation is not None:
+        if isinstance(activation, str):
+            name, params = activation, []
+        elif isinstance(activation, (tuple, list)) and activation and isinstance(activation[0], str):
+            name, params = activation[0], list(activation[1:])
+        else:
+            raise WireError("activation", f"expected None, a name or (name, *parameters), got {activation!r}")
+        message = tensorops_pb2.FusedActivation(
+            type=encode_enum(tensorops_pb2.Activation.DESCRIPTOR, name, "activation"))
+        for p in params:
+            if isinstance(p, (bool, np.bool_)) or not isinstance(p, numbers.Real):
+                raise WireError("activation", f"parameters must be real numbers, got {p!r}")
+            message.params.append(float(p))
+        args["activation"] = message
+    dtype = args.get("compute_dtype")
+    if dtype is not None and not isinstance(dtype, str):
+        try:
+            args["compute_dtype"] = np.dtype(dtype).name
+        except TypeError:
+            raise WireError("compute_dtype", f"expected a dtype or its name, got {dtype!r}") from None
+    return args
+
+
+# The stateless operations, in API.md's order.
 OPERATIONS = {op.name: op for op in (
     Operation("normalize_l2", "NormalizeL2", layout=("x",)),
     Operation("layer_norm_channels", "LayerNormChannels", layout=("x",)),
@@ -102,6 +143,7 @@ OPERATIONS = {op.name: op for op in (
     Operation("softmax", "Softmax"),
     Operation("tiled_scale_2d", "TiledScale2D", layout=("x",)),
     Operation("unary", "Unary"),
+    Operation("normalize", "Normalize", adapt=_normalize_arguments),
     Operation("quantized_inner_product", "QuantizedInnerProduct"),
 )}
 
@@ -181,6 +223,8 @@ def _sequence(value, name: str) -> list:
 
 def build_request(op: Operation, arguments: dict[str, Any]) -> Request:
     """Encode call arguments (None = the default) as the request of `op`."""
+    if op.adapt is not None:
+        arguments = op.adapt(arguments)
     plan = op.request_plan
     fmt_value = arguments.get("format")
     fmt = encode_format(fmt_value) if fmt_value is not None else 0
@@ -202,6 +246,8 @@ def build_request(op: Operation, arguments: dict[str, Any]) -> Request:
             bits = bits or any(_is_bits(v) for v in items)
         elif kind == ENUM:
             setattr(message, name, encode_enum(detail, value, name))
+        elif kind == MESSAGE:
+            getattr(message, name).CopyFrom(value)
         else:
             values = _sequence(value, name) if kind == REPEATED else (value,)
             if detail.type != detail.TYPE_BOOL and any(isinstance(v, (bool, np.bool_)) for v in values):

@@ -213,6 +213,65 @@ void TnSynetQuantizedInnerProductForwardRows(void * context, size_t M, const uin
 /* Releases a context made by any TnXxxInit function (NULL is ignored). */
 void TnRelease(void * context);
 
+/* ---- Generic normalization (TensorRT / DirectML) ----------------------------------- */
+
+/* Fused activations, applied after scale and bias (DirectML DML_ACTIVATION_*: the order of
+ * API.md). Parameters in TnNormalization.activationParams, in DirectML's order. */
+typedef enum {
+    TnActivationIdentity = 0,
+    TnActivationLinear = 1,              /* alpha * y + beta */
+    TnActivationRelu = 2,
+    TnActivationLeakyRelu = 3,           /* alpha */
+    TnActivationParametricSoftplus = 4,  /* alpha, beta: alpha * ln(1 + exp(beta * y)) */
+    TnActivationElu = 5,                 /* alpha */
+    TnActivationCelu = 6,                /* alpha */
+    TnActivationScaledElu = 7,           /* alpha, gamma */
+    TnActivationSigmoid = 8,
+    TnActivationHardSigmoid = 9,         /* alpha, beta */
+    TnActivationTanh = 10,
+    TnActivationScaledTanh = 11,         /* alpha, beta: alpha * tanh(beta * y) */
+    TnActivationSoftplus = 12,           /* steepness: ln(1 + exp(s * y)) / s */
+    TnActivationSoftsign = 13,
+    TnActivationThresholdedRelu = 14,    /* alpha */
+    TnActivationShrink = 15,             /* bias, threshold */
+    TnActivationGelu = 16
+} TnActivationType;
+
+/* Where the scale (or bias) value of an element is: data[(o % period) * outerStride +
+ * j * stride + s * step], with o the row (rows kernel) or outer index (columns kernel), j the
+ * segment (rows) or the reduced index (columns), s the position in the contiguous run
+ * (segment, or inner index). step is 0 (one value for the whole run) or 1. data NULL: the
+ * parameter is absent (scale 1, bias 0). */
+typedef struct {
+    const float * data;
+    size_t period;
+    size_t outerStride;
+    size_t stride;
+    size_t step;
+} TnNormalizationParam;
+
+typedef struct {
+    int type;                 /* TnTensorData32f, 16f or 16b: both src and dst */
+    float eps;
+    int normalizeVariance;    /* 0: y = (x - mean) * scale + bias */
+    int activation;           /* TnActivationType */
+    float activationParams[2];
+    TnNormalizationParam scale;
+    TnNormalizationParam bias;
+} TnNormalization;
+
+/* Rows: src is (outer, segments, segmentSize), each row of segments * segmentSize values is
+ * normalized over itself; the parameters may change from segment to segment (group norm's
+ * channels). Columns: src is (outer, count, inner), normalized over count for each (outer,
+ * inner). y = act((x - mean) / sqrt(var + eps) * scale + bias), mean and population variance
+ * in fp32 in a fixed order, so every ISA level gives bit-identical results; a NaN result is
+ * the quiet NaN 0x7FC00000 (BF16 0x7FC0, FP16 0x7E00). */
+void TnNormalizationRows(const void * src, size_t outer, size_t segments, size_t segmentSize,
+    const TnNormalization * norm, void * dst);
+
+void TnNormalizationColumns(const void * src, size_t outer, size_t count, size_t inner,
+    const TnNormalization * norm, void * dst);
+
 #ifdef __cplusplus
 }
 #endif

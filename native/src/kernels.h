@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tensorops.h"  /* parameter types (TnNormalization) */
+
 /* K(Name, (parameters), (arguments)) */
 #define TN_KERNEL_LIST(K) \
     K(SynetNormalizeLayerForward, \
@@ -60,7 +62,14 @@
       (src, channels, height, width, format, ver, hor, dst)) \
     K(SynetUnaryOperation32f, \
       (const float * src, size_t size, int type, float * dst), \
-      (src, size, type, dst))
+      (src, size, type, dst)) \
+    K(NormalizationRows, \
+      (const void * src, size_t outer, size_t segments, size_t segmentSize, const TnNormalization * norm, \
+       void * dst), \
+      (src, outer, segments, segmentSize, norm, dst)) \
+    K(NormalizationColumns, \
+      (const void * src, size_t outer, size_t count, size_t inner, const TnNormalization * norm, void * dst), \
+      (src, outer, count, inner, norm, dst))
 
 /* Declarations of every variant. Variants are weak so the dispatcher can fall back to the
  * next lower level ("best enabled ISA, else the next, else scalar") and report honestly

@@ -31,6 +31,7 @@ from ._ops import (  # noqa: E402
     unary,
 )
 from ._qip import QuantizedInnerProduct, quantized_inner_product  # noqa: E402
+from ._normalize import ACTIVATIONS, normalize  # noqa: E402
 
 try:
     __version__ = _version("tensorops")
@@ -40,7 +41,7 @@ except PackageNotFoundError:  # running from a source tree
 OPERATIONS = (
     "normalize_l2", "layer_norm_channels", "layer_norm_spatial", "channel_norm", "channel_sum",
     "eltwise", "lrn_cross_channels", "shuffle", "softmax", "tiled_scale_2d", "unary",
-    "quantized_inner_product",
+    "quantized_inner_product", "normalize",
 )
 
 
@@ -53,14 +54,15 @@ def info() -> dict:
         "cpu_features": cpu_features(),
         "kernels": kernels(),
         "limits": {"max_ndim": 32, "unary_ops": sorted(UNARY_OPS, key=UNARY_OPS.get),
-                   "eltwise_ops": sorted(ELTWISE_OPS, key=ELTWISE_OPS.get)},
+                   "eltwise_ops": sorted(ELTWISE_OPS, key=ELTWISE_OPS.get),
+                   "activations": list(ACTIVATIONS)},
         "operations": list(OPERATIONS),
     }
 
 
 __all__ = [
-    "ArgumentError", "ArgumentTypeError", "OPERATIONS", "QuantizedInnerProduct", "channel_norm", "channel_sum",
-    "cpu_features", "eltwise", "info", "isa", "kernels", "layer_norm_channels", "layer_norm_spatial",
-    "lrn_cross_channels", "normalize_l2", "quantized_inner_product", "shuffle", "softmax", "tiled_scale_2d",
-    "unary",
+    "ACTIVATIONS", "ArgumentError", "ArgumentTypeError", "OPERATIONS", "QuantizedInnerProduct", "channel_norm",
+    "channel_sum", "cpu_features", "eltwise", "info", "isa", "kernels", "layer_norm_channels", "layer_norm_spatial",
+    "lrn_cross_channels", "normalize", "normalize_l2", "quantized_inner_product", "shuffle", "softmax",
+    "tiled_scale_2d", "unary",
 ]

@@ -130,6 +130,16 @@ def request_format(op: _wire.Operation, decoded: _codec.Decoded) -> int:
     return fmt
 
 
+def _normalize_arguments(kwargs: dict) -> dict:
+    """normalize(): the FusedActivation message becomes (name, *parameters); an activation
+    number this side does not know keeps a name that the operation refuses, naming it."""
+    activation = kwargs.get("activation")
+    if activation is not None:
+        name = _wire.decode_enum(activation.DESCRIPTOR.fields_by_name["type"].enum_type, activation.type)
+        kwargs["activation"] = (name or f"<activation number {activation.type}>", *activation.params)
+    return kwargs
+
+
 def _entry(name: str, native_name: str | None = None, **kwargs) -> Entry | None:
     native = getattr(tensorops_native, native_name or name, None)
     return None if native is None else Entry(_wire.OPERATIONS[name], native, **kwargs)
@@ -149,6 +159,7 @@ def build_table() -> dict[str, Entry]:
         _entry("softmax"),
         _entry("tiled_scale_2d"),
         _entry("unary"),
+        _entry("normalize", adapt=_normalize_arguments),
         _entry("quantized_inner_product"),
     )
     return {e.name: e for e in entries if e is not None}

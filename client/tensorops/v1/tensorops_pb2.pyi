@@ -42,6 +42,27 @@ class UnaryOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UNARY_OP_SQRT: _ClassVar[UnaryOp]
     UNARY_OP_TANH: _ClassVar[UnaryOp]
     UNARY_OP_ZERO: _ClassVar[UnaryOp]
+
+class Activation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACTIVATION_UNSPECIFIED: _ClassVar[Activation]
+    ACTIVATION_IDENTITY: _ClassVar[Activation]
+    ACTIVATION_LINEAR: _ClassVar[Activation]
+    ACTIVATION_RELU: _ClassVar[Activation]
+    ACTIVATION_LEAKY_RELU: _ClassVar[Activation]
+    ACTIVATION_PARAMETRIC_SOFTPLUS: _ClassVar[Activation]
+    ACTIVATION_ELU: _ClassVar[Activation]
+    ACTIVATION_CELU: _ClassVar[Activation]
+    ACTIVATION_SCALED_ELU: _ClassVar[Activation]
+    ACTIVATION_SIGMOID: _ClassVar[Activation]
+    ACTIVATION_HARD_SIGMOID: _ClassVar[Activation]
+    ACTIVATION_TANH: _ClassVar[Activation]
+    ACTIVATION_SCALED_TANH: _ClassVar[Activation]
+    ACTIVATION_SOFTPLUS: _ClassVar[Activation]
+    ACTIVATION_SOFTSIGN: _ClassVar[Activation]
+    ACTIVATION_THRESHOLDED_RELU: _ClassVar[Activation]
+    ACTIVATION_SHRINK: _ClassVar[Activation]
+    ACTIVATION_GELU: _ClassVar[Activation]
 ELTWISE_OP_UNSPECIFIED: EltwiseOp
 ELTWISE_OP_PRODUCT: EltwiseOp
 ELTWISE_OP_SUM: EltwiseOp
@@ -68,6 +89,24 @@ UNARY_OP_SIN: UnaryOp
 UNARY_OP_SQRT: UnaryOp
 UNARY_OP_TANH: UnaryOp
 UNARY_OP_ZERO: UnaryOp
+ACTIVATION_UNSPECIFIED: Activation
+ACTIVATION_IDENTITY: Activation
+ACTIVATION_LINEAR: Activation
+ACTIVATION_RELU: Activation
+ACTIVATION_LEAKY_RELU: Activation
+ACTIVATION_PARAMETRIC_SOFTPLUS: Activation
+ACTIVATION_ELU: Activation
+ACTIVATION_CELU: Activation
+ACTIVATION_SCALED_ELU: Activation
+ACTIVATION_SIGMOID: Activation
+ACTIVATION_HARD_SIGMOID: Activation
+ACTIVATION_TANH: Activation
+ACTIVATION_SCALED_TANH: Activation
+ACTIVATION_SOFTPLUS: Activation
+ACTIVATION_SOFTSIGN: Activation
+ACTIVATION_THRESHOLDED_RELU: Activation
+ACTIVATION_SHRINK: Activation
+ACTIVATION_GELU: Activation
 
 class TensorResponse(_message.Message):
     __slots__ = ("y",)
@@ -194,6 +233,36 @@ class UnaryRequest(_message.Message):
     x: _tensor_pb2.Tensor
     op: UnaryOp
     def __init__(self, x: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., op: _Optional[_Union[UnaryOp, str]] = ...) -> None: ...
+
+class FusedActivation(_message.Message):
+    __slots__ = ("type", "params")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    type: Activation
+    params: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, type: _Optional[_Union[Activation, str]] = ..., params: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class NormalizeRequest(_message.Message):
+    __slots__ = ("x", "scale", "bias", "axes", "num_groups", "eps", "normalize_variance", "activation", "compute_dtype")
+    X_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FIELD_NUMBER: _ClassVar[int]
+    BIAS_FIELD_NUMBER: _ClassVar[int]
+    AXES_FIELD_NUMBER: _ClassVar[int]
+    NUM_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    EPS_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZE_VARIANCE_FIELD_NUMBER: _ClassVar[int]
+    ACTIVATION_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    x: _tensor_pb2.Tensor
+    scale: _tensor_pb2.Tensor
+    bias: _tensor_pb2.Tensor
+    axes: _containers.RepeatedScalarFieldContainer[int]
+    num_groups: int
+    eps: float
+    normalize_variance: bool
+    activation: FusedActivation
+    compute_dtype: str
+    def __init__(self, x: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., scale: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., bias: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., axes: _Optional[_Iterable[int]] = ..., num_groups: _Optional[int] = ..., eps: _Optional[float] = ..., normalize_variance: _Optional[bool] = ..., activation: _Optional[_Union[FusedActivation, _Mapping]] = ..., compute_dtype: _Optional[str] = ...) -> None: ...
 
 class QuantizedInnerProductRequest(_message.Message):
     __slots__ = ("a", "b", "b_scale", "a_scale", "a_zero", "c_scale", "c_zero", "bias", "trans_b", "algorithm")

@@ -89,6 +89,11 @@ class TensorOpsStub:
                 request_serializer=tensorops_dot_v1_dot_tensorops__pb2.UnaryRequest.SerializeToString,
                 response_deserializer=tensorops_dot_v1_dot_tensorops__pb2.TensorResponse.FromString,
                 _registered_method=True)
+        self.Normalize = channel.unary_unary(
+                '/tensorops.v1.TensorOps/Normalize',
+                request_serializer=tensorops_dot_v1_dot_tensorops__pb2.NormalizeRequest.SerializeToString,
+                response_deserializer=tensorops_dot_v1_dot_tensorops__pb2.TensorResponse.FromString,
+                _registered_method=True)
         self.QuantizedInnerProduct = channel.unary_unary(
                 '/tensorops.v1.TensorOps/QuantizedInnerProduct',
                 request_serializer=tensorops_dot_v1_dot_tensorops__pb2.QuantizedInnerProductRequest.SerializeToString,
@@ -190,6 +195,12 @@ class TensorOpsServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Unary(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Normalize(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -298,6 +309,11 @@ def add_TensorOpsServicer_to_server(servicer, server):
             'Unary': grpc.unary_unary_rpc_method_handler(
                     servicer.Unary,
                     request_deserializer=tensorops_dot_v1_dot_tensorops__pb2.UnaryRequest.FromString,
+                    response_serializer=tensorops_dot_v1_dot_tensorops__pb2.TensorResponse.SerializeToString,
+            ),
+            'Normalize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Normalize,
+                    request_deserializer=tensorops_dot_v1_dot_tensorops__pb2.NormalizeRequest.FromString,
                     response_serializer=tensorops_dot_v1_dot_tensorops__pb2.TensorResponse.SerializeToString,
             ),
             'QuantizedInnerProduct': grpc.unary_unary_rpc_method_handler(
@@ -632,6 +648,33 @@ class TensorOps:
             target,
             '/tensorops.v1.TensorOps/Unary',
             tensorops_dot_v1_dot_tensorops__pb2.UnaryRequest.SerializeToString,
+            tensorops_dot_v1_dot_tensorops__pb2.TensorResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Normalize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tensorops.v1.TensorOps/Normalize',
+            tensorops_dot_v1_dot_tensorops__pb2.NormalizeRequest.SerializeToString,
             tensorops_dot_v1_dot_tensorops__pb2.TensorResponse.FromString,
             options,
             channel_credentials,

@@ -1,0 +1,117 @@
+/*
+ * Generic normalization (TensorRT INormalization, DirectML MVN1): what the three ISA levels
+ * (gnorm_scalar.c, gnorm_avx2.c, gnorm_avx512.c) share. Include after the level's vmath
+ * header.
+ *
+ * Every level computes the same fp32 values with the same operation sequence, so results
+ * are bit-identical on every level and for every dtype:
+ *   - sums use fixed lane orders. Rows: 64 lanes, element i of the row goes to lane i % 64
+ *     (four 16-lane accumulators, so that one row has four independent chains); lanes l,
+ *     16 + l, 32 + l, 48 + l are added as (0 + 1) + (2 + 3), then the 16 lanes are reduced as
+ *     tn_avx512_hsum does (i + (i + 8), then i + (i + 4), then (0 + 2) + (1 + 3)). Columns:
+ *     for each position, row r goes to lane r % 16, reduced with the same 16-lane tree. Each
+ *     lane adds its elements in increasing order starting from +0.0f; a lane started at +0.0f
+ *     and rounded to nearest is never -0.0f, so adding +0.0f (masked tails, absent lanes) or
+ *     skipping it gives the same sum;
+ *   - mean = sum(x) * (1 / n); d = x - mean, sum of squares as fma(d, d, lane);
+ *     k = 1 / sqrt(sumsq * (1 / n) + eps), or k = 1 without variance normalization;
+ *   - y = act(fma(d * k, scale, bias)) (an absent scale is 1, an absent bias +0);
+ *   - a NaN result becomes the quiet NaN 0x7FC00000 (the payload of a NaN would otherwise
+ *     depend on the order in which the compiler puts the operands of a commutative operation),
+ *     then the value is rounded once to the output dtype (RNE; FP16 and BF16 keep denormals).
+ * The activations are written with add, sub, mul, div, sqrt, fma, compare-and-select,
+ * tn_exp_f32 and tn_log_f32 only (bit-identical on every level); selects mirror the vector
+ * instructions: min(a, b) = a < b ? a : b and max(a, b) = a > b ? a : b (MINPS / MAXPS, which
+ * return b when either is NaN).
+ */
+#ifndef TN_GNORM_H
+#define TN_GNORM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tensorops.h"
+
+/* Rows kernel: while a row is written, the input this far ahead (at least one row) is
+ * prefetched into L2. */
+#define TN_GN_AHEAD_BYTES (16 * 1024)
+/* Columns kernel: positions per chunk at most (16 lane arrays on the stack), and the bytes a
+ * chunk of all the rows should not exceed (so its later passes read it from L2). */
+#define TN_GN_CHUNK 256
+#define TN_GN_CHUNK_BYTES (512 * 1024)
+
+/* Outputs at least this large (more than L2 holds) are written with streaming stores by the
+ * rows kernel of the vector levels: they would leave the cache before being read anyway, and
+ * streaming stores save the read for ownership of every output line. */
+#ifndef TN_GN_STREAM_BYTES
+#define TN_GN_STREAM_BYTES (2 * 1024 * 1024)
+#endif
+
+#define TN_GN_QNAN 0x7fc00000u
+
+/* Polynomials: weighted least-squares fits (relative error, iterated towards minimax) made
+ * with NumPy against float64 references; errors below are measured in fp32 with FMA Horner.
+ * tanh(y) = y + y^3 P(y^2) for |y| < 0.625 (1.4 ulp), else 1 - 2 / (exp(2|y|) + 1). */
+#define TN_GN_TANH_SMALL 0.625f
+#define TN_GN_TANH_P0 -0.333333284f
+#define TN_GN_TANH_P1 0.133327708f
+#define TN_GN_TANH_P2 -0.0538510568f
+#define TN_GN_TANH_P3 0.0209977105f
+#define TN_GN_TANH_P4 -0.00609734189f
+/* GELU: y * Phi(y), Phi(y) = (1 + erf(t)) / 2 with t = y / sqrt(2).
+ * erf(t) = t P(t^2) for t^2 < 0.765625 (|t| < 0.875; 3 ulp);
+ * erfc(|t|) = exp(-t^2) Q(1 / (1 + |t|)) above (3.6 ulp for Q), with t^2 = y * y / 2 taken
+ * exactly (its rounding error fed back into the exponential), so Phi of a negative y keeps
+ * its relative accuracy where 1 + erf(t) would cancel. */
+#define TN_GN_RSQRT2 0.707106781f
+#define TN_GN_GELU_SMALL 0.765625f
+#define TN_GN_GELU_TINY 104.0f          /* t^2 at or above: exp(-t^2) is 0 */
+#define TN_GN_ERF_P0 1.12837911f
+#define TN_GN_ERF_P1 -0.376125515f
+#define TN_GN_ERF_P2 0.112824567f
+#define TN_GN_ERF_P3 -0.0267915092f
+#define TN_GN_ERF_P4 0.00503224088f
+#define TN_GN_ERF_P5 -0.000620353734f
+#define TN_GN_ERFC_Q0 7.1262989e-06f
+#define TN_GN_ERFC_Q1 0.563868344f
+#define TN_GN_ERFC_Q2 0.57032913f
+#define TN_GN_ERFC_Q3 0.216978878f
+#define TN_GN_ERFC_Q4 0.137618259f
+#define TN_GN_ERFC_Q5 -2.38163543f
+#define TN_GN_ERFC_Q6 3.79692292f
+#define TN_GN_ERFC_Q7 -2.59040642f
+#define TN_GN_ERFC_Q8 0.68434757f
+
+/* Other shared helpers of the activations:
+ *   expm1(y): u = exp(y); (u - 1) * y / log(u), except y when u == 1, -1 when u - 1 == -1,
+ *             +inf when u == +inf (Kahan's formula: a few ulp everywhere);
+ *   log1p(u), 0 <= u <= 1: w = 1 + u; log(w) * (u / (w - 1)), or u when w == 1;
+ *   softplus core sp(z) = max(0, z) + log1p(exp(-|z|)). */
+
+/* An absent parameter reads as this one value for every element. */
+static const float tn_gn_one = 1.0f;
+static const float tn_gn_zero = 0.0f;
+
+static inline TnNormalizationParam tn_gn_param(TnNormalizationParam p, const float * absent)
+{
+    if (p.data == NULL) {
+        TnNormalizationParam q = {absent, 1, 0, 0, 0};
+        return q;
+    }
+    if (p.period == 0)
+        p.period = 1;
+    return p;
+}
+
+/* The parameters of row (or outer item) o. */
+static inline const float * tn_gn_row(const TnNormalizationParam * p, size_t o)
+{
+    return p->data + (o % p->period) * p->outerStride;
+}
+
+static inline size_t tn_gn_size(int type)
+{
+    return type == TnTensorData32f ? 4 : 2;
+}
+
+#endif
