@@ -449,6 +449,19 @@ def _validate(x, scale, bias, axes, num_groups, eps, normalize_variance, activat
     return x, given, _Call(code, plan, eps, variance, act, act_params, pshapes)
 
 
+_ALIGNED_OUTPUT = 2 << 20   # outputs this large are written with streaming stores (see gnorm.h)
+
+
+def _output_like(x: np.ndarray) -> np.ndarray:
+    """np.empty_like(x); a large one starts on a 64-byte boundary, so that whole cache lines
+    of its rows can take the kernel's streaming stores."""
+    if x.nbytes < _ALIGNED_OUTPUT:
+        return np.empty_like(x)
+    buf = np.empty(x.nbytes + 64, np.uint8)
+    start = -buf.ctypes.data % 64
+    return buf[start:start + x.nbytes].view(x.dtype).reshape(x.shape)
+
+
 def normalize(x, scale=None, bias=None, *, axes, num_groups=1, eps=1e-5, normalize_variance=True, activation=None,
               compute_dtype=None):
     """Generic normalization (TensorRT INormalization, DirectML MVN1):
@@ -484,7 +497,7 @@ def normalize(x, scale=None, bias=None, *, axes, num_groups=1, eps=1e-5, normali
             _CALLS[key] = call
     else:
         given = [None if p is None else p.reshape(ps) for p, ps in zip((scale, bias), call.pshapes)]
-    y = np.empty_like(x)
+    y = _output_like(x)
     plan = call.plan
     if plan is None:   # an empty tensor
         return y
