@@ -34,7 +34,9 @@
 
 /* Rows kernel: while a row is written, the input this far ahead (at least one row) is
  * prefetched into L2. */
+#ifndef TN_GN_AHEAD_BYTES
 #define TN_GN_AHEAD_BYTES (16 * 1024)
+#endif
 /* Columns kernel: positions per chunk at most (16 lane arrays on the stack), and the bytes a
  * chunk of all the rows should not exceed (so its later passes read it from L2). */
 #define TN_GN_CHUNK 256
