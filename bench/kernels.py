@@ -45,6 +45,7 @@ PEERS = ("numpy", "torch", "ort")
 PEER_TITLES = {"numpy": "NumPy", "torch": "PyTorch", "ort": "ONNX Runtime"}
 ONNX_OPSET = 17        # the first opset with LayerNormalization
 ONNX_IR_VERSION = 8    # the IR version that goes with opset 17
+ONNX_IR_VERSIONS = {17: 8, 18: 8, 19: 9, 20: 9, 21: 10}   # opset -> its IR version
 MIB = 1 << 20
 CASE_TIMEOUT_S = 120.0  # a worker silent for this long on one case is stopped
 
@@ -96,6 +97,7 @@ class OnnxGraph:
     feeds: dict[str, np.ndarray]                  # graph inputs, bound once
     outputs: list[str]                            # graph outputs, in the order of the NumPy results
     inits: dict[str, np.ndarray] = field(default_factory=dict)
+    opset: int = ONNX_OPSET                       # e.g. 21 for GroupNormalization with per-channel scale
 
 
 @dataclass
@@ -282,6 +284,85 @@ def channel_norm_case(shape) -> Case:
 
     return Case(f"channel_norm nchw {shape_text(shape)}", "norm", "SynetNormalizeLayerForwardV4", build,
                 ("channel_norm",))
+
+
+# The generic normalization (TensorRT INormalization / DirectML MVN1) on the three layouts
+# of the issue: (x shape, normalize() keyword arguments, per-channel parameters?).
+GENERIC_NORMS = {
+    "layer_norm": ((8, 197, 768), dict(axes=[-1]), False),
+    "instance_norm": ((8, 64, 56, 56), dict(axes=[2, 3]), True),
+    "group_norm": ((8, 256, 28, 28), dict(axes=[2, 3], num_groups=32), True),
+}
+
+
+def generic_norm_case(kind, dtype=F32) -> Case:
+    """tensorops_native.normalize against torch layer_norm / instance_norm / group_norm and
+    ONNX Runtime LayerNormalization / InstanceNormalization / GroupNormalization (opset 21:
+    per-channel scale and bias). Scale and bias fp32, per position (layer norm) or per channel."""
+    shape, kwargs, per_channel = GENERIC_NORMS[kind]
+    bf16 = dtype == BF16
+    eps = 1e-5
+
+    def build(rng):
+        c = shape[1] if per_channel else shape[-1]
+        x = normal(rng, shape, dtype, loc=0.5, scale=2.0)
+        scale = normal(rng, (c,), loc=1.0, scale=0.1)
+        shift = normal(rng, (c,), scale=0.1)
+        pshape = (1, c) + (1,) * (len(shape) - 2) if per_channel else (c,)
+        s4, b4 = scale.reshape(pshape), shift.reshape(pshape)
+        groups = kwargs.get("num_groups", c if per_channel else 1)
+
+        def numpy_impl():
+            xf = x.astype(np.float32) if bf16 else x
+            if per_channel:   # instance norm is group norm with one channel per group
+                xg = xf.reshape(shape[0], groups, -1)
+                mean = xg.mean(axis=-1, keepdims=True)
+                d = xg - mean
+                var = (d * d).mean(axis=-1, keepdims=True)
+                y = (d / np.sqrt(var + eps)).reshape(shape) * s4 + b4
+            else:
+                mean = xf.mean(axis=-1, keepdims=True)
+                d = xf - mean
+                var = (d * d).mean(axis=-1, keepdims=True)
+                y = d / np.sqrt(var + eps) * scale + shift
+            return y.astype(BF16) if bf16 else y
+
+        def torch_impl():
+            import torch.nn.functional as F
+            xt, st, bt = to_torch(x), to_torch(scale), to_torch(shift)
+            if kind == "layer_norm":
+                return lambda: F.layer_norm(xt, (c,), st, bt, eps)
+            if kind == "instance_norm":
+                return lambda: F.instance_norm(xt, weight=st, bias=bt, eps=eps)
+            return lambda: F.group_norm(xt, groups, st, bt, eps)
+
+        def onnx_impl():
+            op = {"layer_norm": "LayerNormalization", "instance_norm": "InstanceNormalization",
+                  "group_norm": "GroupNormalization"}[kind]
+            attrs = dict(epsilon=eps)
+            if kind == "layer_norm":
+                attrs["axis"] = -1
+            if kind == "group_norm":
+                attrs["num_groups"] = groups
+            opset = 21 if kind == "group_norm" else ONNX_OPSET
+            if not bf16 or kind == "layer_norm":
+                # BF16 layer norm: ORT's own BF16 LayerNormalization (scale and shift in BF16)
+                p = (lambda a: a.astype(BF16)) if bf16 else (lambda a: a)
+                return OnnxGraph([onnx_node(op, ["x", "scale", "shift"], ["y"], **attrs)], {"x": x}, ["y"],
+                                 {"scale": p(scale), "shift": p(shift)}, opset)
+            from onnx import TensorProto
+            return OnnxGraph([onnx_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
+                              onnx_node(op, ["xf", "scale", "shift"], ["yf"], **attrs),
+                              onnx_node("Cast", ["yf"], ["y"], to=TensorProto.BFLOAT16)],
+                             {"x": x}, ["y"], {"scale": scale, "shift": shift}, opset)
+
+        return Setup([x], lambda tn: lambda: tn.normalize(x, s4, b4, eps=eps, **kwargs), numpy_impl, torch_impl,
+                     onnx_impl, tol=(2e-2, 3e-2) if bf16 else (1e-3, 1e-4))
+
+    axes = "axes=" + ",".join(str(a) for a in kwargs["axes"])
+    extra = f" G={kwargs['num_groups']}" if "num_groups" in kwargs else ""
+    name = f"normalize {kind}{'_bf16' if bf16 else ''} {shape_text(shape)} {axes}{extra}"
+    return Case(name, "norm", "NormalizationRows", build, ("generic_norm_bf16",) if bf16 else ("generic_norm",))
 
 
 # --- softmax, LRN -----------------------------------------------------------------------
@@ -542,6 +623,7 @@ def all_cases() -> list[Case]:
         channel_sum_case((1, 256, 56, 56), "nhwc"),
         layer_norm_channels_case((8, 197, 768), BF16),
         softmax_case((18912, 197), axis=1, dtype=BF16),
+        *(generic_norm_case(kind, dtype) for dtype in (F32, BF16) for kind in GENERIC_NORMS),
     ]
 
 
@@ -568,6 +650,14 @@ FOOTNOTES = {
                "operator requires); torch layer_norm on a bfloat16 tensor with float32 weights.",
     "softmax_bf16": "softmax BF16: ORT has no BF16 Softmax on CPU: Cast, Softmax, Cast; torch softmax "
                     "on the bfloat16 tensor; NumPy in float32 then astype(bfloat16).",
+    "generic_norm": "normalize (TensorRT INormalization / DirectML MVN1): layer norm over the last axis "
+                    "against torch layer_norm and ORT LayerNormalization; instance norm over (2, 3) against "
+                    "torch instance_norm and ORT InstanceNormalization; group norm (32 groups) against torch "
+                    "group_norm and ORT GroupNormalization (opset 21, per-channel scale and bias); fp32 "
+                    "scale and bias per position (layer norm) or per channel.",
+    "generic_norm_bf16": "normalize BF16: torch on the bfloat16 tensor with fp32 weights; ORT's own BF16 "
+                         "LayerNormalization (BF16 scale and shift), and Cast, InstanceNormalization / "
+                         "GroupNormalization, Cast (no BF16 kernels for those on CPU).",
 }
 
 
@@ -688,8 +778,8 @@ def onnx_runner(graph: OnnxGraph, reference: list[np.ndarray]):
     outs = {name: np.empty(ref.shape, ref.dtype) for name, ref in zip(graph.outputs, reference)}
     g = helper.make_graph(graph.nodes, "bench", [value(k, a) for k, a in graph.feeds.items()],
                           [value(k, a) for k, a in outs.items()], [tensor(k, a) for k, a in graph.inits.items()])
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", ONNX_OPSET)])
-    model.ir_version = ONNX_IR_VERSION
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", graph.opset)])
+    model.ir_version = ONNX_IR_VERSIONS.get(graph.opset, ONNX_IR_VERSION)
     onnx.checker.check_model(model)
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1

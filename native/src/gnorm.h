@@ -6,9 +6,10 @@
  * Every level computes the same fp32 values with the same operation sequence, so results
  * are bit-identical on every level and for every dtype:
  *   - sums use fixed lane orders. Rows: 64 lanes, element i of the row goes to lane i % 64
- *     (four 16-lane accumulators, so that one row has four independent chains); lanes l,
- *     16 + l, 32 + l, 48 + l are added as (0 + 1) + (2 + 3), then the 16 lanes are reduced as
- *     tn_avx512_hsum does (i + (i + 8), then i + (i + 4), then (0 + 2) + (1 + 3)). Columns:
+ *     (four 16-lane accumulators, so that one row has four independent chains), in blocks of
+ *     TN_GN_BLOCK elements whose lane sums are added, block after block, into lane totals;
+ *     totals l, 16 + l, 32 + l, 48 + l are added as (0 + 1) + (2 + 3), then the 16 lanes are
+ *     reduced as tn_avx512_hsum does (i + (i + 8), then i + (i + 4), then (0 + 2) + (1 + 3)). Columns:
  *     for each position, row r goes to lane r % 16, reduced with the same 16-lane tree. Each
  *     lane adds its elements in increasing order starting from +0.0f; a lane started at +0.0f
  *     and rounded to nearest is never -0.0f, so adding +0.0f (masked tails, absent lanes) or
@@ -34,7 +35,13 @@
 
 /* Rows kernel: while a row is written, the input this far ahead (at least one row) is
  * prefetched into L2. */
+#ifndef TN_GN_AHEAD_BYTES
 #define TN_GN_AHEAD_BYTES (16 * 1024)
+#endif
+/* Rows kernel: long row sums are taken block by block of this many values (a multiple of 64),
+ * the blocks' lane sums added into lane totals: a smaller rounding error than one running sum
+ * per lane. Rows up to this long are one block. */
+#define TN_GN_BLOCK 4096
 /* Columns kernel: positions per chunk at most (16 lane arrays on the stack), and the bytes a
  * chunk of all the rows should not exceed (so its later passes read it from L2). */
 #define TN_GN_CHUNK 256

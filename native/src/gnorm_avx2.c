@@ -323,43 +323,55 @@ INLINE void output_row(const void * src, void * dst, size_t base, Cursor * pf, s
 
 /* Sum of the n values from element `at` in the canonical 64-lane order (gnorm.h): element i
  * goes to accumulator (i / 16) % 4, lane i % 16, which here is the __m256 a[2q + (i / 8) % 2]
- * for q = (i / 16) % 4; the groups are added as (0 + 1) + (2 + 3), then the 16 lanes as
+ * for q = (i / 16) % 4, block by block of TN_GN_BLOCK values whose sums are added into
+ * totals; the groups are added as (0 + 1) + (2 + 3), then the 16 lanes as
  * tn_avx2_hsum(lanes 0-7 + lanes 8-15). sq: the sum of (x - m)^2 instead. */
 INLINE float row_sum(const void * src, size_t at, size_t n, __m256 m, int sq, int type, Cursor * pf)
 {
-    __m256 a[8];
+    float tot[8 * F] __attribute__((aligned(32)));   /* the block totals (touched once a block) */
     for (int j = 0; j < 8; ++j)
-        a[j] = _mm256_setzero_ps();
-    size_t i = 0;
-    for (; i + 8 * F <= n; i += 8 * F) {
-        pf_step(pf);
-        for (int j = 0; j < 8; ++j) {
-            __m256 x = ld(src, at + i + j * F, type);
-            if (sq) {
-                x = _mm256_sub_ps(x, m);
-                a[j] = _mm256_fmadd_ps(x, x, a[j]);
-            } else {
-                a[j] = _mm256_add_ps(a[j], x);
+        _mm256_store_ps(tot + j * F, _mm256_setzero_ps());
+    for (size_t b = 0; b < n; b += TN_GN_BLOCK) {
+        const size_t bn = n - b < TN_GN_BLOCK ? n - b : TN_GN_BLOCK, bat = at + b;
+        __m256 a[8];
+        for (int j = 0; j < 8; ++j)
+            a[j] = _mm256_setzero_ps();
+        size_t i = 0;
+        for (; i + 8 * F <= bn; i += 8 * F) {
+            pf_step(pf);
+            for (int j = 0; j < 8; ++j) {
+                __m256 x = ld(src, bat + i + j * F, type);
+                if (sq) {
+                    x = _mm256_sub_ps(x, m);
+                    a[j] = _mm256_fmadd_ps(x, x, a[j]);
+                } else {
+                    a[j] = _mm256_add_ps(a[j], x);
+                }
             }
         }
-    }
-    /* The last (< 64) values: vectors of up to 8 into a[0], a[1], ... in turn (written out so
-     * that a[] stays in registers). */
+        /* The last (< 64) values: vectors of up to 8 into a[0], a[1], ... in turn (written out so
+         * that a[] stays in registers). */
 #define TN_GN_PART(j) \
-    if (i + (j) * F < n) { \
-        size_t c = n - i - (j) * F < F ? n - i - (j) * F : F; \
-        __m256 x = ldn(src, at + i + (j) * F, c, type); \
-        if (sq) { \
-            x = maskz_sub(c, x, m); \
-            a[j] = _mm256_fmadd_ps(x, x, a[j]); \
-        } else { \
-            a[j] = _mm256_add_ps(a[j], x); \
-        } \
-    }
-    TN_GN_PART(0) TN_GN_PART(1) TN_GN_PART(2) TN_GN_PART(3) TN_GN_PART(4) TN_GN_PART(5) TN_GN_PART(6) TN_GN_PART(7)
+        if (i + (j) * F < bn) { \
+            size_t c = bn - i - (j) * F < F ? bn - i - (j) * F : F; \
+            __m256 x = ldn(src, bat + i + (j) * F, c, type); \
+            if (sq) { \
+                x = maskz_sub(c, x, m); \
+                a[j] = _mm256_fmadd_ps(x, x, a[j]); \
+            } else { \
+                a[j] = _mm256_add_ps(a[j], x); \
+            } \
+        }
+        TN_GN_PART(0) TN_GN_PART(1) TN_GN_PART(2) TN_GN_PART(3) TN_GN_PART(4) TN_GN_PART(5) TN_GN_PART(6) TN_GN_PART(7)
 #undef TN_GN_PART
-    __m256 lo = _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[4], a[6]));
-    __m256 hi = _mm256_add_ps(_mm256_add_ps(a[1], a[3]), _mm256_add_ps(a[5], a[7]));
+        for (int j = 0; j < 8; ++j)
+            _mm256_store_ps(tot + j * F, _mm256_add_ps(_mm256_load_ps(tot + j * F), a[j]));
+    }
+    __m256 t[8];
+    for (int j = 0; j < 8; ++j)
+        t[j] = _mm256_load_ps(tot + j * F);
+    __m256 lo = _mm256_add_ps(_mm256_add_ps(t[0], t[2]), _mm256_add_ps(t[4], t[6]));
+    __m256 hi = _mm256_add_ps(_mm256_add_ps(t[1], t[3]), _mm256_add_ps(t[5], t[7]));
     return tn_avx2_hsum(_mm256_add_ps(lo, hi));
 }
 

@@ -304,39 +304,45 @@ INLINE void output_row(const void * src, void * dst, size_t base, Cursor * pf, s
 }
 
 /* Sum of the n values from element `at` in the canonical 64-lane order (gnorm.h): element i
- * goes to accumulator (i / 16) % 4, lane i % 16; the accumulators are added as
- * (0 + 1) + (2 + 3), then the lanes as tn_avx512_hsum does. sq: the sum of (x - m)^2 instead. */
+ * goes to accumulator (i / 16) % 4, lane i % 16, block by block of TN_GN_BLOCK values whose
+ * sums are added into totals; the totals are added as (0 + 1) + (2 + 3), then the lanes as
+ * tn_avx512_hsum does. sq: the sum of (x - m)^2 instead. */
 INLINE float row_sum(const void * src, size_t at, size_t n, __m512 m, int sq, int type, Cursor * pf)
 {
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    size_t i = 0;
-    for (; i + 4 * F <= n; i += 4 * F) {
-        pf_step(pf);
-        __m512 x0 = ld(src, at + i, type), x1 = ld(src, at + i + F, type);
-        __m512 x2 = ld(src, at + i + 2 * F, type), x3 = ld(src, at + i + 3 * F, type);
-        if (sq) {
-            x0 = _mm512_sub_ps(x0, m), x1 = _mm512_sub_ps(x1, m), x2 = _mm512_sub_ps(x2, m), x3 = _mm512_sub_ps(x3, m);
-            a0 = _mm512_fmadd_ps(x0, x0, a0), a1 = _mm512_fmadd_ps(x1, x1, a1);
-            a2 = _mm512_fmadd_ps(x2, x2, a2), a3 = _mm512_fmadd_ps(x3, x3, a3);
-        } else {
-            a0 = _mm512_add_ps(a0, x0), a1 = _mm512_add_ps(a1, x1), a2 = _mm512_add_ps(a2, x2), a3 = _mm512_add_ps(a3, x3);
+    __m512 t0 = _mm512_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;
+    for (size_t b = 0; b < n; b += TN_GN_BLOCK) {
+        const size_t bn = n - b < TN_GN_BLOCK ? n - b : TN_GN_BLOCK, bat = at + b;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        size_t i = 0;
+        for (; i + 4 * F <= bn; i += 4 * F) {
+            pf_step(pf);
+            __m512 x0 = ld(src, bat + i, type), x1 = ld(src, bat + i + F, type);
+            __m512 x2 = ld(src, bat + i + 2 * F, type), x3 = ld(src, bat + i + 3 * F, type);
+            if (sq) {
+                x0 = _mm512_sub_ps(x0, m), x1 = _mm512_sub_ps(x1, m), x2 = _mm512_sub_ps(x2, m), x3 = _mm512_sub_ps(x3, m);
+                a0 = _mm512_fmadd_ps(x0, x0, a0), a1 = _mm512_fmadd_ps(x1, x1, a1);
+                a2 = _mm512_fmadd_ps(x2, x2, a2), a3 = _mm512_fmadd_ps(x3, x3, a3);
+            } else {
+                a0 = _mm512_add_ps(a0, x0), a1 = _mm512_add_ps(a1, x1), a2 = _mm512_add_ps(a2, x2), a3 = _mm512_add_ps(a3, x3);
+            }
         }
-    }
-    /* The last (< 64) values: masked vectors into accumulators 0, 1, 2, 3 in turn. */
+        /* The last (< 64) values: masked vectors into accumulators 0, 1, 2, 3 in turn. */
 #define TN_GN_PART(a, j) \
-    if (i + (j) * F < n) { \
-        __mmask16 t = lanes(n - i - (j) * F); \
-        __m512 x = ldm(src, at + i + (j) * F, t, type); \
-        if (sq) { \
-            x = _mm512_maskz_sub_ps(t, x, m); \
-            a = _mm512_fmadd_ps(x, x, a); \
-        } else { \
-            a = _mm512_add_ps(a, x); \
-        } \
-    }
-    TN_GN_PART(a0, 0) TN_GN_PART(a1, 1) TN_GN_PART(a2, 2) TN_GN_PART(a3, 3)
+        if (i + (j) * F < bn) { \
+            __mmask16 t = lanes(bn - i - (j) * F); \
+            __m512 x = ldm(src, bat + i + (j) * F, t, type); \
+            if (sq) { \
+                x = _mm512_maskz_sub_ps(t, x, m); \
+                a = _mm512_fmadd_ps(x, x, a); \
+            } else { \
+                a = _mm512_add_ps(a, x); \
+            } \
+        }
+        TN_GN_PART(a0, 0) TN_GN_PART(a1, 1) TN_GN_PART(a2, 2) TN_GN_PART(a3, 3)
 #undef TN_GN_PART
-    return tn_avx512_hsum(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+        t0 = _mm512_add_ps(t0, a0), t1 = _mm512_add_ps(t1, a1), t2 = _mm512_add_ps(t2, a2), t3 = _mm512_add_ps(t3, a3);
+    }
+    return tn_avx512_hsum(_mm512_add_ps(_mm512_add_ps(t0, t1), _mm512_add_ps(t2, t3)));
 }
 
 /* Mean and k of the row of n values from element `at` (two passes: the first brings the

@@ -205,6 +205,30 @@ static float hsum64(const float * l)
     return hsum16(g);
 }
 
+/* Sum of the n values from element `at` (sq: of (x - m)^2) in the canonical 64-lane order,
+ * block by block of TN_GN_BLOCK values whose lane sums are added into lane totals. */
+static float row_sum(const void * src, size_t at, size_t n, float m, int sq, int type)
+{
+    float total[64] = {0}, lane[64];
+    for (size_t b = 0; b < n; b += TN_GN_BLOCK) {
+        const size_t bn = n - b < TN_GN_BLOCK ? n - b : TN_GN_BLOCK;
+        for (int l = 0; l < 64; ++l)
+            lane[l] = 0.0f;
+        for (size_t i = 0; i < bn; ++i) {
+            float x = load1(src, at + b + i, type);
+            if (sq) {
+                float d = x - m;
+                lane[i % 64] = fmaf(d, d, lane[i % 64]);
+            } else {
+                lane[i % 64] += x;
+            }
+        }
+        for (int l = 0; l < 64; ++l)
+            total[l] += lane[l];
+    }
+    return hsum64(total);
+}
+
 /* ---- Rows ---------------------------------------------------------------------------------- */
 
 void tn_scalar_NormalizationRows(const void * src, size_t outer, size_t segments, size_t segmentSize,
@@ -219,20 +243,10 @@ void tn_scalar_NormalizationRows(const void * src, size_t outer, size_t segments
         return;
     for (size_t o = 0; o < outer; ++o) {
         const size_t base = o * n;
-        float lane[64] = {0};
-        for (size_t i = 0; i < n; ++i)
-            lane[i % 64] += load1(src, base + i, type);
-        const float mean = hsum64(lane) * inv;
+        const float mean = row_sum(src, base, n, 0.0f, 0, type) * inv;
         float k = 1.0f;
-        if (norm->normalizeVariance) {
-            for (int l = 0; l < 64; ++l)
-                lane[l] = 0.0f;
-            for (size_t i = 0; i < n; ++i) {
-                float d = load1(src, base + i, type) - mean;
-                lane[i % 64] = fmaf(d, d, lane[i % 64]);
-            }
-            k = 1.0f / sqrtf(hsum64(lane) * inv + eps);
-        }
+        if (norm->normalizeVariance)
+            k = 1.0f / sqrtf(row_sum(src, base, n, mean, 1, type) * inv + eps);
         const float * sp = tn_gn_row(&sc, o), * bp = tn_gn_row(&bi, o);
         for (size_t j = 0; j < segments; ++j) {
             const float * s = sp + j * sc.stride, * b = bp + j * bi.stride;

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -374,7 +374,7 @@ def _param_buffer(arr: np.ndarray, expansion):
     return ffi.from_buffer("float[]", arr)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _Call:
     """A validated call: everything but the arrays."""
     code: int
@@ -384,6 +384,20 @@ class _Call:
     act: int
     act_params: tuple[float, float]
     pshapes: tuple   # the parameters' shapes with x's rank (None: absent)
+
+    @cached_property
+    def template(self):
+        """The C descriptor of the call, data pointers left NULL (each call copies it)."""
+        norm = ffi.new("TnNormalization *")
+        norm.type = self.code
+        norm.eps = self.eps
+        norm.normalizeVariance = self.variance
+        norm.activation = self.act
+        norm.activationParams = self.act_params
+        for spec, c in zip(self.plan.params, (norm.scale, norm.bias)):
+            if spec is not None:
+                _, c.period, c.outerStride, c.stride, c.step = spec
+        return norm
 
 
 _F32_DTYPES = frozenset([ck.F32])
@@ -449,6 +463,19 @@ def _validate(x, scale, bias, axes, num_groups, eps, normalize_variance, activat
     return x, given, _Call(code, plan, eps, variance, act, act_params, pshapes)
 
 
+_ALIGNED_OUTPUT = 2 << 20   # outputs this large are written with streaming stores (see gnorm.h)
+
+
+def _output_like(x: np.ndarray) -> np.ndarray:
+    """np.empty_like(x); a large one starts on a 64-byte boundary, so that whole cache lines
+    of its rows can take the kernel's streaming stores."""
+    if x.nbytes < _ALIGNED_OUTPUT:
+        return np.empty_like(x)
+    buf = np.empty(x.nbytes + 64, np.uint8)
+    start = -buf.ctypes.data % 64
+    return buf[start:start + x.nbytes].view(x.dtype).reshape(x.shape)
+
+
 def normalize(x, scale=None, bias=None, *, axes, num_groups=1, eps=1e-5, normalize_variance=True, activation=None,
               compute_dtype=None):
     """Generic normalization (TensorRT INormalization, DirectML MVN1):
@@ -484,21 +511,15 @@ def normalize(x, scale=None, bias=None, *, axes, num_groups=1, eps=1e-5, normali
             _CALLS[key] = call
     else:
         given = [None if p is None else p.reshape(ps) for p, ps in zip((scale, bias), call.pshapes)]
-    y = np.empty_like(x)
+    y = _output_like(x)
     plan = call.plan
     if plan is None:   # an empty tensor
         return y
-    norm = ffi.new("TnNormalization *")
-    norm.type = call.code
-    norm.eps = call.eps
-    norm.normalizeVariance = call.variance
-    norm.activation = call.act
-    norm.activationParams = call.act_params
+    norm = ffi.new("TnNormalization *", call.template[0])
     keep = []
     for arr, spec, c in zip(given, plan.params, (norm.scale, norm.bias)):
         if arr is not None:
-            expansion, c.period, c.outerStride, c.stride, c.step = spec
-            c.data = data = _param_buffer(arr, expansion)
+            c.data = data = _param_buffer(arr, spec[0])
             keep.append(data)
     src = x.view(np.uint16) if x.dtype.itemsize == 2 else x   # raw bits for C
     out = dst = y.view(np.uint16) if y.dtype.itemsize == 2 else y

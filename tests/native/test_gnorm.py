@@ -654,6 +654,11 @@ def direct_cases():
             s = None if sshape is None else rng.uniform(-2, 2, sshape).astype(np.float32)
             b = None if bshape is None else rng.uniform(-1, 1, bshape).astype(np.float32)
             out.append((f"{dname}-{shape}-{axes}", x, s, b, dict(axes=axes, num_groups=groups, activation="elu")))
+    # outputs of 2 MiB or more: streaming stores, the prefetch cursor up to the last row
+    for dname, shape in (("fp32", (9, 61447)), ("bf16", (3, 6, 61447))):
+        x = rng.normal(size=shape).astype(DTYPES[dname])
+        s = rng.uniform(-2, 2, shape[-1:]).astype(np.float32)
+        out.append((f"{dname}-{shape}-large", x, s, None, dict(axes=[-1], num_groups=1, activation="elu")))
     return out
 
 
