@@ -62,17 +62,24 @@ def normalize_l2(x, scale, *, eps=1e-10, across_spatial=False, format="nchw"):
     return y
 
 
-def _layer_norm(kernel, x, scale, shift, eps, format):
+def _bf16_ptr(arr):
+    return ffi.from_buffer("uint16_t[]", ck.bits16(arr))
+
+
+def _layer_norm(kernel, x, scale, shift, eps, format, *, bf16=False):
+    """The normalize-layer kernels V2 / V3 / V4 / 16bV2 share one signature."""
     fmt = ck.tensor_format(format)
-    x, batch, channels, spatial = _image(x, fmt)
+    x = ck.bf16_tensor(x, "x") if bf16 else ck.f32_tensor(x, "x")
+    batch, channels, spatial = ck.image_dims(x, "x", fmt)
     scale = _per_channel(scale, "scale", channels)
     shift = _per_channel(shift, "shift", channels)
     eps = ck.finite_float(eps, "eps", minimum=0.0)
     y = np.empty_like(x)
     if x.size:
+        data_ptr = _bf16_ptr if bf16 else _f32_ptr
         buf = np.empty(max(spatial, channels, 1), np.float32)
-        kernel(_f32_ptr(x), batch, channels, spatial, _f32_ptr(scale), _f32_ptr(shift),
-               _eps_ptr(eps), fmt, _f32_ptr(buf), _f32_ptr(y))
+        kernel(data_ptr(x), batch, channels, spatial, _f32_ptr(scale), _f32_ptr(shift),
+               _eps_ptr(eps), fmt, _f32_ptr(buf), data_ptr(y))
     return y
 
 
@@ -80,21 +87,9 @@ def layer_norm_channels(x, scale, shift, *, eps=1e-5, format="nchw"):
     """Layer normalization across channels at each spatial position, then per-channel scale
     and shift (SimdSynetNormalizeLayerForwardV2; ...Forward16bV2 for BF16 x, which returns
     BF16 in the dtype it was given: ml_dtypes.bfloat16 or uint16 bits)."""
-    if not ck.is_bf16(x):
-        return _layer_norm(lib.TnSynetNormalizeLayerForwardV2, x, scale, shift, eps, format)
-    fmt = ck.tensor_format(format)
-    x = ck.bf16_tensor(x, "x")
-    batch, channels, spatial = ck.image_dims(x, "x", fmt)
-    scale = _per_channel(scale, "scale", channels)
-    shift = _per_channel(shift, "shift", channels)
-    eps = ck.finite_float(eps, "eps", minimum=0.0)
-    y = np.empty_like(x)
-    if x.size:
-        buf = np.empty(max(spatial, channels, 1), np.float32)
-        lib.TnSynetNormalizeLayerForward16bV2(_u16_ptr(ck.bits16(x)), batch, channels, spatial,
-                                              _f32_ptr(scale), _f32_ptr(shift), _eps_ptr(eps), fmt,
-                                              _f32_ptr(buf), _u16_ptr(ck.bits16(y)))
-    return y
+    if ck.is_bf16(x):
+        return _layer_norm(lib.TnSynetNormalizeLayerForward16bV2, x, scale, shift, eps, format, bf16=True)
+    return _layer_norm(lib.TnSynetNormalizeLayerForwardV2, x, scale, shift, eps, format)
 
 
 def layer_norm_spatial(x, scale, shift, *, eps=1e-5, format="nchw"):
