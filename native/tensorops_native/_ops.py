@@ -27,8 +27,9 @@ def _f32_ptr(arr):
     return ffi.from_buffer("float[]", arr)
 
 
-def _u16_ptr(arr):
-    return ffi.from_buffer("uint16_t[]", arr)
+def _bf16_ptr(arr):
+    """BF16 data (ml_dtypes.bfloat16 or uint16 bits) as the uint16_t * the C API takes."""
+    return ffi.from_buffer("uint16_t[]", ck.bits16(arr))
 
 
 def _eps_ptr(eps: float):
@@ -60,10 +61,6 @@ def normalize_l2(x, scale, *, eps=1e-10, across_spatial=False, format="nchw"):
         lib.TnSynetNormalizeLayerForward(_f32_ptr(x), batch, channels, spatial, _f32_ptr(scale),
                                          _eps_ptr(eps), int(across), fmt, _f32_ptr(buf), _f32_ptr(y))
     return y
-
-
-def _bf16_ptr(arr):
-    return ffi.from_buffer("uint16_t[]", ck.bits16(arr))
 
 
 def _layer_norm(kernel, x, scale, shift, eps, format, *, bf16=False):
@@ -112,9 +109,9 @@ def channel_sum(x, *, format="nchw"):
     batch, channels, spatial = ck.image_dims(x, "x", fmt)
     y = np.zeros((batch, channels), np.float32)
     if x.size:
-        bits = ck.bits16(x).reshape(batch, -1)
+        xb = x.reshape(batch, -1)
         for b in range(batch):
-            lib.TnSynetChannelSum16b(_u16_ptr(bits[b]), channels, spatial, fmt, _f32_ptr(y[b]))
+            lib.TnSynetChannelSum16b(_bf16_ptr(xb[b]), channels, spatial, fmt, _f32_ptr(y[b]))
     return y
 
 
@@ -238,7 +235,7 @@ def softmax(x, axis=-1):
     y = np.empty_like(x)
     if x.size:
         if bf16:
-            lib.TnSynetSoftmax16b(_u16_ptr(ck.bits16(x)), outer, count, inner, _u16_ptr(ck.bits16(y)))
+            lib.TnSynetSoftmax16b(_bf16_ptr(x), outer, count, inner, _bf16_ptr(y))
         else:
             lib.TnSynetSoftmax32f(_f32_ptr(x), outer, count, inner, _f32_ptr(y))
     return y
