@@ -18,8 +18,9 @@ def main(argv=None) -> int:
     log = logs.setup(config.log_level, config.log_format)
     retained = retain_freed_buffers(config.max_message_bytes)
     log.debug("malloc tuned", extra=logs.fields(retain_freed_buffers=retained))
+    server = TensorOpsServer(config)
     try:
-        server = TensorOpsServer(config)
+        server.start()
     except OSError as exc:
         log.error("cannot start", extra=logs.fields(error=str(exc)))
         return 1
@@ -32,7 +33,6 @@ def main(argv=None) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, on_signal)
-    server.start()
     while not stop.wait(0.5):
         pass
     log.info("draining", extra=logs.fields(signal=received[0], grace_seconds=config.grace))

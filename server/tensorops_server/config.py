@@ -25,6 +25,9 @@ class Config:
     metrics_port: int = 9100          # -1: no metrics endpoint
     workers: int = _default_workers()
     max_concurrent_rpcs: int = 0      # 0: no limit; beyond it new calls get RESOURCE_EXHAUSTED
+    inline_bytes: int = 256 * 1024    # requests up to this size run on the event loop, larger ones on a worker
+    max_batch_rows: int = 256         # rows of concurrent session forwards merged into one kernel call
+    batch_window_us: int = 0          # extra time a forward batch waits for more rows (0: none)
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     max_tensor_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     max_sessions: int = 256
@@ -46,6 +49,12 @@ _HELP = {
     "metrics_port": "Prometheus /metrics port (0: any free port, -1: disabled)",
     "workers": "threads running requests (kernels release the GIL)",
     "max_concurrent_rpcs": "calls admitted at once; 0 means no limit",
+    "inline_bytes": "requests of up to this many bytes are computed on the event loop (no thread hand-off); "
+                    "larger ones, and every call that may take long, on a worker thread",
+    "max_batch_rows": "most rows of concurrent forwards on one session merged into one kernel call "
+                      "(1: no batching; a larger single request still runs, alone)",
+    "batch_window_us": "microseconds a forward batch waits for more rows before it starts (0: only what "
+                       "queued while the previous batch ran)",
     "max_message_bytes": "largest request or response message",
     "max_tensor_bytes": "largest tensor in a request (RESOURCE_EXHAUSTED above)",
     "max_sessions": "quantized inner-product sessions kept (least recently used evicted)",
@@ -100,6 +109,7 @@ def _choice(choices):
 _TYPES = {
     "host": str, "metrics_host": str, "port": _port, "metrics_port": _metrics_port,
     "workers": _positive(int), "max_concurrent_rpcs": _non_negative(int),
+    "inline_bytes": _non_negative(int), "max_batch_rows": _positive(int), "batch_window_us": _non_negative(int),
     "max_message_bytes": _positive(int), "max_tensor_bytes": _positive(int),
     "max_sessions": _positive(int), "max_session_bytes": _positive(int),
     "session_ttl": _positive(float), "grace": _non_negative(float),

@@ -19,6 +19,7 @@ disable_created_metrics()  # the *_created series only add noise to every scrape
 
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                     1.0, 2.5, 5.0, 10.0, 30.0)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
 
 class Metrics:
@@ -45,7 +46,17 @@ class Metrics:
         self.session_bytes = Gauge("tensorops_session_bytes", "Bytes held by the sessions", registry=r)
         self.evictions = Counter("tensorops_session_evictions", "Sessions removed by the server",
                                  ["reason"], registry=r)
+        self.batch_requests = Histogram(
+            "tensorops_forward_batch_requests", "Session forwards merged into one kernel call",
+            buckets=_BATCH_BUCKETS, registry=r)
+        self.batch_rows = Histogram(
+            "tensorops_forward_batch_rows", "Rows (M) of one session forward kernel call",
+            buckets=_BATCH_BUCKETS, registry=r)
         self._http = None
+
+    def observe_batch(self, requests: int, rows: int) -> None:
+        self.batch_requests.observe(requests)
+        self.batch_rows.observe(rows)
 
     def watch_sessions(self, store) -> None:
         self.sessions.set_function(lambda: len(store))

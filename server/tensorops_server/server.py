@@ -1,12 +1,17 @@
-"""The server process: gRPC server with the TensorOps service, health and reflection, the
-session store and its sweeper, and the Prometheus endpoint."""
+"""The server process: a grpc.aio server with the TensorOps service, health and reflection,
+the session store and its sweeper, and the Prometheus endpoint.
+
+The asyncio event loop runs on a thread of its own, so the server is started and stopped
+with plain calls (`start()`, `stop()`) from the command line or from a test."""
 from __future__ import annotations
 
+import asyncio
 import logging
-from concurrent import futures
+import threading
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 import tensorops_native
@@ -14,6 +19,7 @@ from tensorops import _wire
 
 from . import optable
 from .config import Config
+from .execution import Executor
 from .logs import LOGGER, fields
 from .metrics import Metrics
 from .service import Service
@@ -32,34 +38,33 @@ class TensorOpsServer:
                                   ttl=config.session_ttl,
                                   on_evict=lambda reason: self.metrics.evictions.labels(reason).inc())
         self.metrics.watch_sessions(self.store)
-        self.service = Service(config, self.metrics, self.store, self.table, qip_class)
+        self.executor = Executor(config.workers, config.inline_bytes)
+        self.service = Service(config, self.metrics, self.store, self.table, self.executor, qip_class)
         self._sweeper = Sweeper(self.store, interval=min(config.session_ttl / 4, 10.0))
-        self._pool = futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="tensorops-worker")
-        self.grpc_server = grpc.server(
-            self._pool,
-            options=[("grpc.max_receive_message_length", config.max_message_bytes),
-                     ("grpc.max_send_message_length", config.max_message_bytes),
-                     ("grpc.so_reuseport", 0)],
-            maximum_concurrent_rpcs=config.max_concurrent_rpcs or None)
-        self.grpc_server.add_registered_method_handlers(_wire.SERVICE_NAME, self.service.handlers())
-        self.health = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
-        reflection.enable_server_reflection(
-            (_wire.SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
-            self.grpc_server)
-        self.port = self.grpc_server.add_insecure_port(config.address)
-        if not self.port:
-            raise OSError(f"cannot listen on {config.address}")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="tensorops-loop", daemon=True)
+        self.grpc_server: grpc.aio.Server | None = None
+        self.health: HealthServicer | None = None
+        self.port: int | None = None
         self.metrics_port: int | None = None
 
+    # ---- lifecycle, called from any thread but the loop's
     def start(self) -> None:
-        self.grpc_server.start()
+        """Listen and serve; returns once serving. OSError if the address cannot be used."""
+        self._thread.start()
+        try:
+            self._on_loop(self._start())
+        except OSError:
+            self._close_loop()
+            raise
         if self.config.metrics_port >= 0:
-            self.metrics_port = self.metrics.serve(self.config.metrics_host or self.config.host,
-                                                   self.config.metrics_port)
+            try:
+                self.metrics_port = self.metrics.serve(self.config.metrics_host or self.config.host,
+                                                       self.config.metrics_port)
+            except OSError as exc:
+                self.stop(0)
+                raise OSError(f"cannot serve metrics on port {self.config.metrics_port}: {exc}") from None
         self._sweeper.start()
-        for service in ("", _wire.SERVICE_NAME):
-            self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         log.info("serving", extra=fields(
             host=self.config.host, port=self.port, metrics_port=self.metrics_port, workers=self.config.workers,
             isa=tensorops_native.isa(), operations=list(self.table), version=tensorops_native.__version__))
@@ -68,10 +73,49 @@ class TensorOpsServer:
         """Stop taking calls, let the calls in flight finish within `grace` seconds (then
         cancel them), and release everything."""
         grace = self.config.grace if grace is None else grace
-        self.health.enter_graceful_shutdown()
-        self.grpc_server.stop(grace).wait()
+        if self.grpc_server is not None:
+            self._on_loop(self._stop(grace))
         self._sweeper.stop()
         self.store.close_all()
         self.metrics.stop()
-        self._pool.shutdown(wait=False)
+        self.executor.shutdown()
+        self._close_loop()
 
+    def _on_loop(self, coroutine):
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def _close_loop(self) -> None:
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+        self._loop.close()
+
+    # ---- on the loop
+    async def _start(self) -> None:
+        c = self.config
+        server = grpc.aio.server(
+            options=[("grpc.max_receive_message_length", c.max_message_bytes),
+                     ("grpc.max_send_message_length", c.max_message_bytes),
+                     ("grpc.so_reuseport", 0)],
+            maximum_concurrent_rpcs=c.max_concurrent_rpcs or None)
+        server.add_registered_method_handlers(_wire.SERVICE_NAME, self.service.handlers())
+        self.health = HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (_wire.SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            server)
+        try:
+            self.port = server.add_insecure_port(c.address)
+        except RuntimeError as exc:  # grpc's "Failed to bind to address"
+            raise OSError(f"cannot listen on {c.address}: {exc}") from None
+        if not self.port:
+            raise OSError(f"cannot listen on {c.address}")
+        await server.start()
+        self.grpc_server = server
+        for service in ("", _wire.SERVICE_NAME):
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+
+    async def _stop(self, grace: float) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.grpc_server.stop(grace)
+        await self.service.batcher.wait_idle()

@@ -1,16 +1,20 @@
 """The handlers of tensorops.v1.TensorOps, produced from the op table, plus the session and
-server-info calls. Every handler runs inside one wrapper (`Instrumented`) that owns the
-cross-cutting concerns: metrics, logs, the mapping of failures to status codes, and the
-refusal to start work for a call that was cancelled or whose deadline passed.
+server-info calls. Every handler is a coroutine of the grpc.aio server and runs inside one
+wrapper (`Instrumented`) that owns the cross-cutting concerns: metrics, logs, the mapping of
+failures to status codes, and the refusal to start work for a call that was cancelled or
+whose deadline passed. Where each computation runs (event loop or worker) is decided by
+the Executor (see execution.py); session forwards go through the ForwardBatcher.
 
 Requests and responses are bytes: the codec decodes the Tensor payloads in place and
 writes the response payloads with one copy (see tensorops._codec)."""
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Awaitable, Callable
 
 import grpc
 
@@ -19,7 +23,9 @@ from tensorops import _codec, _wire
 from tensorops.v1 import tensorops_pb2
 
 from . import errors, optable
+from .batching import ForwardBatcher
 from .config import Config
+from .execution import CallState, Executor
 from .logs import LOGGER, fields
 from .metrics import Metrics
 from .sessions import SessionStore
@@ -44,19 +50,11 @@ def deserializer(codec: _codec.MessageCodec) -> Callable[[bytes], Incoming]:
     return decode
 
 
-def ensure_active(context: grpc.ServicerContext) -> None:
-    """A call that was cancelled, or whose deadline passed (e.g. while it waited for a
-    worker), does not start its kernel."""
-    if context.time_remaining() <= 0:
-        raise errors.Failure(grpc.StatusCode.DEADLINE_EXCEEDED, "the deadline passed before the kernel started")
-    if not context.is_active():
-        raise errors.Failure(grpc.StatusCode.CANCELLED, "the call was cancelled before the kernel started")
-
-
 class Instrumented:
     """The wrapper around every handler."""
 
-    def __init__(self, label: str, behavior: Callable[[_codec.Decoded, Any], bytes], metrics: Metrics):
+    def __init__(self, label: str, behavior: Callable[[_codec.Decoded, CallState, int], Awaitable[bytes]],
+                 metrics: Metrics):
         self.label = label
         self.behavior = behavior
         m = metrics
@@ -67,27 +65,32 @@ class Instrumented:
         self._duration_ok = m.request_duration.labels(label, "OK")
         self._errors = m.errors
 
-    def __call__(self, incoming: Incoming, context: grpc.ServicerContext) -> bytes:
+    async def handle(self, incoming: Incoming, context: grpc.aio.ServicerContext) -> bytes:
         start = time.perf_counter()
         self._in_flight.inc()
         self._request_bytes.inc(incoming.nbytes)
         code = grpc.StatusCode.OK
+        status = None
         try:
             if incoming.error is not None:
                 raise errors.from_wire(incoming.error)
-            response = self.behavior(incoming.decoded, context)
+            call = CallState(context)
+            call.ensure_active()
+            response = await self.behavior(incoming.decoded, call, incoming.nbytes)
             self._response_bytes.inc(len(response))
             return response
         except errors.Failure as failure:
-            code = failure.code
-            context.abort_with_status(failure.status())
+            code, status = failure.code, failure.status()
         except MemoryError:
             code = grpc.StatusCode.RESOURCE_EXHAUSTED
-            context.abort(code, "the server ran out of memory for this call")
+            status = errors.Failure(code, "the server ran out of memory for this call").status()
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED
+            raise
         except Exception:
             code = grpc.StatusCode.INTERNAL
             log.exception("handler failed", extra=fields(operation=self.label))
-            context.abort(code, "internal error (logged by the server)")
+            status = errors.Failure(code, "internal error (logged by the server)").status()
         finally:
             elapsed = time.perf_counter() - start
             self._in_flight.dec()
@@ -99,27 +102,34 @@ class Instrumented:
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("call", extra=fields(operation=self.label, code=code.name, seconds=round(elapsed, 6),
                                                request_bytes=incoming.nbytes, peer=context.peer()))
+        await context.abort_with_status(status)
 
 
 class Service:
-    """Handler behaviors. Each takes the decoded request and the context and returns the
-    serialized response."""
+    """Handler behaviors. Each takes the decoded request, its CallState and the request's
+    size, and returns the serialized response."""
 
     def __init__(self, config: Config, metrics: Metrics, store: SessionStore, table: dict[str, optable.Entry],
-                 qip_class=None):
+                 executor: Executor, qip_class=None):
         self.config = config
         self.metrics = metrics
         self.store = store
         self.table = table
+        self.executor = executor
         # The class of the session contexts: tensorops_native.QuantizedInnerProduct (tests
         # may give a stand-in with the same interface).
         self._qip_class = qip_class or getattr(tensorops_native, "QuantizedInnerProduct", None)
+        forward_timer = self._timer("quantized_inner_product_forward")
+        self.batcher = ForwardBatcher(
+            executor, max_rows=config.max_batch_rows, window=config.batch_window_us / 1e6,
+            observe=metrics.observe_batch, time_kernel=forward_timer.observe)
 
     # ---- helpers
-    def _run(self, timer, context, fn, *args, **kwargs):
+    @staticmethod
+    def _run(timer, call: CallState, fn, *args, **kwargs):
         """Call tensorops_native: the kernel runs here (GIL released), timed by `timer`
         (a child of the kernel duration histogram)."""
-        ensure_active(context)
+        call.ensure_active()
         start = time.perf_counter()
         try:
             result = fn(*args, **kwargs)
@@ -157,35 +167,48 @@ class Service:
     # ---- stateless operations
     def operation(self, entry: optable.Entry) -> Callable:
         timer = self._timer(entry.name)
+        # The one-shot quantized inner product can cost far more than its bytes (M x N x K):
+        # never on the event loop.
+        always_offload = entry.name == "quantized_inner_product"
+        executor = self.executor
 
-        def behavior(decoded: _codec.Decoded, context) -> bytes:
+        def compute(decoded: _codec.Decoded, call: CallState) -> bytes:
             kwargs, fmt = entry.arguments(decoded, self.config.max_tensor_bytes)
-            result = self._run(timer, context, entry.native, **kwargs)
+            result = self._run(timer, call, entry.native, **kwargs)
             return self._encode(entry.op, result, fmt)
+
+        async def behavior(decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+            if not always_offload and executor.inline(nbytes):
+                return compute(decoded, call)
+            return await executor.offload(call, compute, decoded, call)
         return behavior
 
     # ---- sessions
-    def create_session(self, decoded: _codec.Decoded, context) -> bytes:
+    async def create_session(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
         if self._qip_class is None:
             raise errors.Failure(grpc.StatusCode.UNIMPLEMENTED, "this build has no quantized inner product")
         entry = optable.Entry(_wire.CREATE_SESSION, self._qip_class)
         kwargs, _ = entry.arguments(decoded, self.config.max_tensor_bytes)
-        qip = self._run(self._timer("create_quantized_inner_product"), context, self._qip_class, **kwargs)
+        qip = await self.executor.offload(call, functools.partial(
+            self._run, self._timer("create_quantized_inner_product"), call, self._qip_class, **kwargs))
         b = kwargs["b"]
         shape = (b.shape[0], b.shape[1]) if kwargs.get("trans_b") else (b.shape[1], b.shape[0])
         session = self.store.add(qip, int(qip.internal_buffer_size), shape)
         log.info("session created", extra=fields(n=shape[0], k=shape[1], bytes=session.nbytes))
         return self._session_info(session, int(getattr(qip, "max_m", 1))).SerializeToString()
 
-    def forward_session(self, decoded: _codec.Decoded, context) -> bytes:
+    async def forward_session(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
         op = _wire.FORWARD_SESSION
         kwargs = optable.native_arguments(op, decoded, self.config.max_tensor_bytes, skip=("session_id",))
+        a = kwargs.get("a")
         with self.store.use(decoded.message.session_id, forward=True) as session:
-            result = self._run(self._timer("quantized_inner_product_forward"), context, session.context.forward,
-                              **kwargs)
+            if a is None:  # the context names the missing argument
+                result = self._run(self._timer("quantized_inner_product_forward"), call, session.context.forward, a)
+            else:
+                result = await self.batcher.forward(session, a, call)
         return self._encode(op, result, 0)
 
-    def describe_session(self, decoded: _codec.Decoded, context) -> bytes:
+    async def describe_session(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
         request = decoded.message
         with self.store.use(request.session_id) as session:
             m = request.m if request.HasField("m") else int(getattr(session.context, "max_m", 1))
@@ -194,16 +217,16 @@ class Service:
             except errors.NATIVE_ERRORS as exc:
                 raise errors.from_native(exc) from None
 
-    def release_session(self, decoded: _codec.Decoded, context) -> bytes:
+    async def release_session(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
         self.store.release(decoded.message.session_id)
         return b""
 
-    def list_sessions(self, decoded: _codec.Decoded, context) -> bytes:
+    async def list_sessions(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
         sessions = [self._session_info(s) for s in self.store.snapshot()]
         return tensorops_pb2.ListSessionsResponse(sessions=sessions).SerializeToString()
 
     # ---- server information
-    def server_info(self, decoded: _codec.Decoded, context) -> bytes:
+    async def server_info(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
         native = tensorops_native.info()
         c = self.config
         limits = tensorops_pb2.ServerLimits(
@@ -232,5 +255,5 @@ class Service:
             method = _wire.SERVICE.methods_by_name[rpc]
             codec = _codec.MessageCodec(_wire.message_class(method.input_type))
             handlers[rpc] = grpc.unary_unary_rpc_method_handler(
-                Instrumented(label, behavior, self.metrics), request_deserializer=deserializer(codec))
+                Instrumented(label, behavior, self.metrics).handle, request_deserializer=deserializer(codec))
         return handlers

@@ -32,6 +32,7 @@ class Session:
     forward_count: int = 0
     users: int = 0
     retired: bool = False
+    queue: Any = None     # forwards waiting to be batched (batching.SessionQueue)
 
 
 class SessionStore:

@@ -1,0 +1,68 @@
+"""Where the work of a call runs: on the event loop, or on a worker thread.
+
+The server is a grpc.aio server: a call costs no thread while its request is arriving,
+and the event loop answers health checks and small calls without a thread hand-off.
+Work that may take long (large requests, session creation, batched forwards) runs on a
+pool of worker threads; the kernels release the GIL there.
+
+A call's deadline and cancellation are checked right before its kernel starts, on either
+side: a call cancelled or expired while it waited for a worker never runs its kernel.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent import futures
+from typing import Any, Callable
+
+import grpc
+
+from . import errors
+
+
+class CallState:
+    """What a worker thread may ask about its call: whether it still wants its result.
+    (The grpc.aio context belongs to the event loop; this holds plain values.)"""
+
+    __slots__ = ("deadline", "cancelled")
+
+    def __init__(self, context: grpc.aio.ServicerContext):
+        remaining = context.time_remaining()
+        self.deadline = None if remaining is None else time.monotonic() + remaining
+        self.cancelled = False
+
+    def ensure_active(self) -> None:
+        """Raise unless the call still wants its result (before a kernel starts)."""
+        if self.cancelled:
+            raise errors.Failure(grpc.StatusCode.CANCELLED, "the call was cancelled before the kernel started")
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise errors.Failure(grpc.StatusCode.DEADLINE_EXCEEDED, "the deadline passed before the kernel started")
+
+
+class Executor:
+    """Runs a call's computation inline or on the worker pool."""
+
+    def __init__(self, workers: int, inline_bytes: int):
+        self.inline_bytes = inline_bytes
+        self.pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tensorops-worker")
+
+    def inline(self, nbytes: int) -> bool:
+        return nbytes <= self.inline_bytes
+
+    async def offload(self, call: CallState, fn: Callable[..., Any], *args) -> Any:
+        """fn(*args) on a worker. If the call is cancelled meanwhile, a task still queued
+        never starts, and one that started finds `call.cancelled` set."""
+        future = asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            call.cancelled = True
+            raise
+
+    async def run(self, nbytes: int, call: CallState, fn: Callable[..., Any], *args) -> Any:
+        if nbytes <= self.inline_bytes:
+            return fn(*args)
+        return await self.offload(call, fn, *args)
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
