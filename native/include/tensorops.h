@@ -139,6 +139,26 @@ void TnSynetTiledScale2D32f(const float * src, size_t channels, size_t height, s
 
 void TnSynetUnaryOperation32f(const float * src, size_t size, int type, float * dst);
 
+/* ---- Batched forms (tensorops extension) -------------------------------------------- */
+/*
+ * The functions above whose Simd signature takes one batch item, over `batch` contiguous
+ * items in one call: the result is exactly that of calling the per-item function on each
+ * item in turn (same bits at every ISA level). sum is batch x channels. Shuffle items hold
+ * channels0 and channels1 channels (inputs of type 0, outputs of type 1) and
+ * (channels0 + channels1) / 2 on the other side.
+ */
+void TnSynetChannelSum16bBatch(const uint16_t * src, size_t batch, size_t channels, size_t spatial, int format,
+    float * sum);
+
+void TnSynetLrnLayerCrossChannelsBatch(const float * src, size_t batch, size_t half, size_t channels,
+    size_t spatial, const float * k, float * dst, int format);
+
+void TnSynetShuffleLayerForwardBatch(const float * src0, const float * src1, size_t batch, size_t channels0,
+    size_t channels1, size_t spatial, float * dst0, float * dst1, int format, int type);
+
+void TnSynetTiledScale2D32fBatch(const float * src, size_t batch, size_t channels, size_t height, size_t width,
+    int format, const float * ver, const float * hor, float * dst);
+
 /* ---- Quantized inner product (seed 004) -------------------------------------------- */
 /*
  * C = requantize(A x B) for A UINT8 (M x K), B INT8 (K x N, or N x K when transB) and

@@ -103,15 +103,13 @@ def channel_norm(x, scale, shift, *, eps=1e-5, format="nchw"):
 
 def channel_sum(x, *, format="nchw"):
     """Per-channel sums of a BF16 image tensor, in fp32, shape (batch, channels)
-    (SimdSynetChannelSum16b applied to each batch item)."""
+    (SimdSynetChannelSum16b applied to each batch item, in one batched C call)."""
     fmt = ck.tensor_format(format)
     x = ck.bf16_tensor(x, "x")
     batch, channels, spatial = ck.image_dims(x, "x", fmt)
     y = np.zeros((batch, channels), np.float32)
     if x.size:
-        xb = x.reshape(batch, -1)
-        for b in range(batch):
-            lib.TnSynetChannelSum16b(_bf16_ptr(xb[b]), channels, spatial, fmt, _f32_ptr(y[b]))
+        lib.TnSynetChannelSum16bBatch(_bf16_ptr(x), batch, channels, spatial, fmt, _f32_ptr(y))
     return y
 
 
@@ -154,10 +152,8 @@ def lrn_cross_channels(x, half, k, *, format="nchw"):
     half = min(half, channels)  # a wider window covers the same channels
     y = np.empty_like(x)
     if x.size:
-        xb, yb = x.reshape(batch, -1), y.reshape(batch, -1)
-        kp = _f32_ptr(k)
-        for b in range(batch):
-            lib.TnSynetLrnLayerCrossChannels(_f32_ptr(xb[b]), half, channels, spatial, kp, _f32_ptr(yb[b]), fmt)
+        lib.TnSynetLrnLayerCrossChannelsBatch(_f32_ptr(x), batch, half, channels, spatial, _f32_ptr(k),
+                                              _f32_ptr(y), fmt)
     return y
 
 
@@ -214,11 +210,8 @@ def shuffle(x0, x1, *, type, format="nchw", channels=None):
         out1 = _with_channels(x0.shape, fmt, channels1)
     y0, y1 = np.empty(out0, np.float32), np.empty(out1, np.float32)
     if b0 and s0 and (channels0 + channels1):
-        x0b, x1b = x0.reshape(b0, -1), x1.reshape(b0, -1)
-        y0b, y1b = y0.reshape(b0, -1), y1.reshape(b0, -1)
-        for b in range(b0):
-            lib.TnSynetShuffleLayerForward(_f32_ptr(x0b[b]), _f32_ptr(x1b[b]), channels0, channels1, s0,
-                                           _f32_ptr(y0b[b]), _f32_ptr(y1b[b]), fmt, kind)
+        lib.TnSynetShuffleLayerForwardBatch(_f32_ptr(x0), _f32_ptr(x1), b0, channels0, channels1, s0,
+                                            _f32_ptr(y0), _f32_ptr(y1), fmt, kind)
     return y0, y1
 
 
@@ -243,7 +236,8 @@ def softmax(x, axis=-1):
 
 def tiled_scale_2d(x, ver, hor, *, format="nchw"):
     """Multiply a 4-D tensor by two tiled 2-D scales (SimdSynetTiledScale2D32f per batch
-    item): NCHW y = x * ver[c, w] * hor[c, h]; NHWC y = x * ver[w, c] * hor[h, c]."""
+    item, in one batched C call): NCHW y = x * ver[c, w] * hor[c, h];
+    NHWC y = x * ver[w, c] * hor[h, c]."""
     fmt = ck.tensor_format(format)
     x = ck.f32_tensor(x, "x")
     if x.ndim != 4:
@@ -258,10 +252,8 @@ def tiled_scale_2d(x, ver, hor, *, format="nchw"):
         hor = ck.f32_params(hor, "hor", (height, channels))
     y = np.empty_like(x)
     if x.size:
-        xb, yb = x.reshape(batch, -1), y.reshape(batch, -1)
-        vp, hp = _f32_ptr(ver), _f32_ptr(hor)
-        for b in range(batch):
-            lib.TnSynetTiledScale2D32f(_f32_ptr(xb[b]), channels, height, width, fmt, vp, hp, _f32_ptr(yb[b]))
+        lib.TnSynetTiledScale2D32fBatch(_f32_ptr(x), batch, channels, height, width, fmt, _f32_ptr(ver),
+                                        _f32_ptr(hor), _f32_ptr(y))
     return y
 
 

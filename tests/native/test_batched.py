@@ -1,0 +1,142 @@
+"""The batched entry points (TnSynet...Batch): channel_sum, lrn_cross_channels, shuffle and
+tiled_scale_2d make one C call per request, which must give exactly the bits of calling the
+per-item C function on each batch item in turn (NaN payloads included). Shapes around the
+vector widths, both formats, batch 1 to 7; then large batches of tiny items against NumPy.
+"""
+import numpy as np
+import pytest
+
+import tensorops_native as tn
+import reference as ref
+from tn_testing import FMT_CODE, FORMATS, assert_close, assert_same_bits, c_call, image_shape, require
+
+BATCHES = (1, 2, 3, 7)
+CHANNELS = (1, 15, 16, 17, 33)
+SPATIALS = (1, 5, 16, 17)
+# Tiled scale (height, width) with height * width = SPATIALS.
+HW = ((1, 1), (5, 1), (4, 4), (1, 17))
+# Shuffle (type, channels0, channels1): the inputs of type 0, the outputs of type 1.
+SHUFFLES = [(0, 2, 2), (0, 16, 14), (0, 18, 16), (0, 34, 2), (0, 0, 18),
+            (1, 2, 0), (1, 8, 8), (1, 4, 14), (1, 18, 16), (1, 0, 32)]
+IMAGES = [pytest.param(b, c, s, fmt, id=f"b{b}-c{c}-s{s}-{fmt}")
+          for b in BATCHES for c in CHANNELS for s in SPATIALS for fmt in FORMATS]
+
+
+def with_specials(x):
+    """x with NaN, inf and -inf at the start and the end, where vector tails are."""
+    flat = x.reshape(-1)
+    flat[[0, -1]] = np.nan
+    if flat.size > 3:
+        flat[[1, -2]] = [np.inf, -np.inf]
+    return x
+
+
+def poisoned(shape):
+    return np.full(shape, 0x7FC0DEAD, np.uint32).view(np.float32)
+
+
+def image(rng, batch, channels, spatial, fmt):
+    return with_specials(rng.normal(size=image_shape(batch, channels, spatial, fmt)).astype(np.float32))
+
+
+@pytest.mark.parametrize("batch,channels,spatial,fmt", IMAGES)
+def test_channel_sum_batch_equals_per_item(rng, batch, channels, spatial, fmt):
+    require("SynetChannelSum16b")
+    bits = image(rng, batch, channels, spatial, fmt).astype(ref.BF16).view(np.uint16)
+    want = poisoned((batch, channels))
+    for b in range(batch):
+        c_call("SynetChannelSum16b", bits[b], channels, spatial, FMT_CODE[fmt], want[b])
+    assert_same_bits(tn.channel_sum(bits, format=fmt), want, what=f"channel_sum batch {batch}")
+
+
+@pytest.mark.parametrize("batch,channels,spatial,fmt", IMAGES)
+def test_lrn_batch_equals_per_item(rng, batch, channels, spatial, fmt):
+    require("SynetLrnLayerCrossChannels")
+    x = image(rng, batch, channels, spatial, fmt)
+    half = int(rng.integers(0, 4))
+    k = np.float32([1.5, 0.1, -0.75])
+    want = poisoned(x.shape)
+    for b in range(batch):
+        c_call("SynetLrnLayerCrossChannels", x[b], half, channels, spatial, k, want[b], FMT_CODE[fmt])
+    assert_same_bits(tn.lrn_cross_channels(x, half, k, format=fmt), want, what=f"lrn batch {batch} half {half}")
+
+
+def random_bits(rng, shape):
+    """Random fp32 bit patterns: every exponent, denormals, infinities and NaN payloads."""
+    return rng.integers(0, 2 ** 32, size=shape, dtype=np.uint64).astype(np.uint32).view(np.float32)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("spatial", SPATIALS)
+@pytest.mark.parametrize("type_,c0,c1", SHUFFLES)
+@pytest.mark.parametrize("batch", BATCHES)
+def test_shuffle_batch_equals_per_item(rng, batch, type_, c0, c1, spatial, fmt):
+    """channels0 = c0 and channels1 = c1 are the inputs of type 0 and the outputs of type 1;
+    the other side has (c0 + c1) / 2 channels in each tensor."""
+    require("SynetShuffleLayerForward")
+    half = (c0 + c1) // 2
+    ins, outs = ((c0, c1), (half, half)) if type_ == 0 else ((half, half), (c0, c1))
+    x0, x1 = (random_bits(rng, image_shape(batch, c, spatial, fmt)) for c in ins)
+    y0, y1 = (poisoned(image_shape(batch, c, spatial, fmt)) for c in outs)
+    for b in range(batch):
+        c_call("SynetShuffleLayerForward", x0[b], x1[b], c0, c1, spatial, y0[b], y1[b], FMT_CODE[fmt], type_)
+    got = tn.shuffle(x0, x1, type=type_, format=fmt, channels=(c0, c1) if type_ else None)
+    for g, w, name in zip(got, (y0, y1), ("y0", "y1")):
+        assert_same_bits(g, w, what=f"shuffle type {type_} batch {batch} {name}")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("h,w", HW)
+@pytest.mark.parametrize("channels", CHANNELS)
+@pytest.mark.parametrize("batch", BATCHES)
+def test_tiled_scale_2d_batch_equals_per_item(rng, batch, channels, h, w, fmt):
+    require("SynetTiledScale2D32f")
+    shape = (batch, channels, h, w) if fmt == "nchw" else (batch, h, w, channels)
+    x = with_specials(rng.normal(size=shape).astype(np.float32))
+    ver = rng.normal(size=(channels, w) if fmt == "nchw" else (w, channels)).astype(np.float32)
+    hor = rng.normal(size=(channels, h) if fmt == "nchw" else (h, channels)).astype(np.float32)
+    want = poisoned(x.shape)
+    for b in range(batch):
+        c_call("SynetTiledScale2D32f", x[b], channels, h, w, FMT_CODE[fmt], ver, hor, want[b])
+    assert_same_bits(tn.tiled_scale_2d(x, ver, hor, format=fmt), want, what=f"tiled_scale_2d batch {batch}")
+
+
+# ---- many tiny items: one C call covers them all ----------------------------------------
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_channel_sum_million_items(rng, fmt):
+    """A sum of one value is that value, exactly."""
+    require("SynetChannelSum16b")
+    x = rng.normal(size=(1 << 20, 1, 1)).astype(np.float32).astype(ref.BF16)
+    y = tn.channel_sum(x, format=fmt)
+    np.testing.assert_array_equal(y, x.astype(np.float32).reshape(-1, 1))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_channel_sum_many_small_items_exact(rng, fmt):
+    """Small integers sum exactly in fp32, whatever the order."""
+    require("SynetChannelSum16b")
+    x = rng.integers(-100, 101, size=image_shape(1 << 16, 3, 5, fmt)).astype(np.float32).astype(ref.BF16)
+    y = tn.channel_sum(x, format=fmt)
+    np.testing.assert_array_equal(y, ref.synet_channel_sum_16b(ref.to_bcs(x, fmt)).astype(np.float32))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_lrn_many_items(rng, fmt):
+    """Each item is one value: y = x * (k0 + k1 * x^2)^k2 (tolerance as in test_lrn.py)."""
+    require("SynetLrnLayerCrossChannels")
+    x = rng.normal(size=(1 << 18, 1, 1)).astype(np.float32)
+    k = np.float32([1.5, 0.1, -0.75])
+    exact = x.astype(np.float64) * (1.5 + float(k[1]) * x.astype(np.float64) ** 2) ** -0.75
+    assert_close(tn.lrn_cross_channels(x, 2, k, format=fmt), exact, rtol=1e-5, atol=1e-37, what=f"lrn {fmt}")
+
+
+def test_shuffle_and_tiled_scale_many_items(rng):
+    require("SynetShuffleLayerForward", "SynetTiledScale2D32f")
+    n = 1 << 17
+    x0, x1 = rng.normal(size=(n, 2, 1)).astype(np.float32), rng.normal(size=(n, 2, 1)).astype(np.float32)
+    y0, y1 = tn.shuffle(x0, x1, type=0)
+    np.testing.assert_array_equal(y0, np.stack([x0[:, 0], x1[:, 0]], axis=1))
+    np.testing.assert_array_equal(y1, np.stack([x0[:, 1], x1[:, 1]], axis=1))
+    x = rng.normal(size=(n, 1, 1, 1)).astype(np.float32)
+    np.testing.assert_array_equal(tn.tiled_scale_2d(x, [[2.0]], [[0.5]]), x)  # scaling by powers of 2: exact
