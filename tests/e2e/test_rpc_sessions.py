@@ -78,3 +78,32 @@ def test_recreated_after_server_restart(start_server, problem):
         assert first.stop() == 0
         start_server(port=port)
         assert np.array_equal(s.forward(a), expected) and s.recreated == 1
+
+
+@pytest.mark.parametrize("window_us", ["0", "20000"])
+def test_batched_forwards_of_the_real_kernel_are_bit_identical(start_server, run_async, window_us):
+    """64 concurrent forwards of 1-9 rows on a 1024 x 1024 session (AMX, VNNI or AVX2 rows
+    depending on M) give exactly the rows of separate in-process forwards."""
+    from rpc_server import metric_value
+
+    srv = start_server("--batch-window-us", window_us, "--max-batch-rows", "32")
+    rng = np.random.default_rng(3)
+    k = n = 1024
+    b = rng.integers(-128, 128, (k, n), dtype=np.int8)
+    p = qip_params(rng, n)
+    inputs = [rng.integers(0, 256, (int(m), k), dtype=np.uint8) for m in rng.integers(1, 10, 64)]
+    with tn.QuantizedInnerProduct(b, **p) as local:
+        expected = [local.forward(a) for a in inputs]
+
+    async def use(c):
+        async with await c.quantized_inner_product(b, **p) as s:
+            import asyncio
+            return await asyncio.gather(*(s.forward(a) for a in inputs))
+    results = run_async(srv.target, use)
+    assert all(np.array_equal(got, want) for got, want in zip(results, expected))
+    text = srv.metrics_text()
+    merged = metric_value(text, "tensorops_forward_batch_requests_sum")
+    kernel_calls = metric_value(text, "tensorops_forward_batch_requests_count")
+    assert merged == len(inputs)
+    if window_us != "0":  # without a window, merging depends on how fast calls arrive
+        assert kernel_calls < len(inputs)
