@@ -13,7 +13,7 @@ PORT ?= 50051
 METRICS_PORT ?= 9100
 SERVE_FLAGS ?=
 
-.PHONY: test test-native test-sanitize serve proto promtool bench bench-rpc clean
+.PHONY: test test-native test-sanitize fuzz-codec serve proto promtool bench bench-rpc clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -81,6 +81,19 @@ test-sanitize: $(SANITIZE_VENV)/.installed
 		$(SANITIZE_ENV) TENSOROPS_ISA=$$isa $(SANITIZE_VENV)/bin/python -m pytest -q -p no:cacheprovider \
 			$(SANITIZE_TESTS) || exit 1; \
 	done
+
+# Coverage-guided fuzzing of the wire decoder (tests/fuzz/fuzz_codec.py, atheris from PyPI)
+# for FUZZ_SECONDS. The corpus grows in FUZZ_DIR/corpus from one run to the next; a crashing
+# input is written to FUZZ_DIR/crash-*. FUZZ_FLAGS: more libFuzzer flags (-jobs=2, ...).
+FUZZ_SECONDS ?= 60
+FUZZ_DIR ?= build/fuzz-codec
+FUZZ_FLAGS ?=
+
+fuzz-codec: $(VENV)/.test-installed
+	@$(PY) -c "import atheris" 2>/dev/null || $(PY) -m pip install -q atheris
+	$(PY) tests/fuzz/fuzz_codec.py --seeds $(FUZZ_DIR)/corpus
+	$(PY) tests/fuzz/fuzz_codec.py $(FUZZ_DIR)/corpus -max_total_time=$(FUZZ_SECONDS) \
+		-artifact_prefix=$(FUZZ_DIR)/ $(FUZZ_FLAGS)
 
 # The gRPC server on localhost, metrics on http://$(HOST):$(METRICS_PORT)/metrics.
 serve: $(VENV)/.installed

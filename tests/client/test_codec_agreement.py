@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from tensorops import _codec
 from tensorops._codec import MessageCodec, encode_tensor
 from tensorops.v1 import tensorops_pb2 as pb
-from wire_cases import (CASES, CODECS, EGROUP, I32, I64, LEN, MESSAGE_CLASSES, SGROUP, VARINT, check, field, key,
-                        varint)
+from wire_cases import (CASES, CODECS, EGROUP, I32, I64, LEN, MESSAGE_CLASSES, SGROUP, VARINT, check, encode, field,
+                        key, varint)
 
 # Deterministic (CI runs the same examples every time; tests/fuzz explores further) and
 # with no example database left in the tree. Generating an example costs far more than
@@ -179,12 +179,7 @@ def valid_messages(draw):
                   for _ in range(draw(st.integers(1, 3)) if name in codec.repeated else 1)]
         encoded = [encode_tensor(a, name, draw(st.integers(0, 2))) for a in arrays]
         tensors[name] = encoded if name in codec.repeated else encoded[0]
-    small = _codec.SMALL_MESSAGE
-    _codec.SMALL_MESSAGE = -1 if draw(st.booleans()) else small  # -1: the in-place encoder
-    try:
-        raw = codec.encode(None, tensors)
-    finally:
-        _codec.SMALL_MESSAGE = small
+    raw = encode(codec, None, tensors, in_place=draw(st.booleans()))
     return codec, raw + draw(fields(depth=1, max_fields=2))
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from google.protobuf.message import DecodeError
 
+from tensorops import _codec
 from tensorops._codec import MessageCodec, WireError, to_array
 from tensorops.v1 import tensorops_pb2
 
@@ -79,6 +80,17 @@ def tensor(*, shape=(), dtype=None, fmt=None, data=None, packed=True) -> bytes:
     if data is not None:
         parts.append(field(4, LEN, data))
     return b"".join(parts)
+
+
+def encode(codec: MessageCodec, message, tensors: dict, *, in_place: bool) -> bytes:
+    """codec.encode with the encoder chosen whatever the size: in place (payloads padded to
+    be aligned, as large messages are written) or through protobuf (as small ones are)."""
+    saved = _codec.SMALL_MESSAGE
+    _codec.SMALL_MESSAGE = -1 if in_place else 1 << 62
+    try:
+        return codec.encode(message, tensors)
+    finally:
+        _codec.SMALL_MESSAGE = saved
 
 
 def groups(depth: int, number: int = 5) -> bytes:
