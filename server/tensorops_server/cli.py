@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -18,8 +19,8 @@ def main(argv=None) -> int:
     log = logs.setup(config.log_level, config.log_format)
     retained = retain_freed_buffers(config.max_message_bytes)
     log.debug("malloc tuned", extra=logs.fields(retain_freed_buffers=retained))
-    server = TensorOpsServer(config)
     try:
+        server = TensorOpsServer(config)
         server.start()
     except OSError as exc:
         log.error("cannot start", extra=logs.fields(error=str(exc)))
@@ -39,7 +40,9 @@ def main(argv=None) -> int:
     server.stop()
     log.info("stopped")
     logging.shutdown()
-    return 0
+    # A kernel still running on a worker thread (its call was cancelled at the end of the
+    # grace period) must not hold the process: leave without waiting for it.
+    os._exit(0)
 
 
 if __name__ == "__main__":

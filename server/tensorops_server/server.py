@@ -18,6 +18,7 @@ import tensorops_native
 from tensorops import _wire
 
 from . import optable
+from .auth import Authenticator
 from .config import Config
 from .execution import Executor
 from .logs import LOGGER, fields
@@ -35,11 +36,13 @@ class TensorOpsServer:
         self.metrics = Metrics(version=tensorops_native.__version__, isa=tensorops_native.isa(),
                                workers=config.workers)
         self.store = SessionStore(max_sessions=config.max_sessions, max_bytes=config.max_session_bytes,
-                                  ttl=config.session_ttl,
+                                  max_sessions_per_owner=config.max_sessions_per_caller,
+                                  max_bytes_per_owner=config.max_session_bytes_per_caller, ttl=config.session_ttl,
                                   on_evict=lambda reason: self.metrics.evictions.labels(reason).inc())
         self.metrics.watch_sessions(self.store)
         self.executor = Executor(config.workers, config.inline_bytes)
-        self.service = Service(config, self.metrics, self.store, self.table, self.executor, qip_class)
+        self.auth = Authenticator(config.auth_tokens, config.auth_token_file)
+        self.service = Service(config, self.metrics, self.store, self.table, self.executor, self.auth, qip_class)
         self._sweeper = Sweeper(self.store, interval=min(config.session_ttl / 4, 10.0))
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tensorops-loop", daemon=True)
@@ -96,14 +99,16 @@ class TensorOpsServer:
         server = grpc.aio.server(
             options=[("grpc.max_receive_message_length", c.max_message_bytes),
                      ("grpc.max_send_message_length", c.max_message_bytes),
-                     ("grpc.so_reuseport", 0)],
-            maximum_concurrent_rpcs=c.max_concurrent_rpcs or None)
+                     ("grpc.so_reuseport", 0),
+                     # streams one connection may open at once (HTTP/2 SETTINGS)
+                     ("grpc.max_concurrent_streams", 2 * c.max_pending_requests)])
         server.add_registered_method_handlers(_wire.SERVICE_NAME, self.service.handlers())
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        reflection.enable_server_reflection(
-            (_wire.SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
-            server)
+        if c.reflection:
+            reflection.enable_server_reflection(
+                (_wire.SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                 reflection.SERVICE_NAME), server)
         try:
             self.port = server.add_insecure_port(c.address)
         except RuntimeError as exc:  # grpc's "Failed to bind to address"
