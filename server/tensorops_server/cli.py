@@ -1,4 +1,5 @@
-"""`tensorops-server`: run the service until SIGTERM or SIGINT, then drain and exit 0."""
+"""`tensorops-server`: run the service until SIGTERM or SIGINT, then drain and exit 0.
+SIGHUP re-reads the TLS files at the next connection."""
 from __future__ import annotations
 
 import logging
@@ -19,6 +20,8 @@ def main(argv=None) -> int:
     retained = retain_freed_buffers(config.max_message_bytes)
     log.debug("malloc tuned", extra=logs.fields(retain_freed_buffers=retained))
     server = TensorOpsServer(config)
+    if hasattr(signal, "SIGHUP"):  # before "serving": the handler only sets a flag, read at the next TLS handshake
+        signal.signal(signal.SIGHUP, lambda _signum, _frame: server.tls and server.tls.request_reload())
     try:
         server.start()
     except OSError as exc:

@@ -17,7 +17,7 @@ from grpc_reflection.v1alpha import reflection
 import tensorops_native
 from tensorops import _wire
 
-from . import optable
+from . import optable, tls
 from .config import Config
 from .execution import Executor
 from .logs import LOGGER, fields
@@ -47,6 +47,7 @@ class TensorOpsServer:
         self.health: HealthServicer | None = None
         self.port: int | None = None
         self.metrics_port: int | None = None
+        self.tls: tls.CertificateFiles | None = None  # request_reload() on SIGHUP
 
     # ---- lifecycle, called from any thread but the loop's
     def start(self) -> None:
@@ -104,8 +105,12 @@ class TensorOpsServer:
         reflection.enable_server_reflection(
             (_wire.SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             server)
+        self.tls = tls.from_config(c)  # TLSConfigError (an OSError) when the files are not usable
         try:
-            self.port = server.add_insecure_port(c.address)
+            if self.tls is None:
+                self.port = server.add_insecure_port(c.address)
+            else:
+                self.port = server.add_secure_port(c.address, self.tls.credentials())
         except RuntimeError as exc:  # grpc's "Failed to bind to address"
             raise OSError(f"cannot listen on {c.address}: {exc}") from None
         if not self.port:
