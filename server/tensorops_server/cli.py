@@ -20,7 +20,7 @@ def main(argv=None) -> int:
     retained = retain_freed_buffers(config.max_message_bytes)
     log.debug("malloc tuned", extra=logs.fields(retain_freed_buffers=retained))
     server = TensorOpsServer(config)
-    if hasattr(signal, "SIGHUP"):  # before "serving": the handler only sets a flag, read at the next TLS handshake
+    if hasattr(signal, "SIGHUP"):  # before "serving"; only counts a request, served at the next TLS handshake
         signal.signal(signal.SIGHUP, lambda _signum, _frame: server.tls and server.tls.request_reload())
     try:
         server.start()

@@ -62,7 +62,7 @@ class CertificateFiles:
         if client_ca:
             self.paths["client_ca"] = client_ca
         self._lock = threading.Lock()
-        self._reload_requested = False
+        self._reloads_requested = self._reloads_done = 0  # counters: no request lost to a race
         try:
             self._current = self._read()
         except (OSError, ValueError) as exc:
@@ -79,8 +79,8 @@ class CertificateFiles:
 
     def request_reload(self) -> None:
         """Re-read the files at the next handshake even if they look unchanged (SIGHUP).
-        Only sets a flag: safe in a signal handler."""
-        self._reload_requested = True
+        Only counts the request: safe in a signal handler."""
+        self._reloads_requested += 1
 
     def fetch(self) -> grpc.ServerCertificateConfiguration | None:
         """gRPC's certificate configuration fetcher: a new configuration, or None to keep
@@ -93,7 +93,8 @@ class CertificateFiles:
             return None
 
     def _fetch(self) -> grpc.ServerCertificateConfiguration | None:
-        forced, self._reload_requested = self._reload_requested, False
+        requested = self._reloads_requested
+        forced, self._reloads_done = requested != self._reloads_done, requested
         try:
             stamps = self._stamps()
         except OSError as exc:  # a file missing or unreadable: keyed by the error, not to warn again
