@@ -177,7 +177,9 @@ def mtls_server(tmp_path, pki, start_server):
     cert, key = install(tmp_path, pki["server1"])
     env = {"TENSOROPS_TLS_CERT": cert, "TENSOROPS_TLS_KEY": key,
            "TENSOROPS_TLS_CLIENT_CA": ca_file(tmp_path, pki["ca1"], "clients.pem")}
-    return start_server(env=env)
+    srv = start_server(env=env)
+    srv.directory = tmp_path
+    return srv
 
 
 def test_mtls_requires_a_client_certificate(mtls_server, pki):
@@ -197,6 +199,12 @@ def test_mtls_accepts_a_certificate_from_the_client_ca(mtls_server, pki, run_asy
 
 def test_mtls_refuses_a_certificate_from_another_ca(mtls_server, pki):
     assert not works(mtls_server, ca=pki["ca1"], client=pki["client2"])
+
+
+def test_mtls_client_ca_rotation(mtls_server, pki):
+    os.replace(ca_file(mtls_server.directory, pki["ca2"], "clients.tmp"), mtls_server.directory / "clients.pem")
+    assert works(mtls_server, ca=pki["ca1"], client=pki["client2"])
+    assert not works(mtls_server, ca=pki["ca1"], client=pki["client1"])
 
 
 # ---- rotation
