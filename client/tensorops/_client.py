@@ -1,9 +1,11 @@
 """The blocking client and its quantized inner-product session."""
 from __future__ import annotations
 
+import ipaddress
 import json
+import os
 import threading
-from typing import Any
+from typing import Any, Union
 
 import grpc
 
@@ -14,6 +16,8 @@ from ._operations import Operations
 from .v1 import tensorops_pb2
 
 DEFAULT_TARGET = "localhost:50051"
+
+PEM = Union[bytes, str, "os.PathLike[str]"]
 
 
 def retry_service_config(max_attempts: int) -> str:
@@ -49,6 +53,87 @@ def merge_metadata(default, call) -> tuple | None:
     return merged or None
 
 
+def read_pem(name: str, value: PEM | None) -> bytes | None:
+    """PEM bytes as given, or read from a path (str or os.PathLike); a str that holds PEM
+    text itself (starts with "-----BEGIN") is taken as it is."""
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str) and value.lstrip().startswith("-----BEGIN"):
+        return value.encode("ascii")
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name}: expected PEM bytes or a file path, got {type(value).__name__}")
+    try:
+        with open(value, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise ValueError(f"{name}: cannot read {os.fspath(value)!r}: {exc.strerror or exc}") from None
+
+
+def channel_credentials(credentials: grpc.ChannelCredentials | None, root_certificates: PEM | None = None,
+                        certificate_chain: PEM | None = None,
+                        private_key: PEM | None = None) -> grpc.ChannelCredentials | None:
+    """The credentials of the channel: `credentials` as given, or TLS from the PEM
+    arguments, or None (a plaintext channel)."""
+    pems = {"root_certificates": root_certificates, "certificate_chain": certificate_chain,
+            "private_key": private_key}
+    given = [name for name, value in pems.items() if value is not None]
+    if not given:
+        return credentials
+    if credentials is not None:
+        raise ValueError(f"credentials: give either a ready grpc.ChannelCredentials or {', '.join(given)}, not both")
+    if (certificate_chain is None) != (private_key is None):
+        missing = "private_key" if private_key is None else "certificate_chain"
+        raise ValueError(f"{missing}: a client certificate needs both certificate_chain and private_key")
+    return grpc.ssl_channel_credentials(**{name: read_pem(name, value) for name, value in pems.items()})
+
+
+def is_loopback_target(target: str) -> bool:
+    """Whether a gRPC target can only reach this machine: a unix socket, localhost, or
+    addresses in 127.0.0.0/8 or ::1 (with or without the dns:, ipv4:, ipv6: schemes)."""
+    if target.startswith(("unix:", "unix-abstract:")):
+        return True
+    for scheme in ("dns:", "ipv4:", "ipv6:"):
+        if target.startswith(scheme):
+            target = target[len(scheme):]
+            if target.startswith("//"):  # dns://authority/host:port
+                target = target[2:].partition("/")[2]
+            break
+    return bool(target) and all(_is_loopback_host(address) for address in target.split(","))
+
+
+def _is_loopback_host(address: str) -> bool:
+    if address.startswith("["):
+        host = address[1:].partition("]")[0]
+    elif address.count(":") == 1:
+        host = address.partition(":")[0]
+    else:
+        host = address  # no port, or a bare IPv6 address
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def token_metadata(token: str | None, target: str, secure: bool, allow_insecure_token: bool) -> tuple:
+    """The authorization header for `token`; ValueError if it would travel in the clear
+    to anything but this machine."""
+    if token is None:
+        return ()
+    if not isinstance(token, str) or not token:
+        raise ValueError("token: expected a non-empty str")
+    if not secure:
+        if not allow_insecure_token:
+            raise ValueError(f"token: refusing to send a bearer token over the plaintext channel to {target!r}; "
+                             "use TLS (root_certificates= or credentials=), or allow_insecure_token=True for a "
+                             "loopback target")
+        if not is_loopback_target(target):
+            raise ValueError(f"token: allow_insecure_token=True only allows loopback targets (127.0.0.0/8, ::1, "
+                             f"localhost, unix:), not {target!r}; use TLS")
+    return (("authorization", f"Bearer {token}"),)
+
+
 def encode(op: _wire.Operation, arguments: dict) -> _wire.Request:
     try:
         return _wire.build_request(op, arguments)
@@ -57,16 +142,37 @@ def encode(op: _wire.Operation, arguments: dict) -> _wire.Request:
 
 
 class ClientBase(Operations):
-    """What the blocking and the asyncio clients share: configuration and encoding."""
+    """What the blocking and the asyncio clients share: configuration, the channel
+    credentials and encoding.
+
+    Transport security (all keyword arguments):
+      root_certificates, certificate_chain, private_key: PEM bytes, or a path to a PEM
+        file. Any of them makes the channel TLS: root_certificates are the CAs the
+        server's certificate must chain to (default: the system's), certificate_chain
+        and private_key (together) the client certificate for mutual TLS.
+      credentials: a ready grpc.ChannelCredentials instead (not with the PEM arguments).
+      server_name_override: the name checked in the server's certificate instead of the
+        target's host (the channel option grpc.ssl_target_name_override); for tests.
+      token: a bearer token sent with every call ("authorization: Bearer <token>"). It is
+        refused (ValueError at construction) on a plaintext channel, unless
+        allow_insecure_token=True and the target is a loopback address (127.0.0.0/8,
+        ::1, localhost or a unix: socket), where it never leaves the machine.
+    With none of them the channel is plaintext."""
 
     def __init__(self, target: str = DEFAULT_TARGET, *, timeout: float | None = None, metadata=None,
-                 credentials: grpc.ChannelCredentials | None = None,
+                 credentials: grpc.ChannelCredentials | None = None, root_certificates: PEM | None = None,
+                 certificate_chain: PEM | None = None, private_key: PEM | None = None,
+                 server_name_override: str | None = None, token: str | None = None,
+                 allow_insecure_token: bool = False,
                  max_message_bytes: int = _wire.DEFAULT_MAX_MESSAGE_BYTES, max_attempts: int = 4, options=()):
         self.target = target
         self.timeout = timeout
-        self.metadata = tuple(metadata or ())
+        self._credentials = channel_credentials(credentials, root_certificates, certificate_chain, private_key)
+        self.metadata = tuple(metadata or ()) + token_metadata(token, target, self._credentials is not None,
+                                                              allow_insecure_token)
+        if server_name_override is not None:
+            options = [*options, ("grpc.ssl_target_name_override", server_name_override)]
         self._options = channel_options(max_message_bytes, max_attempts, options)
-        self._credentials = credentials
         self._callables: dict[str, Any] = {}
 
     def _method(self, path: str):
@@ -83,7 +189,12 @@ class ClientBase(Operations):
 class Client(ClientBase):
     """Blocking client: `Client("localhost:50051")`, one method per operation (NumPy in,
     NumPy out), per-call `timeout` and `metadata`, errors as TensorOpsError subclasses.
-    Thread-safe; use it as a context manager or call close()."""
+    Thread-safe; use it as a context manager or call close().
+
+    TLS: `Client("host:50051", root_certificates="ca.pem")`; mutual TLS adds
+    `certificate_chain=` and `private_key=`; `token=` sends a bearer token (never over
+    plaintext, but see allow_insecure_token). All keyword arguments are described on
+    ClientBase."""
 
     def __init__(self, target: str = DEFAULT_TARGET, **kwargs):
         super().__init__(target, **kwargs)

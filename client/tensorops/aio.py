@@ -20,7 +20,9 @@ __all__ = ["Client", "QuantizedInnerProductSession"]
 
 class Client(ClientBase):
     """asyncio client. Create it inside a running event loop; every operation method
-    returns an awaitable. `await c.quantized_inner_product(b, ...)` opens a session."""
+    returns an awaitable. `await c.quantized_inner_product(b, ...)` opens a session.
+    Takes the keyword arguments of tensorops.Client (TLS, mutual TLS, token: see
+    ClientBase)."""
 
     def __init__(self, target: str = DEFAULT_TARGET, **kwargs):
         super().__init__(target, **kwargs)

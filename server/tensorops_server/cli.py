@@ -1,4 +1,5 @@
-"""`tensorops-server`: run the service until SIGTERM or SIGINT, then drain and exit 0."""
+"""`tensorops-server`: run the service until SIGTERM or SIGINT, then drain and exit 0.
+SIGHUP re-reads the TLS files at the next connection."""
 from __future__ import annotations
 
 import logging
@@ -21,6 +22,8 @@ def main(argv=None) -> int:
     log.debug("malloc tuned", extra=logs.fields(retain_freed_buffers=retained))
     try:
         server = TensorOpsServer(config)
+        if hasattr(signal, "SIGHUP"):  # before "serving"; only counts a request, served at the next TLS handshake
+            signal.signal(signal.SIGHUP, lambda _signum, _frame: server.tls and server.tls.request_reload())
         server.start()
     except OSError as exc:
         log.error("cannot start", extra=logs.fields(error=str(exc)))

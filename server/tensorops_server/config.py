@@ -44,6 +44,9 @@ class Config:
     reflection: bool = True
     log_level: str = "info"
     log_format: str = "json"
+    tls_cert: str = ""                # PEM certificate chain; with tls_key: TLS on the gRPC port
+    tls_key: str = ""                 # PEM private key of tls_cert
+    tls_client_ca: str = ""           # PEM CA bundle: clients must present a certificate it signed (mTLS)
 
     @property
     def address(self) -> str:
@@ -83,6 +86,10 @@ _HELP = {
     "grace": "seconds in-flight calls get to finish on SIGTERM/SIGINT",
     "log_level": "one of " + ", ".join(LOG_LEVELS),
     "log_format": "json (one object per line) or text",
+    "tls_cert": "PEM certificate chain file: serve TLS (needs --tls-key); the files are re-read when they "
+                "change, checked at each new connection, or on SIGHUP",
+    "tls_key": "PEM private key file of --tls-cert (unencrypted)",
+    "tls_client_ca": "PEM CA bundle file: require mutual TLS, clients must present a certificate it signed",
 }
 
 
@@ -146,6 +153,7 @@ _TYPES = {
     "auth_tokens": str, "auth_token_file": str, "reflection": _bool,
     "session_ttl": _positive(float), "grace": _non_negative(float),
     "log_level": _choice(LOG_LEVELS), "log_format": _choice(("json", "text")),
+    "tls_cert": str, "tls_key": str, "tls_client_ca": str,
 }
 
 

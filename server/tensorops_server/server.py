@@ -17,7 +17,7 @@ from grpc_reflection.v1alpha import reflection
 import tensorops_native
 from tensorops import _wire
 
-from . import optable
+from . import optable, tls
 from .auth import Authenticator
 from .config import Config
 from .execution import Executor
@@ -41,7 +41,8 @@ class TensorOpsServer:
                                   on_evict=lambda reason: self.metrics.evictions.labels(reason).inc())
         self.metrics.watch_sessions(self.store)
         self.executor = Executor(config.workers, config.inline_bytes)
-        self.auth = Authenticator(config.auth_tokens, config.auth_token_file)
+        self.auth = Authenticator(config.auth_tokens, config.auth_token_file,
+                                  certificates=bool(config.tls_client_ca))
         self.service = Service(config, self.metrics, self.store, self.table, self.executor, self.auth, qip_class)
         self._sweeper = Sweeper(self.store, interval=min(config.session_ttl / 4, 10.0))
         self._loop = asyncio.new_event_loop()
@@ -50,6 +51,7 @@ class TensorOpsServer:
         self.health: HealthServicer | None = None
         self.port: int | None = None
         self.metrics_port: int | None = None
+        self.tls: tls.CertificateFiles | None = None  # request_reload() on SIGHUP
 
     # ---- lifecycle, called from any thread but the loop's
     def start(self) -> None:
@@ -109,8 +111,12 @@ class TensorOpsServer:
             reflection.enable_server_reflection(
                 (_wire.SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                  reflection.SERVICE_NAME), server)
+        self.tls = tls.from_config(c)  # TLSConfigError (an OSError) when the files are not usable
         try:
-            self.port = server.add_insecure_port(c.address)
+            if self.tls is None:
+                self.port = server.add_insecure_port(c.address)
+            else:
+                self.port = server.add_secure_port(c.address, self.tls.credentials())
         except RuntimeError as exc:  # grpc's "Failed to bind to address"
             raise OSError(f"cannot listen on {c.address}: {exc}") from None
         if not self.port:
