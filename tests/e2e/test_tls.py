@@ -292,3 +292,25 @@ def test_startup_errors(tmp_path, pki):
     assert "do not match" in start_failure(tmp_path, *tls_flags(cert, str(other_key)))
     assert "client CA" in start_failure(tmp_path, *tls_flags(cert, key, other_key))
 
+
+
+def test_mtls_sessions_belong_to_the_certificate_subject(mtls_server, pki):
+    """Without tokens, the client certificate names the caller: a session made with one
+    certificate is invisible to another one from the same CA."""
+    from rpc_cases import qip_params
+
+    other = pki["ca1"].issue_cert("client-three.example")
+    rng = np.random.default_rng(9)
+    b = rng.integers(-128, 128, (16, 8), dtype=np.int8)
+    p = qip_params(rng, 8)
+    with tls_client(mtls_server, ca=pki["ca1"], client=pki["client1"]) as first, \
+            tls_client(mtls_server, ca=pki["ca1"], client=other) as second:
+        session = first.quantized_inner_product(b, **p)
+        assert [s["session_id"] for s in first.list_sessions()] == [session.session_id]
+        assert second.list_sessions() == []
+        from tensorops import _wire
+        forward = _wire.build_request(_wire.FORWARD_SESSION, {"session_id": session.session_id,
+                                                              "a": np.zeros((1, 16), np.uint8)}).data
+        with pytest.raises(tensorops.NotFoundError):
+            second._invoke(_wire.FORWARD_SESSION.path, forward)
+        session.close()
