@@ -130,3 +130,4 @@ class TensorOpsServer:
         await self.health.enter_graceful_shutdown()
         await self.grpc_server.stop(grace)
         await self.service.batcher.wait_idle()
+        self.service.admission.close()
