@@ -75,7 +75,8 @@ class QuantizedInnerProductSession(SessionBase):
         self._lock = asyncio.Lock()
 
     async def _create(self, timeout=None, metadata=None) -> None:
-        raw = await self._client._invoke(_wire.CREATE_SESSION.path, self._create_request, timeout, metadata)
+        raw = await self._client._invoke(_wire.CREATE_SESSION.path, self._create_request, timeout,
+                                         self._metadata(metadata))
         self._info = tensorops_pb2.SessionInfo.FromString(raw)
 
     async def _retrying(self, call, timeout, metadata):
@@ -95,14 +96,15 @@ class QuantizedInnerProductSession(SessionBase):
 
         async def call():
             request = self._forward_request(a)
-            raw = await self._client._invoke(op.path, request.data, timeout, metadata)
+            raw = await self._client._invoke(op.path, request.data, timeout, self._metadata(metadata))
             return _wire.decode_response(op, raw)
         return await self._retrying(call, timeout, metadata)
 
     async def describe(self, m: int | None = None, *, timeout=None, metadata=None) -> dict:
         async def call():
             raw = await self._client._invoke(_wire.method_path("DescribeSession"),
-                                             self._describe_request(self._info.session_id, m), timeout, metadata)
+                                             self._describe_request(self._info.session_id, m), timeout,
+                                             self._metadata(metadata))
             return session_info(tensorops_pb2.SessionInfo.FromString(raw))
         return await self._retrying(call, timeout, metadata)
 
@@ -115,7 +117,8 @@ class QuantizedInnerProductSession(SessionBase):
         self._closed = True
         request = tensorops_pb2.ReleaseSessionRequest(session_id=self._info.session_id).SerializeToString()
         try:
-            await self._client._invoke(_wire.method_path("ReleaseSession"), request, timeout, metadata)
+            await self._client._invoke(_wire.method_path("ReleaseSession"), request, timeout,
+                                       self._metadata(metadata))
         except NotFoundError:
             pass
 
