@@ -1,6 +1,7 @@
 """The blocking client and its quantized inner-product session."""
 from __future__ import annotations
 
+import copy
 import ipaddress
 import json
 import os
@@ -40,13 +41,15 @@ def default_load_balancing(target: str) -> str:
 PEM = Union[bytes, str, "os.PathLike[str]"]
 
 
-def retry_service_config(max_attempts: int, load_balancing: str = "round_robin") -> str:
+def retry_service_config(max_attempts: int, load_balancing: str = "round_robin", shuffle: bool = False) -> str:
     """gRPC service config: the load-balancing policy over the addresses the target
-    resolves to, and retries of UNAVAILABLE (server restarting, draining, unreachable)
-    with exponential backoff. Every operation is a pure function, so a retry is safe."""
+    resolves to (`shuffle`: pick_first tries them in random order), and retries of
+    UNAVAILABLE (server restarting, draining, unreachable) with exponential backoff.
+    Every operation is a pure function, so a retry is safe."""
     if load_balancing not in LOAD_BALANCING_POLICIES:
         raise ValueError(f"load_balancing: expected one of {', '.join(LOAD_BALANCING_POLICIES)}, "
                          f"got {load_balancing!r}")
+    policy = {"shuffleAddressList": True} if shuffle and load_balancing == "pick_first" else {}
     method_config: dict[str, Any] = {"name": [{"service": _wire.SERVICE_NAME}]}
     if max_attempts > 1:
         method_config["retryPolicy"] = {
@@ -56,16 +59,16 @@ def retry_service_config(max_attempts: int, load_balancing: str = "round_robin")
             "backoffMultiplier": 2,
             "retryableStatusCodes": ["UNAVAILABLE"],
         }
-    return json.dumps({"loadBalancingConfig": [{load_balancing: {}}], "methodConfig": [method_config]})
+    return json.dumps({"loadBalancingConfig": [{load_balancing: policy}], "methodConfig": [method_config]})
 
 
-def channel_options(max_message_bytes: int, max_attempts: int, options=(),
-                    load_balancing: str = "round_robin") -> list[tuple[str, Any]]:
+def channel_options(max_message_bytes: int, max_attempts: int, options=(), load_balancing: str = "round_robin",
+                    shuffle: bool = False) -> list[tuple[str, Any]]:
     base = [
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.enable_retries", 1 if max_attempts > 1 else 0),
-        ("grpc.service_config", retry_service_config(max_attempts, load_balancing)),
+        ("grpc.service_config", retry_service_config(max_attempts, load_balancing, shuffle)),
         # A retry resends the request from this buffer; let it hold the largest message.
         ("grpc.per_rpc_retry_buffer_size", max_message_bytes),
     ]
@@ -191,7 +194,9 @@ class ClientBase(Operations):
         to the first address that answers. Default: round_robin for a list of addresses
         or a dns: target, pick_first otherwise (a plain "host:port" is resolved through
         DNS as well: write "dns:///host:port" or pass load_balancing="round_robin" when
-        the name stands for several servers, as a headless Service does)."""
+        the name stands for several servers, as a headless Service does). A session
+        holds state on one server, so under round_robin each session opens a channel of
+        its own that keeps to one server, picked at random (closed with the session)."""
 
     def __init__(self, target: str = DEFAULT_TARGET, *, timeout: float | None = None, metadata=None,
                  credentials: grpc.ChannelCredentials | None = None, root_certificates: PEM | None = None,
@@ -209,7 +214,26 @@ class ClientBase(Operations):
             options = [*options, ("grpc.ssl_target_name_override", server_name_override)]
         self.load_balancing = load_balancing or default_load_balancing(target)
         self._options = channel_options(max_message_bytes, max_attempts, options, self.load_balancing)
+        self._session_options = None
+        if self.load_balancing == "round_robin":
+            self._session_options = channel_options(max_message_bytes, max_attempts, options, "pick_first",
+                                                    shuffle=True)
         self._callables: dict[str, Any] = {}
+
+    def _open_channel(self, options):
+        raise NotImplementedError
+
+    def _session_transport(self):
+        """What a session's calls go through: the client itself, or, when the client
+        spreads calls over several servers, a copy of it whose channel keeps to one server
+        (picked at random), since the session lives on the server that created it."""
+        if self._session_options is None:
+            return self
+        pinned = copy.copy(self)
+        pinned._callables = {}
+        pinned._session_options = None
+        pinned._channel = self._open_channel(self._session_options)
+        return pinned
 
     def _method(self, path: str):
         fn = self._callables.get(path)
@@ -234,10 +258,12 @@ class Client(ClientBase):
 
     def __init__(self, target: str = DEFAULT_TARGET, **kwargs):
         super().__init__(target, **kwargs)
+        self._channel = self._open_channel(self._options)
+
+    def _open_channel(self, options):
         if self._credentials is None:
-            self._channel = grpc.insecure_channel(target, options=self._options)
-        else:
-            self._channel = grpc.secure_channel(target, self._credentials, options=self._options)
+            return grpc.insecure_channel(self.target, options=options)
+        return grpc.secure_channel(self.target, self._credentials, options=options)
 
     def close(self) -> None:
         self._channel.close()
@@ -302,7 +328,8 @@ class SessionBase:
     included, to one replica."""
 
     def __init__(self, client, create_request: bytes):
-        self._client = client
+        self._owner = client
+        self._client = client._session_transport()  # what the session's calls go through
         self._create_request = create_request
         self._info = None
         self._closed = False
@@ -364,7 +391,15 @@ class QuantizedInnerProductSession(SessionBase):
     def __init__(self, client: Client, create_request: bytes, timeout=None, metadata=None):
         super().__init__(client, create_request)
         self._lock = threading.Lock()
-        self._create(timeout, metadata)
+        try:
+            self._create(timeout, metadata)
+        except BaseException:
+            self._close_transport()
+            raise
+
+    def _close_transport(self) -> None:
+        if self._client is not self._owner:
+            self._client.close()
 
     def _create(self, timeout, metadata) -> None:
         raw = self._client._invoke(_wire.CREATE_SESSION.path, self._create_request, timeout,
@@ -419,6 +454,8 @@ class QuantizedInnerProductSession(SessionBase):
             self._client._invoke(_wire.method_path("ReleaseSession"), request, timeout, self._metadata(metadata))
         except NotFoundError:
             pass
+        finally:
+            self._close_transport()
 
     def __enter__(self):
         return self

@@ -26,10 +26,12 @@ class Client(ClientBase):
 
     def __init__(self, target: str = DEFAULT_TARGET, **kwargs):
         super().__init__(target, **kwargs)
+        self._channel = self._open_channel(self._options)
+
+    def _open_channel(self, options):
         if self._credentials is None:
-            self._channel = grpc.aio.insecure_channel(target, options=self._options)
-        else:
-            self._channel = grpc.aio.secure_channel(target, self._credentials, options=self._options)
+            return grpc.aio.insecure_channel(self.target, options=options)
+        return grpc.aio.secure_channel(self.target, self._credentials, options=options)
 
     async def close(self) -> None:
         await self._channel.close()
@@ -54,7 +56,11 @@ class Client(ClientBase):
 
     async def _open_session(self, arguments: dict, timeout, metadata) -> "QuantizedInnerProductSession":
         session = QuantizedInnerProductSession(self, encode(_wire.CREATE_SESSION, arguments).data)
-        await session._create(timeout, metadata)
+        try:
+            await session._create(timeout, metadata)
+        except BaseException:
+            await session._close_transport()
+            raise
         return session
 
     async def info(self, *, timeout=None, metadata=None) -> dict:
@@ -121,6 +127,12 @@ class QuantizedInnerProductSession(SessionBase):
                                        self._metadata(metadata))
         except NotFoundError:
             pass
+        finally:
+            await self._close_transport()
+
+    async def _close_transport(self) -> None:
+        if self._client is not self._owner:
+            await self._client.close()
 
     async def __aenter__(self):
         return self

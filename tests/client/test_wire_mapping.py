@@ -97,6 +97,11 @@ def test_load_balancing_follows_the_target(target, policy):
     assert config["methodConfig"][0]["retryPolicy"]["maxAttempts"] == 4  # retries kept
     with tensorops.Client(target) as c, tensorops.Client(target, load_balancing="round_robin") as rr:
         assert (c.load_balancing, rr.load_balancing) == (policy, "round_robin")
+        # under round_robin a session gets a channel of its own that keeps to one server
+        session_config = dict(c._session_options or ()).get("grpc.service_config")
+        assert (session_config is not None) == (policy == "round_robin")
+        if session_config is not None:
+            assert json.loads(session_config)["loadBalancingConfig"] == [{"pick_first": {"shuffleAddressList": True}}]
     with pytest.raises(ValueError, match="load_balancing"):
         tensorops.Client(target, load_balancing="ring_hash")
 
