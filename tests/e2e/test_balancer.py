@@ -191,6 +191,12 @@ def test_stateless_calls_are_spread_per_request(balancer):
     assert max(served.values()) <= 300
 
 
+def test_messages_up_to_the_server_limit_pass(balancer):
+    x = np.random.default_rng(4).standard_normal((3840, 4096)).astype(np.float32)  # 60 MiB each way
+    with tensorops.Client(balancer.target, timeout=60) as c:
+        assert np.array_equal(c.unary(x, "abs"), np.abs(x))
+
+
 def test_a_session_keeps_to_one_replica(balancer, replicas, qip):
     b, p, a, expected = qip
     forwards = per_replica(replicas, FORWARDS[0], **FORWARDS[1])
