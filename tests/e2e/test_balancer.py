@@ -4,7 +4,6 @@ spread, session affinity, a rolling restart, a lost replica and a scale-up under
 the client's own round_robin over the replicas without a balancer."""
 from __future__ import annotations
 
-import asyncio
 import collections
 import signal
 import threading
@@ -14,10 +13,9 @@ import numpy as np
 import pytest
 
 import tensorops
-import tensorops.aio
 import tensorops_native as tn
 from envoy_process import EnvoyProcess, envoy_binary
-from rpc_cases import qip_params
+from rpc_cases import qip_problem
 from rpc_server import ServerProcess, metric_value
 
 pytestmark = pytest.mark.skipif(envoy_binary() is None,
@@ -77,12 +75,7 @@ def qip():
     if not hasattr(tn, "QuantizedInnerProduct") or any(
             level == "missing" for k, level in tn.kernels().items() if "Quantized" in k):
         pytest.skip("this build lacks the quantized inner product")
-    rng = np.random.default_rng(21)
-    b = rng.integers(-128, 128, (64, 32), dtype=np.int8)
-    a = rng.integers(0, 256, (5, 64), dtype=np.uint8)
-    p = qip_params(rng, 32)
-    with tn.QuantizedInnerProduct(b, **p) as local:
-        return b, p, a, local.forward(a)
+    return qip_problem(21, m=5, k=64, n=32)
 
 
 def stateless_cases():
@@ -179,6 +172,24 @@ def seconds_until_unhealthy(balancer, port: int, since: float, timeout: float = 
     return time.monotonic() - since
 
 
+def open_sessions(c, replicas, qip, count: int, forwards: int):
+    """Open `count` sessions on client `c`, check `forwards` forwards of each (exact, never
+    re-created), close them; returns how many of them each replica held."""
+    b, p, a, expected = qip
+    active = per_replica(replicas, "tensorops_sessions_active")
+    sessions = [c.quantized_inner_product(b, **p) for _ in range(count)]
+    try:
+        held = np.subtract(per_replica(replicas, "tensorops_sessions_active"), active)
+        for s in sessions:
+            for _ in range(forwards):
+                assert np.array_equal(s.forward(a), expected)
+            assert s.recreated == 0
+    finally:
+        for s in sessions:
+            s.close()
+    return held
+
+
 def per_replica(replicas, name: str, **labels) -> list[float]:
     return [metric_value(r.metrics_text(), name, **labels) for r in replicas]
 
@@ -211,18 +222,7 @@ def test_a_session_keeps_to_one_replica(balancer, replicas, qip):
         assert sorted(served) == [0, 0, 100] and sorted(held) == [0, 0, 1]
         assert int(np.argmax(served)) == int(np.argmax(held))
 
-        # the keys of different sessions hash onto different replicas
-        active = per_replica(replicas, "tensorops_sessions_active")
-        sessions = [c.quantized_inner_product(b, **p) for _ in range(12)]
-        try:
-            held = np.subtract(per_replica(replicas, "tensorops_sessions_active"), active)
-            for s in sessions:
-                for _ in range(3):
-                    assert np.array_equal(s.forward(a), expected)
-                assert s.recreated == 0
-        finally:
-            for s in sessions:
-                s.close()
+        held = open_sessions(c, replicas, qip, 12, forwards=3)  # different keys, different replicas
     print(f"\n12 sessions through Envoy, held per replica: {held.tolist()}")
     assert held.sum() == 12 and np.count_nonzero(held) >= 2
 
@@ -329,21 +329,10 @@ def test_scale_up_reaches_the_new_replica(replicas, tmp_path):
 
 def test_client_round_robin_without_a_balancer(replicas, qip, run_async):
     target = "ipv4:" + ",".join(f"127.0.0.1:{r.port}" for r in replicas)
-    b, p, a, expected = qip
-    active = per_replica(replicas, "tensorops_sessions_active")
     with tensorops.Client(target, timeout=10) as c:
         assert c.load_balancing == "round_robin"
         served = collections.Counter(c.info()["instance"] for _ in range(300))
-        sessions = [c.quantized_inner_product(b, **p) for _ in range(9)]  # each keeps to one replica
-        try:
-            held = np.subtract(per_replica(replicas, "tensorops_sessions_active"), active)
-            for s in sessions:
-                for _ in range(5):
-                    assert np.array_equal(s.forward(a), expected)
-                assert s.recreated == 0
-        finally:
-            for s in sessions:
-                s.close()
+        held = open_sessions(c, replicas, qip, 9, forwards=5)  # each keeps to one replica
 
     async def calls(ac):
         return collections.Counter([(await ac.info())["instance"] for _ in range(60)])

@@ -10,13 +10,12 @@ import time
 
 import grpc
 import numpy as np
-import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import tensorops
 import tensorops.aio
 import tensorops_native as tn
-from rpc_cases import qip_params
+from rpc_cases import qip_problem
 
 SERVICE = "tensorops.v1.TensorOps"
 
@@ -93,12 +92,7 @@ def test_connection_age_sends_goaway_and_calls_go_on(start_server):
 
 
 def session_problem():
-    rng = np.random.default_rng(5)
-    b = rng.integers(-128, 128, (16, 8), dtype=np.int8)
-    a = rng.integers(0, 256, (3, 16), dtype=np.uint8)
-    p = qip_params(rng, 8)
-    with tn.QuantizedInnerProduct(b, **p) as local:
-        return b, p, a, local.forward(a)
+    return qip_problem(5, m=3, k=16, n=8)
 
 
 class Recording(tensorops.Client):
