@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 
 from . import errors
-from .execution import CallState, Executor
+from .execution import CallState, Executor, check_result_size, in_row_blocks, qip_rows_per_block
 
 
 @dataclass(eq=False)
@@ -45,17 +45,20 @@ class SessionQueue:
 
 
 class ForwardBatcher:
-    def __init__(self, executor: Executor, *, max_rows: int, window: float,
+    def __init__(self, executor: Executor, *, max_rows: int, window: float, result_limit: int,
                  observe: Callable[[int, int], None], time_kernel: Callable[[float], None]):
         self.executor = executor
         self.max_rows = max_rows
         self.window = window
+        self.result_limit = result_limit
         self._observe = observe          # (requests, rows) of each kernel call
         self._time_kernel = time_kernel  # seconds of each kernel call
         self._drains: set[asyncio.Task] = set()
 
     async def forward(self, session, a: np.ndarray, call: CallState) -> np.ndarray:
         """The session's forward of `a`, batched with concurrent forwards when possible."""
+        if a.ndim == 2:
+            check_result_size("a", a.shape[0], session.shape[0], self.result_limit)
         if self.max_rows == 1 or not self._batchable(session, a):
             return await self.executor.offload(call, self._alone, session, a, call)
         if session.queue is None:
@@ -80,7 +83,11 @@ class ForwardBatcher:
 
     def _alone(self, session, a, call: CallState) -> np.ndarray:
         call.ensure_active()
-        result = self._kernel(session, a)
+        if a.ndim == 2:
+            n, k = session.shape
+            result = in_row_blocks(call, lambda rows: self._kernel(session, rows), a, qip_rows_per_block(k, n))
+        else:  # refused by the kernel, naming it
+            result = self._kernel(session, a)
         self._observe(1, a.shape[0])
         return result
 

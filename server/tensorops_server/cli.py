@@ -1,7 +1,9 @@
-"""`tensorops-server`: run the service until SIGTERM or SIGINT, then drain and exit 0."""
+"""`tensorops-server`: run the service until SIGTERM or SIGINT, then drain and exit 0.
+SIGHUP re-reads the TLS files at the next connection."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -18,8 +20,10 @@ def main(argv=None) -> int:
     log = logs.setup(config.log_level, config.log_format)
     retained = retain_freed_buffers(config.max_message_bytes)
     log.debug("malloc tuned", extra=logs.fields(retain_freed_buffers=retained))
-    server = TensorOpsServer(config)
     try:
+        server = TensorOpsServer(config)
+        if hasattr(signal, "SIGHUP"):  # before "serving"; only counts a request, served at the next TLS handshake
+            signal.signal(signal.SIGHUP, lambda _signum, _frame: server.tls and server.tls.request_reload())
         server.start()
     except OSError as exc:
         log.error("cannot start", extra=logs.fields(error=str(exc)))
@@ -35,11 +39,14 @@ def main(argv=None) -> int:
         signal.signal(signum, on_signal)
     while not stop.wait(0.5):
         pass
-    log.info("draining", extra=logs.fields(signal=received[0], grace_seconds=config.grace))
-    server.stop()
+    log.info("draining", extra=logs.fields(signal=received[0], drain_delay_seconds=config.drain_delay,
+                                           grace_seconds=config.grace))
+    server.stop(drain_delay=config.drain_delay)
     log.info("stopped")
     logging.shutdown()
-    return 0
+    # A kernel still running on a worker thread (its call was cancelled at the end of the
+    # grace period) must not hold the process: leave without waiting for it.
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,9 @@ class Config:
     metrics_port: int = 9100          # -1: no metrics endpoint
     workers: int = _default_workers()
     max_concurrent_rpcs: int = 0      # 0: no limit; beyond it new calls get RESOURCE_EXHAUSTED
+    max_inflight_bytes: int = 1 << 30  # bytes calls in flight may hold; beyond it new calls get RESOURCE_EXHAUSTED
+    max_pending_requests: int = 64    # calls whose request is still arriving
+    read_timeout: float = 30.0        # seconds a request may take to arrive
     inline_bytes: int = 256 * 1024    # requests up to this size run on the event loop, larger ones on a worker
     max_batch_rows: int = 256         # rows of concurrent session forwards merged into one kernel call
     batch_window_us: int = 0          # extra time a forward batch waits for more rows (0: none)
@@ -32,10 +35,22 @@ class Config:
     max_tensor_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     max_sessions: int = 256
     max_session_bytes: int = 1 << 30
+    max_sessions_per_caller: int = 64
+    max_session_bytes_per_caller: int = 256 << 20
     session_ttl: float = 600.0
     grace: float = 10.0
+    drain_delay: float = 2.0          # seconds NOT_SERVING is reported, still serving, before the drain starts
+    max_connection_age: float = 300.0  # seconds before a client connection is asked to reconnect (0: never)
+    max_connection_age_grace: float = 30.0  # seconds the calls of such a connection get to finish (0: no limit)
+    instance_name: str = ""           # GetServerInfo's instance; empty: the host name
+    auth_tokens: str = ""             # comma-separated bearer tokens (prefer the environment variable)
+    auth_token_file: str = ""         # one token per line, re-read when it changes
+    reflection: bool = True
     log_level: str = "info"
     log_format: str = "json"
+    tls_cert: str = ""                # PEM certificate chain; with tls_key: TLS on the gRPC port
+    tls_key: str = ""                 # PEM private key of tls_cert
+    tls_client_ca: str = ""           # PEM CA bundle: clients must present a certificate it signed (mTLS)
 
     @property
     def address(self) -> str:
@@ -48,7 +63,12 @@ _HELP = {
     "metrics_host": "address of the Prometheus endpoint (default: --host)",
     "metrics_port": "Prometheus /metrics port (0: any free port, -1: disabled)",
     "workers": "threads running requests (kernels release the GIL)",
-    "max_concurrent_rpcs": "calls admitted at once; 0 means no limit",
+    "max_concurrent_rpcs": "calls running at once (health checks excluded); 0 means no limit; beyond it "
+                           "new calls get RESOURCE_EXHAUSTED",
+    "max_inflight_bytes": "bytes that the calls running may hold (request + response); beyond it new calls "
+                          "get RESOURCE_EXHAUSTED (a single larger call still runs when nothing else does)",
+    "max_pending_requests": "calls whose request message is still arriving; more are refused at once",
+    "read_timeout": "seconds a request message may take to arrive before the call is cut off",
     "inline_bytes": "requests of up to this many bytes are computed on the event loop (no thread hand-off); "
                     "larger ones, and every call that may take long, on a worker thread",
     "max_batch_rows": "most rows of concurrent forwards on one session merged into one kernel call "
@@ -59,10 +79,29 @@ _HELP = {
     "max_tensor_bytes": "largest tensor in a request (RESOURCE_EXHAUSTED above)",
     "max_sessions": "quantized inner-product sessions kept (least recently used evicted)",
     "max_session_bytes": "memory all sessions may hold (least recently used evicted)",
+    "max_sessions_per_caller": "sessions one caller (token or client certificate) may hold; its own least "
+                               "recently used are evicted first",
+    "max_session_bytes_per_caller": "memory the sessions of one caller may hold",
     "session_ttl": "seconds an idle session lives",
+    "auth_tokens": "bearer tokens accepted, comma-separated (set it in the environment, not on the command "
+                   "line); empty with no token file: no authentication",
+    "auth_token_file": "file of bearer tokens, one per line, re-read when it changes (rotation)",
+    "reflection": "serve gRPC reflection (true/false)",
     "grace": "seconds in-flight calls get to finish on SIGTERM/SIGINT",
+    "drain_delay": "seconds between SIGTERM/SIGINT and the drain during which the health service reports "
+                   "NOT_SERVING while calls are still served, so that balancers and orchestrators stop "
+                   "routing here first (0: drain at once)",
+    "max_connection_age": "seconds after which a client connection is sent GOAWAY (with 10%% jitter) so that "
+                          "clients reconnect and spread over replicas added meanwhile (0: never)",
+    "max_connection_age_grace": "seconds the calls of a connection past its age get to finish before it is "
+                                "closed (0: no limit)",
+    "instance_name": "name of this server process reported by GetServerInfo (default: the host name)",
     "log_level": "one of " + ", ".join(LOG_LEVELS),
     "log_format": "json (one object per line) or text",
+    "tls_cert": "PEM certificate chain file: serve TLS (needs --tls-key); the files are re-read when they "
+                "change, checked at each new connection, or on SIGHUP",
+    "tls_key": "PEM private key file of --tls-cert (unencrypted)",
+    "tls_client_ca": "PEM CA bundle file: require mutual TLS, clients must present a certificate it signed",
 }
 
 
@@ -84,6 +123,15 @@ def _non_negative(kind):
         return value
     parse.__name__ = kind.__name__
     return parse
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text}")
 
 
 def _port(text: str) -> int:
@@ -109,11 +157,17 @@ def _choice(choices):
 _TYPES = {
     "host": str, "metrics_host": str, "port": _port, "metrics_port": _metrics_port,
     "workers": _positive(int), "max_concurrent_rpcs": _non_negative(int),
+    "max_inflight_bytes": _positive(int), "max_pending_requests": _positive(int), "read_timeout": _positive(float),
     "inline_bytes": _non_negative(int), "max_batch_rows": _positive(int), "batch_window_us": _non_negative(int),
     "max_message_bytes": _positive(int), "max_tensor_bytes": _positive(int),
     "max_sessions": _positive(int), "max_session_bytes": _positive(int),
-    "session_ttl": _positive(float), "grace": _non_negative(float),
+    "max_sessions_per_caller": _positive(int), "max_session_bytes_per_caller": _positive(int),
+    "auth_tokens": str, "auth_token_file": str, "reflection": _bool,
+    "session_ttl": _positive(float), "grace": _non_negative(float), "drain_delay": _non_negative(float),
+    "max_connection_age": _non_negative(float), "max_connection_age_grace": _non_negative(float),
+    "instance_name": str,
     "log_level": _choice(LOG_LEVELS), "log_format": _choice(("json", "text")),
+    "tls_cert": str, "tls_key": str, "tls_client_ca": str,
 }
 
 

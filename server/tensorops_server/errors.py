@@ -12,10 +12,23 @@ import tensorops_native
 from tensorops._codec import WireError
 
 
+# Longest message sent back: messages may echo values the caller sent, and status details
+# travel in HTTP/2 trailers, which clients cap at a few KB.
+MAX_MESSAGE_CHARS = 1000
+
+
+def _bounded(text: str) -> str:
+    if len(text) <= MAX_MESSAGE_CHARS:
+        return text
+    return text[:MAX_MESSAGE_CHARS] + f"... ({len(text) - MAX_MESSAGE_CHARS} more characters)"
+
+
 class Failure(Exception):
     """A call ends with `code`; `field` (if any) is reported as a BadRequest violation."""
 
     def __init__(self, code: grpc.StatusCode, message: str, field: str | None = None):
+        message = _bounded(message)
+        field = None if field is None else _bounded(field)
         super().__init__(message)
         self.code = code
         self.message = message
@@ -42,6 +55,10 @@ def not_found(message: str, field: str = "session_id") -> Failure:
 
 def exhausted(message: str, field: str | None = None) -> Failure:
     return Failure(grpc.StatusCode.RESOURCE_EXHAUSTED, message, field)
+
+
+def unauthenticated(message: str) -> Failure:
+    return Failure(grpc.StatusCode.UNAUTHENTICATED, message)
 
 
 def from_wire(exc: WireError) -> Failure:

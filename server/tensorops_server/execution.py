@@ -16,6 +16,7 @@ from concurrent import futures
 from typing import Any, Callable
 
 import grpc
+import numpy as np
 
 from . import errors
 
@@ -24,12 +25,13 @@ class CallState:
     """What a worker thread may ask about its call: whether it still wants its result.
     (The grpc.aio context belongs to the event loop; this holds plain values.)"""
 
-    __slots__ = ("deadline", "cancelled")
+    __slots__ = ("deadline", "cancelled", "identity")
 
-    def __init__(self, context: grpc.aio.ServicerContext):
+    def __init__(self, context: grpc.aio.ServicerContext, identity: str):
         remaining = context.time_remaining()
         self.deadline = None if remaining is None else time.monotonic() + remaining
         self.cancelled = False
+        self.identity = identity  # who is calling (auth.py): the owner of its sessions
 
     def ensure_active(self) -> None:
         """Raise unless the call still wants its result (before a kernel starts)."""
@@ -66,3 +68,33 @@ class Executor:
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+# Multiply-adds of one kernel call of a quantized inner product (about 0.1 s of one
+# core): its cost is not bounded by the request's bytes (M x N x K for M x K + K x N
+# bytes in), so longer work is split into row blocks with the call's deadline and
+# cancellation checked between them.
+QIP_BLOCK_MACS = 1 << 28
+
+
+def qip_rows_per_block(k: int, n: int) -> int:
+    return max(1, QIP_BLOCK_MACS // max(1, k * n))
+
+
+def in_row_blocks(call: CallState, fn: Callable[[Any], Any], a, rows: int):
+    """fn(a) computed `rows` rows at a time (rows of the result depend on the same rows of
+    a only), stopping between blocks if the call no longer wants its result."""
+    if a.shape[0] <= rows:
+        return fn(a)
+    blocks = []
+    for start in range(0, a.shape[0], rows):
+        call.ensure_active()
+        blocks.append(fn(a[start:start + rows]))
+    return np.concatenate(blocks)
+
+
+def check_result_size(field: str, rows: int, columns: int, limit: int) -> None:
+    """Refuse, before anything is allocated, a uint8 result larger than `limit` bytes."""
+    if rows * columns > limit:
+        raise errors.exhausted(f"the result of {rows} x {columns} = {rows * columns} bytes would exceed the "
+                               f"limit of {limit} bytes", field=field)

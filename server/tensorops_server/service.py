@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import socket
 import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 import grpc
+import numpy as np
 
 import tensorops_native
 from tensorops import _codec, _wire
@@ -25,12 +27,17 @@ from tensorops.v1 import tensorops_pb2
 from . import errors, optable
 from .batching import ForwardBatcher
 from .config import Config
-from .execution import CallState, Executor
+from .admission import Admission
+from .auth import Authenticator
+from .execution import CallState, Executor, check_result_size, in_row_blocks, qip_rows_per_block
 from .logs import LOGGER, fields
 from .metrics import Metrics
 from .sessions import SessionStore
 
 log = logging.getLogger(LOGGER)
+
+# Bytes of a response message beyond its tensor's data (field keys, shape, alignment).
+_RESPONSE_OVERHEAD = 1024
 
 
 @dataclass
@@ -51,12 +58,16 @@ def deserializer(codec: _codec.MessageCodec) -> Callable[[bytes], Incoming]:
 
 
 class Instrumented:
-    """The wrapper around every handler."""
+    """The wrapper around every handler: receives the request (within the admission
+    limits), admits the call, runs its behavior and records the outcome."""
 
     def __init__(self, label: str, behavior: Callable[[_codec.Decoded, CallState, int], Awaitable[bytes]],
-                 metrics: Metrics):
+                 metrics: Metrics, admission: Admission, auth: Authenticator, max_response_bytes: int):
         self.label = label
         self.behavior = behavior
+        self.admission = admission
+        self.auth = auth
+        self.max_response_bytes = max_response_bytes
         m = metrics
         self._in_flight = m.in_flight.labels(label)
         self._request_bytes = m.request_bytes.labels(label)
@@ -65,18 +76,34 @@ class Instrumented:
         self._duration_ok = m.request_duration.labels(label, "OK")
         self._errors = m.errors
 
-    async def handle(self, incoming: Incoming, context: grpc.aio.ServicerContext) -> bytes:
+    async def handle(self, requests, context: grpc.aio.ServicerContext) -> bytes:
+        # Registered as a client-streaming method so that the request is read here, under
+        # the admission limits; on the wire it is a plain unary call.
         start = time.perf_counter()
-        self._in_flight.inc()
-        self._request_bytes.inc(incoming.nbytes)
         code = grpc.StatusCode.OK
         status = None
+        charge = nbytes = 0
         try:
+            identity = self.auth.identify(context)  # before the request is read
+            incoming = await self.admission.receive(context)
+            nbytes = incoming.nbytes
+            self._request_bytes.inc(nbytes)
             if incoming.error is not None:
                 raise errors.from_wire(incoming.error)
-            call = CallState(context)
+            call = CallState(context, identity)
             call.ensure_active()
-            response = await self.behavior(incoming.decoded, call, incoming.nbytes)
+            charge = self.admission.admit(nbytes)
+            self._in_flight.inc()
+            try:
+                response = await self.behavior(incoming.decoded, call, nbytes)
+            finally:
+                self._in_flight.dec()
+                self.admission.release(charge)
+            if len(response) > self.max_response_bytes:
+                raise errors.exhausted(f"the response of {len(response)} bytes exceeds the limit of "
+                                       f"{self.max_response_bytes} bytes per message")
+            if call.deadline is not None and time.monotonic() > call.deadline:  # the caller gets nothing
+                code = grpc.StatusCode.DEADLINE_EXCEEDED
             self._response_bytes.inc(len(response))
             return response
         except errors.Failure as failure:
@@ -93,7 +120,6 @@ class Instrumented:
             status = errors.Failure(code, "internal error (logged by the server)").status()
         finally:
             elapsed = time.perf_counter() - start
-            self._in_flight.dec()
             if code is grpc.StatusCode.OK:
                 self._duration_ok.observe(elapsed)
             else:
@@ -101,7 +127,7 @@ class Instrumented:
                 self._errors.labels(self.label, code.name).inc()
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("call", extra=fields(operation=self.label, code=code.name, seconds=round(elapsed, 6),
-                                               request_bytes=incoming.nbytes, peer=context.peer()))
+                                               request_bytes=nbytes, peer=context.peer()))
         await context.abort_with_status(status)
 
 
@@ -110,19 +136,25 @@ class Service:
     size, and returns the serialized response."""
 
     def __init__(self, config: Config, metrics: Metrics, store: SessionStore, table: dict[str, optable.Entry],
-                 executor: Executor, qip_class=None):
+                 executor: Executor, auth: Authenticator, qip_class=None):
         self.config = config
         self.metrics = metrics
         self.store = store
         self.table = table
         self.executor = executor
+        self.auth = auth
+        self.admission = Admission(
+            max_pending=config.max_pending_requests, read_timeout=config.read_timeout,
+            max_concurrent=config.max_concurrent_rpcs, max_inflight_bytes=config.max_inflight_bytes)
         # The class of the session contexts: tensorops_native.QuantizedInnerProduct (tests
         # may give a stand-in with the same interface).
         self._qip_class = qip_class or getattr(tensorops_native, "QuantizedInnerProduct", None)
+        # The largest result a call may produce: a tensor, within a response message.
+        self.result_limit = min(config.max_tensor_bytes, config.max_message_bytes - _RESPONSE_OVERHEAD)
         forward_timer = self._timer("quantized_inner_product_forward")
         self.batcher = ForwardBatcher(
             executor, max_rows=config.max_batch_rows, window=config.batch_window_us / 1e6,
-            observe=metrics.observe_batch, time_kernel=forward_timer.observe)
+            result_limit=self.result_limit, observe=metrics.observe_batch, time_kernel=forward_timer.observe)
 
     # ---- helpers
     @staticmethod
@@ -174,7 +206,10 @@ class Service:
 
         def compute(decoded: _codec.Decoded, call: CallState) -> bytes:
             kwargs, fmt = entry.arguments(decoded, self.config.max_tensor_bytes)
-            result = self._run(timer, call, entry.native, **kwargs)
+            if always_offload:
+                result = self._run_quantized_inner_product(timer, call, entry.native, kwargs)
+            else:
+                result = self._run(timer, call, entry.native, **kwargs)
             return self._encode(entry.op, result, fmt)
 
         async def behavior(decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
@@ -182,6 +217,18 @@ class Service:
                 return compute(decoded, call)
             return await executor.offload(call, compute, decoded, call)
         return behavior
+
+    def _run_quantized_inner_product(self, timer, call: CallState, native, kwargs: dict):
+        """The one-shot product, its result size checked first and long work split into
+        row blocks. Arguments the kernel will refuse go to it unchanged, to be named."""
+        a, b = kwargs.get("a"), kwargs.get("b")
+        if not (isinstance(a, np.ndarray) and a.ndim == 2 and isinstance(b, np.ndarray) and b.ndim == 2):
+            return self._run(timer, call, native, **kwargs)
+        n, k = (b.shape[0], b.shape[1]) if kwargs.get("trans_b") else (b.shape[1], b.shape[0])
+        check_result_size("a", a.shape[0], n, self.result_limit)
+        rest = {name: value for name, value in kwargs.items() if name != "a"}
+        return self._run(timer, call, in_row_blocks, call, functools.partial(native, **rest), a,
+                         qip_rows_per_block(k, n))
 
     # ---- sessions
     async def create_session(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
@@ -193,7 +240,7 @@ class Service:
             self._run, self._timer("create_quantized_inner_product"), call, self._qip_class, **kwargs))
         b = kwargs["b"]
         shape = (b.shape[0], b.shape[1]) if kwargs.get("trans_b") else (b.shape[1], b.shape[0])
-        session = self.store.add(qip, int(qip.internal_buffer_size), shape)
+        session = self.store.add(qip, int(qip.internal_buffer_size), shape, call.identity)
         log.info("session created", extra=fields(n=shape[0], k=shape[1], bytes=session.nbytes))
         return self._session_info(session, int(getattr(qip, "max_m", 1))).SerializeToString()
 
@@ -201,7 +248,7 @@ class Service:
         op = _wire.FORWARD_SESSION
         kwargs = optable.native_arguments(op, decoded, self.config.max_tensor_bytes, skip=("session_id",))
         a = kwargs.get("a")
-        with self.store.use(decoded.message.session_id, forward=True) as session:
+        with self.store.use(decoded.message.session_id, call.identity, forward=True) as session:
             if a is None:  # the context names the missing argument
                 result = self._run(self._timer("quantized_inner_product_forward"), call, session.context.forward, a)
             else:
@@ -210,7 +257,7 @@ class Service:
 
     async def describe_session(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
         request = decoded.message
-        with self.store.use(request.session_id) as session:
+        with self.store.use(request.session_id, call.identity) as session:
             m = request.m if request.HasField("m") else int(getattr(session.context, "max_m", 1))
             try:
                 return self._session_info(session, m).SerializeToString()
@@ -218,11 +265,11 @@ class Service:
                 raise errors.from_native(exc) from None
 
     async def release_session(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
-        self.store.release(decoded.message.session_id)
+        self.store.release(decoded.message.session_id, call.identity)
         return b""
 
     async def list_sessions(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
-        sessions = [self._session_info(s) for s in self.store.snapshot()]
+        sessions = [self._session_info(s) for s in self.store.snapshot(call.identity)]
         return tensorops_pb2.ListSessionsResponse(sessions=sessions).SerializeToString()
 
     # ---- server information
@@ -235,6 +282,7 @@ class Service:
         return tensorops_pb2.ServerInfo(
             version=native["version"], isa=native["isa"], cpu_features=native["cpu_features"],
             kernels=native["kernels"], limits=limits, operations=list(self.table), workers=c.workers,
+            instance=c.instance_name or socket.gethostname(),
         ).SerializeToString()
 
     # ---- the handler table
@@ -254,6 +302,8 @@ class Service:
         for rpc, (label, behavior) in behaviors.items():
             method = _wire.SERVICE.methods_by_name[rpc]
             codec = _codec.MessageCodec(_wire.message_class(method.input_type))
-            handlers[rpc] = grpc.unary_unary_rpc_method_handler(
-                Instrumented(label, behavior, self.metrics).handle, request_deserializer=deserializer(codec))
+            instrumented = Instrumented(label, behavior, self.metrics, self.admission, self.auth,
+                                        self.config.max_message_bytes)
+            handlers[rpc] = grpc.stream_unary_rpc_method_handler(
+                instrumented.handle, request_deserializer=deserializer(codec))
         return handlers

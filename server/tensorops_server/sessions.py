@@ -2,8 +2,13 @@
 
 - Ids are 128-bit random tokens (secrets.token_urlsafe): they cannot be guessed.
 - A session idle for longer than the TTL expires.
-- The store keeps at most `max_sessions` sessions holding at most `max_bytes` together;
-  making room evicts the least recently used first.
+- A session belongs to the identity that created it (see auth.py). Another caller
+  cannot use, describe, list or release it: to them it does not exist (NOT_FOUND).
+- The store keeps at most `max_sessions` sessions holding at most `max_bytes` together,
+  and each owner at most `max_sessions_per_owner` holding `max_bytes_per_owner`. Making
+  room evicts the owner's own least recently used sessions, never another owner's: when
+  the store is full of other owners' sessions, a new one is refused (RESOURCE_EXHAUSTED)
+  until some expire or are released.
 - Any number of calls may use a session at once (the native context is reentrant). A
   session that expires or is evicted or released while calls use it leaves the store at
   once and is closed when the last of those calls finishes.
@@ -24,6 +29,7 @@ from . import errors
 @dataclass(eq=False)
 class Session:
     id: str
+    owner: str
     context: Any          # tensorops_native.QuantizedInnerProduct
     nbytes: int
     shape: tuple[int, int]  # (n, k)
@@ -36,10 +42,13 @@ class Session:
 
 
 class SessionStore:
-    def __init__(self, *, max_sessions: int, max_bytes: int, ttl: float,
-                 clock: Callable[[], float] = time.monotonic, on_evict: Callable[[str], None] | None = None):
+    def __init__(self, *, max_sessions: int, max_bytes: int, ttl: float, max_sessions_per_owner: int | None = None,
+                 max_bytes_per_owner: int | None = None, clock: Callable[[], float] = time.monotonic,
+                 on_evict: Callable[[str], None] | None = None):
         self.max_sessions = max_sessions
         self.max_bytes = max_bytes
+        self.max_sessions_per_owner = max_sessions_per_owner or max_sessions
+        self.max_bytes_per_owner = max_bytes_per_owner or max_bytes
         self.ttl = ttl
         self._clock = clock
         self._on_evict = on_evict or (lambda reason: None)
@@ -55,39 +64,55 @@ class SessionStore:
     def nbytes(self) -> int:
         return self._bytes
 
-    def snapshot(self) -> list[Session]:
+    def snapshot(self, owner: str | None = None) -> list[Session]:
+        """The sessions (of `owner`, if given), least recently used first."""
         self.sweep()
         with self._lock:
-            return list(self._sessions.values())
+            return [s for s in self._sessions.values() if owner is None or s.owner == owner]
 
     # ---- changes
-    def add(self, context, nbytes: int, shape: tuple[int, int]) -> Session:
+    def add(self, context, nbytes: int, shape: tuple[int, int], owner: str = "anonymous") -> Session:
         nbytes = max(int(nbytes), 1)
-        if nbytes > self.max_bytes:
+        limit = min(self.max_bytes, self.max_bytes_per_owner)
+        if nbytes > limit:
             context.close()
-            raise errors.exhausted(f"the session needs {nbytes} bytes, more than the {self.max_bytes} "
-                                   "bytes all sessions may hold", field="b")
+            raise errors.exhausted(f"the session needs {nbytes} bytes, more than the {limit} bytes the sessions "
+                                   "of one caller may hold", field="b")
         now = self._clock()
-        session = Session(secrets.token_urlsafe(16), context, nbytes, shape, now, now)
+        session = Session(secrets.token_urlsafe(16), owner, context, nbytes, shape, now, now)
         closing = []
         with self._lock:
             closing += self._expire_locked(now)
-            while self._sessions and (len(self._sessions) >= self.max_sessions
-                                      or self._bytes + nbytes > self.max_bytes):
-                _, victim = self._sessions.popitem(last=False)
+            own = [s for s in self._sessions.values() if s.owner == owner]  # least recently used first
+            own_bytes = sum(s.nbytes for s in own)
+            while own and (len(self._sessions) >= self.max_sessions or self._bytes + nbytes > self.max_bytes
+                           or len(own) >= self.max_sessions_per_owner
+                           or own_bytes + nbytes > self.max_bytes_per_owner):
+                victim = own.pop(0)
+                own_bytes -= victim.nbytes
+                del self._sessions[victim.id]
                 closing += self._retire_locked(victim, "capacity")
-            self._sessions[session.id] = session
-            self._bytes += nbytes
+            full = len(self._sessions) >= self.max_sessions or self._bytes + nbytes > self.max_bytes
+            if not full:
+                self._sessions[session.id] = session
+                self._bytes += nbytes
         self._close(closing)
+        if full:
+            context.close()
+            raise errors.exhausted("the server holds as many sessions as it may, all of other callers; "
+                                   "try again when some have expired")
         return session
 
     @contextmanager
-    def use(self, session_id: str, *, forward: bool = False):
-        """The session, marked as used now; NOT_FOUND if it does not exist (any more)."""
+    def use(self, session_id: str, owner: str = "anonymous", *, forward: bool = False):
+        """The session, marked as used now; NOT_FOUND if it does not exist (any more) or
+        belongs to another owner."""
         now = self._clock()
         closing = []
         with self._lock:
             session = self._sessions.get(session_id)
+            if session is not None and session.owner != owner:
+                session = None
             if session is not None and now - session.last_used > self.ttl:
                 del self._sessions[session_id]
                 closing += self._retire_locked(session, "ttl")
@@ -114,9 +139,13 @@ class SessionStore:
             if last:
                 session.context.close()
 
-    def release(self, session_id: str) -> None:
+    def release(self, session_id: str, owner: str = "anonymous") -> None:
         with self._lock:
-            session = self._sessions.pop(session_id, None)
+            session = self._sessions.get(session_id)
+            if session is not None and session.owner != owner:
+                session = None
+            if session is not None:
+                del self._sessions[session_id]
             closing = self._retire_locked(session, None) if session is not None else []
         self._close(closing)
         if session is None:
