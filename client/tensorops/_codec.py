@@ -226,16 +226,12 @@ def _read_key(buf, pos: int, end: int) -> tuple[int, int, int]:
 def _skip_value(buf, pos: int, end: int, wire_type: int) -> tuple[int, int]:
     """(start of the value, end of the field) of a field other than a group."""
     if wire_type == _LEN:
-        if pos < end and buf[pos] < 0x80:
-            length, value = buf[pos], pos + 1
-        else:
-            length, value = _read_varint(buf, pos, end)
-            if value - pos > 5 or length >= 0x7FFFFFFF:
-                raise WireError("message", "malformed length")
+        length, value = _read_varint(buf, pos, end)
+        if value - pos > 5 or length >= 0x7FFFFFFF:
+            raise WireError("message", "malformed length")
         stop = value + length
     elif wire_type == _VARINT:
-        value = pos
-        stop = pos + 1 if pos < end and buf[pos] < 0x80 else _read_varint(buf, pos, end)[1]
+        value, stop = pos, _read_varint(buf, pos, end)[1]
     elif wire_type == _I64:
         value, stop = pos, pos + 8
     elif wire_type == _I32:
@@ -282,7 +278,17 @@ def _fields(buf, pos: int, end: int, depth: int = _MAX_DEPTH):
             number, wire_type, pos = _read_key(buf, pos, end)
             if not number:
                 raise WireError("message", "field number 0")
-        if wire_type == _SGROUP:
+        # The common cases inline (a call costs more than the rest of the loop): a length
+        # or a varint value of one byte.
+        if wire_type == _LEN and pos < end and buf[pos] < 0x80:
+            value = pos + 1
+            pos = value + buf[pos]
+            if pos > end:
+                raise WireError("message", "truncated message")
+        elif wire_type == _VARINT and pos < end and buf[pos] < 0x80:
+            value = pos
+            pos += 1
+        elif wire_type == _SGROUP:
             value, pos = pos, _skip_group(buf, pos, end, number, depth)
         else:
             value, pos = _skip_value(buf, pos, end, wire_type)
