@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# A private Docker engine for the container tests, beside (never instead of) any engine the
+# machine already runs: its own data root, exec root, pidfile and socket.
+#
+#   docker-engine.sh start         install the engine if missing, start it, wait until it answers
+#   docker-engine.sh stop          stop it by its pid and remove what it added to the machine:
+#                                  bridges (docker0, compose networks), veths, iptables rules and
+#                                  chains (DOCKER, DOCKER-USER, DOCKER-ISOLATION-STAGE-*),
+#                                  mounts, and the ip_forward setting it changed
+#   docker-engine.sh run CMD...    start, run CMD with DOCKER_HOST set, stop on exit (even on
+#                                  failure or Ctrl-C); exits with CMD's status
+#
+# Settings (environment): TENSOROPS_DOCKER_ROOT (images and build cache, kept between runs;
+# default /var/lib/tensorops-docker), TENSOROPS_DOCKER_SOCK (default
+# /run/tensorops-docker.sock). Needs root (dockerd does) and Debian's apt for the install.
+# Any failure to install or start the engine ends with a non-zero status and the reason.
+set -euo pipefail
+
+ROOT=${TENSOROPS_DOCKER_ROOT:-/var/lib/tensorops-docker}
+SOCK=${TENSOROPS_DOCKER_SOCK:-/run/tensorops-docker.sock}
+EXEC_ROOT=${SOCK%.sock}.exec
+PIDFILE=${SOCK%.sock}.pid
+STATE=${SOCK%.sock}.state     # what the machine looked like before the engine started
+LOG=$ROOT/engine.log            # kept after stop, for a post-mortem
+PACKAGES=(docker.io docker-compose debootstrap)
+
+say() { echo "docker-engine: $*" >&2; }
+die() { say "ERROR: $*"; exit 1; }
+
+install_packages() {
+    local missing=()
+    command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
+    [ -x /usr/bin/docker ] || command -v docker >/dev/null 2>&1 || missing+=(docker.io)
+    command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+    command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+    command -v iptables >/dev/null 2>&1 || missing+=(iptables)
+    [ ${#missing[@]} -eq 0 ] && return 0
+    command -v apt-get >/dev/null 2>&1 || die "cannot install ${missing[*]}: no apt-get on this machine"
+    say "installing ${PACKAGES[*]} (missing: ${missing[*]})"
+    apt-get update -q >/dev/null || die "apt-get update failed"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${PACKAGES[@]}" iptables >/dev/null \
+        || die "apt-get install ${PACKAGES[*]} failed"
+    command -v dockerd >/dev/null 2>&1 || die "dockerd is still missing after installing docker.io"
+}
+
+running_pid() {
+    [ -f "$PIDFILE" ] || return 1
+    local pid; pid=$(cat "$PIDFILE")
+    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && echo "$pid"
+}
+
+iptables_chains() {  # "table chain" lines of every chain that exists now
+    local table
+    for table in filter nat; do
+        iptables -t "$table" -S 2>/dev/null | awk -v t="$table" '$1 == "-N" {print t, $2}'
+    done
+}
+
+start() {
+    [ "$(id -u)" = 0 ] || die "the engine needs root (dockerd), running as uid $(id -u)"
+    if pid=$(running_pid); then
+        say "already running (pid $pid, $SOCK)"
+        return 0
+    fi
+    install_packages
+    mkdir -p "$STATE" "$ROOT"
+    ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' > "$STATE/links"
+    cat /proc/sys/net/ipv4/ip_forward > "$STATE/ip_forward"
+    iptables_chains > "$STATE/chains"
+    iptables -S FORWARD 2>/dev/null | awk '$1 == "-P" {print $3}' > "$STATE/forward_policy" || true
+    say "starting dockerd (data root $ROOT, socket $SOCK)"
+    # setsid: the engine is not in the caller's process group, so a Ctrl-C reaches the
+    # tests and then our stop(), not dockerd half-way through its work.
+    setsid dockerd --data-root "$ROOT" --exec-root "$EXEC_ROOT" --pidfile "$PIDFILE" \
+        -H "unix://$SOCK" --log-level warn >"$LOG" 2>&1 < /dev/null &
+    local pid=$! deadline=$((SECONDS + 60))
+    echo "$pid" > "$STATE/pid"
+    until docker -H "unix://$SOCK" version >/dev/null 2>&1; do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            tail -n 20 "$LOG" >&2 || true
+            die "dockerd exited during startup (log above, full log: $LOG)"
+        fi
+        [ $SECONDS -lt $deadline ] || { tail -n 20 "$LOG" >&2; stop; die "dockerd did not answer within 60 s"; }
+        sleep 0.5
+    done
+    say "ready: DOCKER_HOST=unix://$SOCK (dockerd pid $pid, $(docker -H "unix://$SOCK" version --format '{{.Server.Version}}'))"
+}
+
+stop() {
+    local pid=""
+    pid=$(running_pid) || pid=$(cat "$STATE/pid" 2>/dev/null) || true
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+        say "stopping dockerd (pid $pid)"
+        kill -TERM "$pid"
+        local deadline=$((SECONDS + 60))
+        while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.5; done
+        if kill -0 "$pid" 2>/dev/null; then
+            say "dockerd ignored SIGTERM for 60 s: SIGKILL"
+            kill -KILL "$pid" 2>/dev/null || true
+            sleep 1
+        fi
+    fi
+    [ -d "$STATE" ] || { rm -f "$SOCK" "$PIDFILE"; return 0; }
+    # Mounts left behind (container rootfs, network namespaces) under our roots.
+    local m
+    for m in $(awk -v a="$ROOT/" -v b="$EXEC_ROOT/" 'index($2, a) == 1 || index($2, b) == 1 {print $2}' \
+               /proc/self/mounts | sort -r); do
+        umount -l "$m" 2>/dev/null || true
+    done
+    # Network links the engine added: docker0, br-<network id>, veth pairs.
+    local link
+    for link in $(ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//'); do
+        grep -qx "$link" "$STATE/links" && continue
+        case "$link" in
+            docker0|br-*|veth*) ip link delete "$link" 2>/dev/null && say "removed link $link" || true ;;
+        esac
+    done
+    if command -v iptables >/dev/null 2>&1; then
+        local table chain rule
+        # Rules in the built-in chains that jump to the engine's chains or name its bridges.
+        for table in filter nat; do
+            while read -r rule; do
+                # shellcheck disable=SC2086
+                iptables -t "$table" ${rule/-A /-D } 2>/dev/null || true
+            done < <(iptables -t "$table" -S 2>/dev/null \
+                     | awk '$1 == "-A" && /-j DOCKER|docker0|br-[0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f]/')
+        done
+        # Then the chains it created (flushed first; a chain that existed before stays).
+        while read -r table chain; do
+            case "$chain" in DOCKER|DOCKER-*) ;; *) continue ;; esac
+            grep -qx "$table $chain" "$STATE/chains" && continue
+            iptables -t "$table" -F "$chain" 2>/dev/null || true
+        done < <(iptables_chains)
+        while read -r table chain; do
+            case "$chain" in DOCKER|DOCKER-*) ;; *) continue ;; esac
+            grep -qx "$table $chain" "$STATE/chains" && continue
+            iptables -t "$table" -X "$chain" 2>/dev/null && say "removed iptables chain $table/$chain" || true
+        done < <(iptables_chains)
+    fi
+    # dockerd turns the FORWARD policy to DROP when it enables forwarding: put it back.
+    if [ -s "$STATE/forward_policy" ] && command -v iptables >/dev/null 2>&1; then
+        iptables -P FORWARD "$(cat "$STATE/forward_policy")" 2>/dev/null || true
+    fi
+    if [ -f "$STATE/ip_forward" ]; then
+        cat "$STATE/ip_forward" > /proc/sys/net/ipv4/ip_forward 2>/dev/null || true
+    fi
+    rm -rf "$STATE" "$EXEC_ROOT"
+    rm -f "$SOCK" "$PIDFILE"
+    say "stopped; images and build cache kept in $ROOT"
+}
+
+run() {
+    [ $# -gt 0 ] || die "run: no command"
+    trap 'stop' EXIT
+    trap 'exit 130' INT TERM
+    start
+    local status=0
+    DOCKER_HOST="unix://$SOCK" DOCKER_BUILDKIT=0 COMPOSE_DOCKER_CLI_BUILD=0 "$@" || status=$?
+    exit "$status"
+}
+
+case "${1:-}" in
+    start) start ;;
+    stop) stop ;;
+    run) shift; run "$@" ;;
+    *) echo "usage: $0 start | stop | run COMMAND..." >&2; exit 2 ;;
+esac
