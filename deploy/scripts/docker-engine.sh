@@ -151,11 +151,13 @@ stop() {
 
 run() {
     [ $# -gt 0 ] || die "run: no command"
-    trap 'stop' EXIT
+    t0=$SECONDS t1=$SECONDS t2=$SECONDS status=0
+    trap 'stopping=$SECONDS; stop; say "timings: engine install+start $((t1 - t0)) s, command $((t2 - t1)) s, stop and clean-up $((SECONDS - stopping)) s"' EXIT
     trap 'exit 130' INT TERM
     start
-    local status=0
+    t1=$SECONDS
     DOCKER_HOST="unix://$SOCK" DOCKER_BUILDKIT=0 COMPOSE_DOCKER_CLI_BUILD=0 "$@" || status=$?
+    t2=$SECONDS
     exit "$status"
 }
 
