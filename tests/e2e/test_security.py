@@ -383,7 +383,7 @@ def test_a_port_in_use_is_a_clean_startup_failure(tmp_path):
 
 
 def test_sigterm_exits_within_the_grace_period_whatever_runs(start_server):
-    srv = start_server("--grace", "1", "--workers", "1", env=SLOW_KERNELS)
+    srv = start_server("--grace", "1", "--drain-delay", "0", "--workers", "1", env=SLOW_KERNELS)
     rng = np.random.default_rng(6)
     a = rng.integers(0, 256, (8192, 2048), dtype=np.uint8)
     b = rng.integers(-128, 128, (2048, 2048), dtype=np.int8)
