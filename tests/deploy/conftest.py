@@ -20,7 +20,7 @@ def engine():
     problem = engine_problem()
     require(problem is None, f"container tests need a Docker engine (run `make test-deploy`): {problem}")
     version = docker("version", "--format", "{{.Server.Version}}").stdout.strip()
-    print(f"\nDocker engine {version} at {os.environ.get('DOCKER_HOST', 'the default socket')}")
+    STEPS.note(f"Docker engine {version} at {os.environ.get('DOCKER_HOST', 'the default socket')}")
     return version
 
 
@@ -74,3 +74,7 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("deployment steps (wall clock)")
         for name, seconds in STEPS.done:
             terminalreporter.write_line(f"{seconds:8.1f} s  {name}")
+    if STEPS.notes:
+        terminalreporter.section("deployment figures")
+        for text in STEPS.notes:
+            terminalreporter.write_line(text)

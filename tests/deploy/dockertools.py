@@ -40,6 +40,11 @@ class Steps:
 
     def __init__(self):
         self.done: list[tuple[str, float]] = []
+        self.notes: list[str] = []
+
+    def note(self, text: str) -> None:
+        """A figure for the run's summary (image size, spread, ...)."""
+        self.notes.append(text)
 
     def record(self, name: str, seconds: float) -> None:
         self.done.append((name, seconds))

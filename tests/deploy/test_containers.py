@@ -47,8 +47,7 @@ def container(server_image):
 
 def test_image_size(server_image):
     size = int(docker("image", "inspect", server_image, "--format", "{{.Size}}").stdout)
-    print(f"\n{server_image}: {size} bytes ({size / 1e6:.1f} MB)")
-    STEPS.record(f"(image size {size / 1e6:.1f} MB)", 0.0)
+    STEPS.note(f"image {server_image}: {size} bytes ({size / 1e6:.1f} MB, limit {MAX_IMAGE_BYTES / 1e6:.0f} MB)")
     assert size <= MAX_IMAGE_BYTES, f"{size / 1e6:.1f} MB > {MAX_IMAGE_BYTES / 1e6:.0f} MB"
 
 
@@ -91,7 +90,7 @@ def test_build_flags_are_portable(builder_image):
     for line in compiles:
         for flag in ("-march=", "-mtune=native", "-mavx", "-msse4", "-mfma", "-mcpu="):
             assert flag not in line, line
-    print(f"\n{len(compiles)} compiler calls, e.g.:\n{compiles[0].strip()}")
+    STEPS.note(f"{len(compiles)} compiler calls in the wheel build, e.g.: {compiles[0].strip()}")
 
 
 def test_user_is_not_root(server_image, container):
@@ -106,7 +105,7 @@ def test_healthcheck_and_bit_exact_results(container):
     name = container()
     with STEPS.timed("single container: healthy"):
         seconds = wait_healthy(name)
-    print(f"\nhealthy after {seconds:.1f} s")
+    STEPS.note(f"single container: HEALTHCHECK healthy after {seconds:.1f} s")
     target = f"127.0.0.1:{published_port(name, 50051)}"
     runnable = [c for c in cases() if not c.missing()]
     assert runnable
@@ -174,7 +173,7 @@ def test_docker_stop_during_calls_loses_none(container):
     assert failures == []
     assert all(ok for _, ok in done)
     after = sum(1 for t, _ in done if t > stopping)
-    print(f"\n{len(done)} calls, {after} of them completed after the stop began")
+    STEPS.note(f"docker stop during calls: {len(done)} calls, all exact; {after} completed after the stop began")
     assert after >= 1  # calls were in flight when SIGTERM came
     state = inspect(name)["State"]
     assert state["ExitCode"] == 0, logs(name)  # drained and exited, not killed
@@ -254,7 +253,7 @@ def test_spread_over_every_replica(stack):
                     instances[name] = instances.get(name, 0) + 1
     after = stack.counts("softmax")
     spread = {r: int(after[r] - before[r]) for r in REPLICAS}
-    print(f"\n600 calls per replica: {spread}; GetServerInfo instances: {instances or 'n/a'}")
+    STEPS.note(f"spread: 600 calls per replica {spread}; 60 info() calls per instance {instances or 'n/a'}")
     assert sum(spread.values()) == 600
     assert all(n > 0 for n in spread.values()), spread
     if instances:  # GetServerInfo names the replica that answered
@@ -281,7 +280,7 @@ def test_session_stays_on_one_replica(stack):
             assert qip.recreated == 0  # never lost: every forward found it
     after = stack.counts("quantized_inner_product_forward")
     per_replica = {r: int(after[r] - before[r]) for r in REPLICAS}
-    print(f"\n100 forwards per replica: {per_replica}")
+    STEPS.note(f"session: 100 forwards per replica {per_replica}")
     assert sorted(per_replica.values()) == [0, 0, 100], per_replica
 
 
@@ -350,7 +349,8 @@ def test_lost_replica_under_load(stack):
             t.join(60)
         recreated = qip.recreated
         qip.close()
-    print(f"\nkilled {victim}; before the kill {loaded}; total {stats}; session re-created {recreated} time(s)")
+    STEPS.note(f"lost replica: killed {victim}; calls before the kill {loaded}; in all {stats}; "
+               f"session re-created {recreated} time(s); failures {len(failures)}")
     assert failures == [], failures[:5]
     assert stats["wrong"] == 0
     assert stats["stateless"] > loaded["stateless"] and stats["forwards"] > loaded["forwards"]
