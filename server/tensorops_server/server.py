@@ -133,11 +133,15 @@ class TensorOpsServer:
         # NOT_SERVING first, while the port still answers: grpc's stop() refuses new calls,
         # health checks included, at once, and a balancer must see NOT_SERVING (or a
         # refused check) for the whole drain rather than route calls into a closing port.
+        # The delay is part of the grace period: SIGTERM to exit never takes more than the
+        # grace (plus the time a cancelled kernel needs to notice).
         await self.health.enter_graceful_shutdown()
-        if drain_delay > 0:
-            await asyncio.sleep(drain_delay)
-        await self.grpc_server.stop(grace)
+        delay = min(drain_delay, grace)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await self.grpc_server.stop(grace - delay)
         await self.service.batcher.wait_idle()
+        self.service.admission.close()
 
 
 def connection_age_options(c: Config) -> list[tuple[str, int]]:

