@@ -64,6 +64,9 @@ start() {
     fi
     install_packages
     mkdir -p "$STATE" "$ROOT"
+    # nftables tables first: listing them with iptables-nft would create them
+    if command -v nft >/dev/null 2>&1; then nft list tables > "$STATE/nft_tables" 2>/dev/null || true; fi
+    [ -e /run/docker ] && touch "$STATE/run_docker_existed"
     ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' > "$STATE/links"
     cat /proc/sys/net/ipv4/ip_forward > "$STATE/ip_forward"
     iptables_chains > "$STATE/chains"
@@ -144,6 +147,22 @@ stop() {
     if [ -f "$STATE/ip_forward" ]; then
         cat "$STATE/ip_forward" > /proc/sys/net/ipv4/ip_forward 2>/dev/null || true
     fi
+    # Tables that iptables-nft created for the engine and that hold no rule any more (only
+    # the table, its base chains and their hook lines): gone too. A table with any other
+    # line (a rule, a set, a map) is someone else's and stays.
+    if [ -f "$STATE/nft_tables" ] && command -v nft >/dev/null 2>&1; then
+        local family name
+        while read -r _ family name; do
+            grep -qx "table $family $name" "$STATE/nft_tables" && continue
+            if nft list table "$family" "$name" 2>/dev/null \
+                    | grep -qvE '^[[:space:]]*(table [a-z0-9]+ [^ ]+ \{|chain [^ ]+ \{|type [a-z]+ hook [a-z]+ .*;|\}|)[[:space:]]*$'; then
+                say "kept nftables table $family $name: it holds rules"
+                continue
+            fi
+            nft delete table "$family" "$name" 2>/dev/null && say "removed nftables table $family $name" || true
+        done < <(nft list tables 2>/dev/null)
+    fi
+    [ -f "$STATE/run_docker_existed" ] || rmdir /run/docker/plugins /run/docker 2>/dev/null || true
     rm -rf "$STATE" "$EXEC_ROOT"
     rm -f "$SOCK" "$PIDFILE"
     say "stopped; images and build cache kept in $ROOT"
