@@ -4,11 +4,17 @@
 #
 #   docker-engine.sh start         install the engine if missing, start it, wait until it answers
 #   docker-engine.sh stop          stop it by its pid and remove what it added to the machine:
-#                                  bridges (docker0, compose networks), veths, iptables rules and
-#                                  chains (DOCKER, DOCKER-USER, DOCKER-ISOLATION-STAGE-*),
-#                                  mounts, and the ip_forward setting it changed
+#                                  processes it left (shims, docker-proxy), bridges (docker0,
+#                                  compose networks), veths, iptables rules and chains (DOCKER,
+#                                  DOCKER-USER, DOCKER-ISOLATION-STAGE-*), the nftables tables
+#                                  iptables-nft created, mounts, the FORWARD policy and
+#                                  ip_forward setting it changed, /run/docker, /run/containerd
+#                                  and /etc/docker/key.json; then compare the machine with what
+#                                  it was before the start and fail, naming each thing, if
+#                                  anything of the engine is still there
 #   docker-engine.sh run CMD...    start, run CMD with DOCKER_HOST set, stop on exit (even on
-#                                  failure or Ctrl-C); exits with CMD's status
+#                                  failure or Ctrl-C); exits with CMD's status, or 1 if CMD
+#                                  passed but the machine was not left as it was
 #
 # Settings (environment): TENSOROPS_DOCKER_ROOT (images and build cache, kept between runs;
 # default /var/lib/tensorops-docker), TENSOROPS_DOCKER_SOCK (default
@@ -23,6 +29,11 @@ PIDFILE=${SOCK%.sock}.pid
 STATE=${SOCK%.sock}.state     # what the machine looked like before the engine started
 LOG=$ROOT/engine.log            # kept after stop, for a post-mortem
 PACKAGES=(docker.io docker-compose debootstrap)
+# iptables for the engine's rules; nftables (nft) to remove the tables iptables-nft creates
+TOOLS=(iptables nftables)
+# Paths dockerd and its containerd create outside the roots above whatever their flags say
+# (the shims' sockets, the daemon's identity key): removed on stop unless they were there.
+OUTSIDE=(/run/docker /run/containerd /etc/docker/key.json)
 
 say() { echo "docker-engine: $*" >&2; }
 die() { say "ERROR: $*"; exit 1; }
@@ -34,12 +45,13 @@ install_packages() {
     command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
     command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
     command -v iptables >/dev/null 2>&1 || missing+=(iptables)
+    command -v nft >/dev/null 2>&1 || missing+=(nftables)
     [ ${#missing[@]} -eq 0 ] && return 0
     command -v apt-get >/dev/null 2>&1 || die "cannot install ${missing[*]}: no apt-get on this machine"
-    say "installing ${PACKAGES[*]} (missing: ${missing[*]})"
+    say "installing ${PACKAGES[*]} ${TOOLS[*]} (missing: ${missing[*]})"
     apt-get update -q >/dev/null || die "apt-get update failed"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${PACKAGES[@]}" iptables >/dev/null \
-        || die "apt-get install ${PACKAGES[*]} failed"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${PACKAGES[@]}" "${TOOLS[@]}" \
+        >/dev/null || die "apt-get install ${PACKAGES[*]} ${TOOLS[*]} failed"
     command -v dockerd >/dev/null 2>&1 || die "dockerd is still missing after installing docker.io"
 }
 
@@ -47,6 +59,10 @@ running_pid() {
     [ -f "$PIDFILE" ] || return 1
     local pid; pid=$(cat "$PIDFILE")
     [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && echo "$pid"
+}
+
+engine_processes() {  # "pid name" of the engine's kind of processes running now
+    ps -eo pid=,comm= | awk '$2 ~ /^(dockerd|containerd|containerd-shim.*|docker-proxy|runc)$/ {print $1, $2}'
 }
 
 iptables_chains() {  # "table chain" lines of every chain that exists now
@@ -66,9 +82,11 @@ start() {
     mkdir -p "$STATE" "$ROOT"
     # nftables tables first: listing them with iptables-nft would create them
     if command -v nft >/dev/null 2>&1; then nft list tables > "$STATE/nft_tables" 2>/dev/null || true; fi
-    [ -e /run/docker ] && touch "$STATE/run_docker_existed"
+    local path
+    for path in "${OUTSIDE[@]}"; do [ -e "$path" ] && echo "$path"; done > "$STATE/outside" || true
     ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' > "$STATE/links"
     cat /proc/sys/net/ipv4/ip_forward > "$STATE/ip_forward"
+    engine_processes > "$STATE/processes"
     iptables_chains > "$STATE/chains"
     iptables -S FORWARD 2>/dev/null | awk '$1 == "-P" {print $3}' > "$STATE/forward_policy" || true
     say "starting dockerd (data root $ROOT, socket $SOCK)"
@@ -83,7 +101,7 @@ start() {
             tail -n 20 "$LOG" >&2 || true
             die "dockerd exited during startup (log above, full log: $LOG)"
         fi
-        [ $SECONDS -lt $deadline ] || { tail -n 20 "$LOG" >&2; stop; die "dockerd did not answer within 60 s"; }
+        [ $SECONDS -lt $deadline ] || { tail -n 20 "$LOG" >&2; stop || true; die "dockerd did not answer within 60 s"; }
         sleep 0.5
     done
     say "ready: DOCKER_HOST=unix://$SOCK (dockerd pid $pid, $(docker -H "unix://$SOCK" version --format '{{.Server.Version}}'))"
@@ -104,6 +122,17 @@ stop() {
         fi
     fi
     [ -d "$STATE" ] || { rm -f "$SOCK" "$PIDFILE"; return 0; }
+    # Processes the engine started and left (shims, docker-proxy after a SIGKILL): by pid.
+    local pids
+    pids=$(new_processes | awk '{print $1}')
+    if [ -n "$pids" ]; then
+        say "terminating what the engine left running: $(new_processes | tr '\n' ' ')"
+        # shellcheck disable=SC2086
+        kill -TERM $pids 2>/dev/null || true
+        sleep 2
+        # shellcheck disable=SC2086
+        kill -KILL $(new_processes | awk '{print $1}') 2>/dev/null || true
+    fi
     # Mounts left behind (container rootfs, network namespaces) under our roots.
     local m
     for m in $(awk -v a="$ROOT/" -v b="$EXEC_ROOT/" 'index($2, a) == 1 || index($2, b) == 1 {print $2}' \
@@ -162,16 +191,79 @@ stop() {
             nft delete table "$family" "$name" 2>/dev/null && say "removed nftables table $family $name" || true
         done < <(nft list tables 2>/dev/null)
     fi
-    [ -f "$STATE/run_docker_existed" ] || rmdir /run/docker/plugins /run/docker 2>/dev/null || true
-    rm -rf "$STATE" "$EXEC_ROOT"
+    local path
+    for path in "${OUTSIDE[@]}"; do
+        grep -qx "$path" "$STATE/outside" 2>/dev/null && continue
+        if [ -d "$path" ]; then  # empty folders only: anything left in them is reported
+            find "$path" -depth -type d -empty -delete 2>/dev/null || true
+            [ -e "$path" ] && say "left $path: not empty ($(find "$path" | head -3 | tr '\n' ' '))" || true
+        elif [ -e "$path" ]; then
+            rm -f "$path"
+        fi
+    done
+    rm -rf "$EXEC_ROOT"
     rm -f "$SOCK" "$PIDFILE"
-    say "stopped; images and build cache kept in $ROOT"
+    local left
+    left=$(leftovers)
+    rm -rf "$STATE"
+    if [ -n "$left" ]; then
+        say "ERROR: the machine is not as it was before the engine started:"
+        printf '  %s\n' "$left" >&2
+        return 1
+    fi
+    say "stopped, nothing left on the machine; images and build cache kept in $ROOT"
+}
+
+new_processes() {  # engine processes that were not running before start
+    engine_processes | while read -r pid name; do
+        grep -qx "$pid $name" "$STATE/processes" 2>/dev/null || echo "$pid $name"
+    done
+}
+
+leftovers() {  # one line per thing the engine added and that is still there
+    local pid link table chain family name path m
+    pid=$(cat "$STATE/pid" 2>/dev/null) || true
+    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && echo "dockerd still running (pid $pid)"
+    new_processes | sed 's/^/process /'
+    awk -v a="$ROOT/" -v b="$EXEC_ROOT/" 'index($2, a) == 1 || index($2, b) == 1 {print "mount " $2}' /proc/self/mounts
+    for link in $(ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//'); do
+        grep -qx "$link" "$STATE/links" || echo "network link $link"
+    done
+    if command -v iptables >/dev/null 2>&1; then
+        while read -r table chain; do
+            grep -qx "$table $chain" "$STATE/chains" || echo "iptables chain $table/$chain"
+        done < <(iptables_chains)
+        for table in filter nat; do
+            iptables -t "$table" -S 2>/dev/null | grep -E -- '-j DOCKER|docker0|br-[0-9a-f]{12}' \
+                | sed "s/^/iptables $table rule /" || true
+        done
+    fi
+    if [ -f "$STATE/nft_tables" ] && command -v nft >/dev/null 2>&1; then
+        while read -r _ family name; do
+            grep -qx "table $family $name" "$STATE/nft_tables" || echo "nftables table $family $name"
+        done < <(nft list tables 2>/dev/null)
+    fi
+    [ "$(cat /proc/sys/net/ipv4/ip_forward)" = "$(cat "$STATE/ip_forward" 2>/dev/null)" ] \
+        || echo "net.ipv4.ip_forward $(cat /proc/sys/net/ipv4/ip_forward), was $(cat "$STATE/ip_forward" 2>/dev/null)"
+    for path in "${OUTSIDE[@]}"; do
+        [ -e "$path" ] && ! grep -qx "$path" "$STATE/outside" 2>/dev/null && echo "path $path"
+    done
+    [ -e "$SOCK" ] && echo "socket $SOCK"
+    true
+}
+
+on_exit() {  # of run: stop and clean up; anything left on the machine fails the run
+    local code=$? stopping=$SECONDS
+    trap - EXIT
+    stop || { [ "$code" -ne 0 ] || code=1; }
+    say "timings: engine install+start $((t1 - t0)) s, command $((t2 - t1)) s, stop and clean-up $((SECONDS - stopping)) s"
+    exit "$code"
 }
 
 run() {
     [ $# -gt 0 ] || die "run: no command"
     t0=$SECONDS t1=$SECONDS t2=$SECONDS status=0
-    trap 'stopping=$SECONDS; stop; say "timings: engine install+start $((t1 - t0)) s, command $((t2 - t1)) s, stop and clean-up $((SECONDS - stopping)) s"' EXIT
+    trap on_exit EXIT
     trap 'exit 130' INT TERM
     start
     t1=$SECONDS
