@@ -96,6 +96,7 @@ start() {
         -H "unix://$SOCK" --log-level warn >"$LOG" 2>&1 < /dev/null &
     local pid=$! deadline=$((SECONDS + 60))
     echo "$pid" > "$STATE/pid"
+    STARTED=$pid  # run stops only an engine it started itself
     until docker -H "unix://$SOCK" version >/dev/null 2>&1; do
         if ! kill -0 "$pid" 2>/dev/null; then
             tail -n 20 "$LOG" >&2 || true
@@ -255,7 +256,9 @@ leftovers() {  # one line per thing the engine added and that is still there
 on_exit() {  # of run: stop and clean up; anything left on the machine fails the run
     local code=$? stopping=$SECONDS
     trap - EXIT
-    stop || { [ "$code" -ne 0 ] || code=1; }
+    if [ -n "${STARTED:-}" ]; then
+        stop || { [ "$code" -ne 0 ] || code=1; }
+    fi
     say "timings: engine install+start $((t1 - t0)) s, command $((t2 - t1)) s, stop and clean-up $((SECONDS - stopping)) s"
     exit "$code"
 }
