@@ -5,15 +5,12 @@ skipped with that reason."""
 from __future__ import annotations
 
 import os
-import sys
-import time
 
 import pytest
 
-from dockertools import BASE_IMAGE, DEPLOY, ENVOY_IMAGE, ROOT, SERVER_IMAGE, STEPS, docker, engine_problem, \
+from dockertools import BASE_IMAGE, DEPLOY, ENVOY_IMAGE, SERVER_IMAGE, STEPS, docker, documented, engine_problem, \
     extra_ca_pem, require, run
 
-sys.path.insert(0, str(ROOT / "tests" / "e2e"))  # rpc_cases: the operations and their arguments
 
 @pytest.fixture(scope="session")
 def engine():
@@ -40,16 +37,11 @@ def build_args():
     return ["--build-arg", f"EXTRA_CA_CERT={ca}"] if ca else []
 
 
-def build(dockerfile: str, tag: str, build_args, *extra) -> float:
-    start = time.monotonic()
-    docker("build", "-f", dockerfile, "-t", tag, *build_args, *extra, ".", timeout=1500)
-    return time.monotonic() - start
-
-
 @pytest.fixture(scope="session")
 def server_image(base_image, build_args):
-    seconds = build("deploy/Dockerfile", SERVER_IMAGE, build_args)
-    STEPS.record("build server image", seconds)
+    """Built with the README's command (plus the extra CA of this machine, if any)."""
+    with STEPS.timed("build server image"):
+        run(*documented("build", context=[*build_args, "."]), timeout=1500)
     return SERVER_IMAGE
 
 
@@ -57,15 +49,15 @@ def server_image(base_image, build_args):
 def builder_image(server_image, build_args):
     """The build stage of the same Dockerfile (all cached by now): the wheel build log."""
     tag = "tensorops-builder:test"
-    build("deploy/Dockerfile", tag, build_args, "--target", "builder")
+    docker("build", "-f", "deploy/Dockerfile", "-t", tag, "--target", "builder", *build_args, ".", timeout=1500)
     yield tag
     docker("rmi", tag, check=False)
 
 
 @pytest.fixture(scope="session")
 def envoy_image(base_image, build_args):
-    seconds = build("deploy/envoy.Dockerfile", ENVOY_IMAGE, build_args)
-    STEPS.record("build balancer image", seconds)
+    with STEPS.timed("build balancer image"):
+        run(*documented("build-balancer", context=[*build_args, "."]), timeout=1500)
     return ENVOY_IMAGE
 
 

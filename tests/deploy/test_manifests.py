@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dockertools import DEPLOY, ROOT, require
+from dockertools import DEPLOY, DOC_COMMANDS, ROOT, require, tool_command
 
 K8S = DEPLOY / "k8s"
 K8S_VERSION = "1.33"
@@ -45,8 +46,8 @@ def documents(path: Path) -> list[dict]:
 
 def built() -> list[dict]:
     """`kubectl kustomize` of deploy/k8s, exactly as the docs apply it."""
-    out = subprocess.run([tool("kubectl"), "kustomize", "--load-restrictor", "LoadRestrictionsNone", str(K8S)],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(tool_command("kustomize", tool("kubectl")), cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
@@ -64,6 +65,25 @@ def test_manifest_validates_strictly(path):
     assert docs
     for doc in docs:
         kv.validate(doc, K8S_VERSION, strict=True)  # raises ValidationError
+
+
+def test_manifests_validate_with_the_documented_command():
+    """kubernetes-validate's own command line, as the docs give it: every manifest file."""
+    command = tool_command("validate", tool("kubernetes-validate"))
+    assert sorted(ROOT / p for p in command if p.startswith("deploy/k8s/")) == manifest_files()
+    r = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    resources = sum(len(documents(p)) for p in manifest_files())
+    assert r.stdout.count(" passed for resource ") == resources, r.stdout
+
+
+def test_documented_validation_rejects_an_unknown_field(tmp_path):
+    """The same command fails on a misspelt field (strict), naming it."""
+    bad = tmp_path / "server.yaml"
+    bad.write_text((K8S / "server.yaml").read_text().replace("readOnlyRootFilesystem:", "readOnlyRootFilesysten:"))
+    command = [a for a in tool_command("validate", tool("kubernetes-validate")) if not a.startswith("deploy/k8s/")]
+    r = subprocess.run([*command, str(bad)], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "readOnlyRootFilesysten" in r.stdout + r.stderr, r.stdout + r.stderr
 
 
 def test_strict_validation_catches_unknown_fields():
@@ -179,8 +199,7 @@ def test_server_settings_are_known_flags():
 
 
 def test_prometheus_config():
-    promtool = tool("promtool")
-    r = subprocess.run([promtool, "check", "config", str(DEPLOY / "prometheus.yml")], capture_output=True, text=True)
+    r = subprocess.run(tool_command("promtool", tool("promtool")), cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
     targets = {t for job in config["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]}
@@ -205,13 +224,47 @@ def test_compose_file_shape():
 
 
 def test_dockerfiles_lint_clean():
-    hadolint = tool("hadolint")
-    for dockerfile in ("Dockerfile", "envoy.Dockerfile"):
-        text = (DEPLOY / dockerfile).read_text()
-        assert not text.startswith("# syntax="), dockerfile
+    command = tool_command("hadolint", tool("hadolint"))
+    assert sorted(command[1:]) == ["deploy/Dockerfile", "deploy/envoy.Dockerfile"]
+    for dockerfile in command[1:]:
+        text = (ROOT / dockerfile).read_text()
+        assert "# syntax=" not in text, dockerfile  # BuildKit would fetch a frontend image
         assert re.search(r"^ARG BASE_IMAGE=debian:bookworm-slim$", text, re.M), dockerfile
-        r = subprocess.run([hadolint, str(DEPLOY / dockerfile)], capture_output=True, text=True)
-        assert r.returncode == 0, r.stdout + r.stderr
+    r = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def readme_deploy_commands() -> list[str]:
+    """The shell commands of README's "Deploy" section: continuation lines joined, comments
+    dropped."""
+    text = (ROOT / "README.md").read_text()
+    section = re.search(r"^## Deploy\n(.*?)(?=^## )", text, re.M | re.S)
+    assert section, "README has no Deploy section"
+    commands = []
+    for block in re.findall(r"^```sh\n(.*?)^```", section.group(1), re.M | re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#\s.*$", "", line).strip()
+            if line:
+                commands.append(" ".join(line.split()))
+    return commands
+
+
+# What the README may add to a command the tests run: the steps a test machine cannot take.
+NOT_RUN_HERE = {"kubectl apply -f -"}  # there is no cluster: the tests validate the manifests instead
+
+
+def test_readme_deploy_commands_are_the_tested_ones():
+    """Every command of README's Deploy section is one that the tests run, word for word
+    (DOC_COMMANDS), and each of those is in the README."""
+    shown = readme_deploy_commands()
+    tested = {" ".join(shlex.split(c)) for c in DOC_COMMANDS.values()} | {"make test-deploy"}
+    for command in shown:
+        first, *rest = [part.strip() for part in command.split(" | ")]
+        assert " ".join(shlex.split(first)) in tested, f"README shows an untested command: {command}"
+        assert set(rest) <= NOT_RUN_HERE, command
+    firsts = {" ".join(shlex.split(c.split(" | ")[0])) for c in shown}
+    missing = tested - firsts
+    assert not missing, f"tested but not in the README: {missing}"
 
 
 def test_native_build_flags_are_portable():
