@@ -51,7 +51,8 @@ def builder_image(server_image, build_args):
     tag = "tensorops-builder:test"
     docker("build", "-f", "deploy/Dockerfile", "-t", tag, "--target", "builder", *build_args, ".", timeout=1500)
     yield tag
-    docker("rmi", tag, check=False)
+    # the tag only: its layers are the build cache of the next run (a plain rmi prunes them)
+    docker("rmi", "--no-prune", tag, check=False)
 
 
 @pytest.fixture(scope="session")
