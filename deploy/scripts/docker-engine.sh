@@ -61,8 +61,16 @@ running_pid() {
     [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && echo "$pid"
 }
 
-engine_processes() {  # "pid name" of the engine's kind of processes running now
-    ps -eo pid=,comm= | awk '$2 ~ /^(dockerd|containerd|containerd-shim.*|docker-proxy|runc)$/ {print $1, $2}'
+engine_processes() {  # "pid name" of this engine's processes running now (those naming its
+    # roots or socket on their command line; docker-proxy names none of them)
+    local pid name
+    ps -eo pid=,comm= | awk '$2 ~ /^(dockerd|containerd|containerd-shim.*|docker-proxy|runc)$/ {print $1, $2}' \
+        | while read -r pid name; do
+            if [ "$name" = docker-proxy ] || tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null \
+                    | grep -qF -e "$ROOT" -e "$EXEC_ROOT" -e "$SOCK"; then
+                echo "$pid $name"
+            fi
+        done
 }
 
 iptables_chains() {  # "table chain" lines of every chain that exists now
