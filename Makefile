@@ -13,7 +13,7 @@ PORT ?= 50051
 METRICS_PORT ?= 9100
 SERVE_FLAGS ?=
 
-.PHONY: test test-native test-sanitize fuzz-codec serve proto promtool bench bench-rpc clean
+.PHONY: test test-native test-sanitize fuzz-codec test-deploy serve proto promtool bench bench-rpc clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ $(VENV)/.test-installed: $(VENV)/bin/python $(SOURCES)
 	$(PY) -m pip install -q '.[test]'
 	touch $@ $(VENV)/.installed
 
+$(VENV)/.deploy-installed: $(VENV)/bin/python $(SOURCES)
+	$(PY) -m pip install -q '.[test,deploy]'
+	touch $@ $(VENV)/.test-installed $(VENV)/.installed
+
 $(VENV)/.bench-installed: $(VENV)/bin/python $(SOURCES)
 	$(PY) -m pip install -q --find-links $(WHEELS) '.[bench]'
 	touch $@
@@ -34,7 +38,7 @@ $(VENV)/.bench-installed: $(VENV)/bin/python $(SOURCES)
 # The whole suite, then the native suite once per ISA level (TENSOROPS_ISA caps the
 # level; a level the CPU lacks runs at the best level below it, as info() reports).
 test: $(VENV)/.test-installed promtool
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q tests
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q tests --ignore=tests/deploy
 	@for isa in avx2 scalar; do \
 		echo "== native suite at TENSOROPS_ISA=$$isa =="; \
 		TENSOROPS_ISA=$$isa $(PY) -m pytest -q tests/native || exit 1; \
@@ -95,6 +99,16 @@ fuzz-codec: $(VENV)/.test-installed
 	$(PY) tests/fuzz/fuzz_codec.py --seeds $(FUZZ_DIR)/corpus
 	$(PY) tests/fuzz/fuzz_codec.py $(FUZZ_DIR)/corpus -max_total_time=$(FUZZ_SECONDS) \
 		-artifact_prefix=$(FUZZ_DIR)/ $(FUZZ_FLAGS)
+
+# The deployment (deploy/): images, compose with three replicas and the balancer,
+# Kubernetes manifests. Installs Docker (Debian's docker.io, docker-compose, debootstrap)
+# if missing, runs a private engine (deploy/scripts/docker-engine.sh: own data root,
+# socket and pidfile), stops it and removes its bridges and iptables chains on exit.
+# Needs root. A missing engine or tool fails the run; it is never skipped.
+DEPLOY_TEST_FLAGS ?=
+test-deploy: $(VENV)/.deploy-installed promtool
+	TENSOROPS_DEPLOY_TESTS=1 PATH="$(abspath $(VENV))/bin:$$PATH" deploy/scripts/docker-engine.sh run \
+		$(PY) -m pytest -v -ra --durations=0 tests/deploy $(DEPLOY_TEST_FLAGS)
 
 # The gRPC server on localhost, metrics on http://$(HOST):$(METRICS_PORT)/metrics.
 serve: $(VENV)/.installed

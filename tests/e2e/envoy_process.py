@@ -14,6 +14,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 RENDER = REPO / "deploy" / "render-envoy.py"
 CLUSTER = "tensorops"
+STATS_PATH = f"/stats?filter=^cluster\\.{CLUSTER}\\."  # the admin path of the cluster's statistics
+
+
+def cluster_stats(text: str) -> dict[str, int]:
+    """The admin interface's answer to STATS_PATH as name (without "cluster.tensorops.") -> value."""
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(": ")
+        if value.strip().lstrip("-").isdigit():
+            out[name.removeprefix(f"cluster.{CLUSTER}.")] = int(value)
+    return out
 
 
 def envoy_binary() -> str | None:
@@ -122,12 +133,7 @@ class EnvoyProcess:
 
     def stats(self) -> dict[str, int]:
         """The cluster's counters and gauges: name (without "cluster.tensorops.") -> value."""
-        out = {}
-        for line in self.admin(f"/stats?filter=^cluster\\.{CLUSTER}\\.").splitlines():
-            name, _, value = line.partition(": ")
-            if value.strip().lstrip("-").isdigit():
-                out[name.removeprefix(f"cluster.{CLUSTER}.")] = int(value)
-        return out
+        return cluster_stats(self.admin(STATS_PATH))
 
     def stop(self) -> None:
         for proc in self.procs:
