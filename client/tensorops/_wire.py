@@ -195,6 +195,19 @@ def decode_enum(enum_descriptor, number: int) -> str | None:
     return enum_names(enum_descriptor).get(number)
 
 
+def wire_choices(enum_descriptor, *, unspecified: bool = False) -> str:
+    """The values of a proto enum as the wire knows them, for messages sent to callers of
+    any language: "UNARY_OP_ABS (1), UNARY_OP_CEIL (2), ..." (without UNSPECIFIED unless
+    asked)."""
+    return ", ".join(f"{v.name} ({v.number})" for v in enum_descriptor.values if unspecified or v.number)
+
+
+def wire_value(enum_descriptor, number: int) -> str:
+    """A received enum number as a message shows it: "0 (UNARY_OP_UNSPECIFIED)" or "99"."""
+    value = enum_descriptor.values_by_number.get(number)
+    return f"{number} ({value.name})" if value is not None else str(number)
+
+
 def encode_format(value) -> int:
     if isinstance(value, str) and value.lower() in _codec.FORMATS:
         return _codec.FORMATS[value.lower()]
