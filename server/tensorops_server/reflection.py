@@ -16,6 +16,8 @@ from google.protobuf import descriptor_pb2, descriptor_pool
 from grpc_reflection.v1alpha import reflection_pb2
 from grpc_reflection.v1alpha._async import ReflectionServicer
 
+from .service import add_handlers
+
 V1ALPHA_SERVICE = reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection"].full_name
 V1_SERVICE = "grpc.reflection.v1.ServerReflection"
 SERVICE_NAMES = (V1_SERVICE, V1ALPHA_SERVICE)
@@ -57,4 +59,4 @@ def enable(service_names: Iterable[str], server: grpc.aio.Server) -> None:
         request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
         response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString)
     for name in SERVICE_NAMES:
-        server.add_registered_method_handlers(name, {"ServerReflectionInfo": handler})
+        add_handlers(server, name, {"ServerReflectionInfo": handler})

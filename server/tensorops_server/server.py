@@ -22,7 +22,7 @@ from .config import Config
 from .execution import Executor
 from .logs import LOGGER, fields
 from .metrics import Metrics
-from .service import Service
+from .service import Service, add_handlers
 from .sessions import SessionStore, Sweeper
 
 log = logging.getLogger(LOGGER)
@@ -103,7 +103,7 @@ class TensorOpsServer:
                      ("grpc.so_reuseport", 0),
                      # streams one connection may open at once (HTTP/2 SETTINGS)
                      ("grpc.max_concurrent_streams", 2 * c.max_pending_requests)])
-        server.add_registered_method_handlers(_wire.SERVICE_NAME, self.service.handlers())
+        add_handlers(server, _wire.SERVICE_NAME, self.service.handlers())
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         if c.reflection:

@@ -61,6 +61,14 @@ def deserializer(codec: _codec.MessageCodec) -> Callable[[bytes], Incoming]:
     return decode
 
 
+def add_handlers(server: grpc.aio.Server, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+    """Serve `handlers` (method name -> handler) as `service`: registered, and also through
+    a generic handler, as generated code does: the asyncio server of some grpcio releases
+    (1.81, the oldest supported, among them) ignores registered handlers."""
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+    server.add_registered_method_handlers(service, handlers)
+
+
 class Instrumented:
     """The wrapper around every handler: receives the request (within the admission
     limits), admits the call, runs its behavior and records the outcome."""
