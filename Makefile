@@ -13,7 +13,7 @@ PORT ?= 50051
 METRICS_PORT ?= 9100
 SERVE_FLAGS ?=
 
-.PHONY: test test-native serve proto promtool bench bench-rpc clean
+.PHONY: test test-native test-protobuf-range serve proto promtool bench bench-rpc clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,12 @@ test: $(VENV)/.test-installed promtool
 		echo "== native suite at TENSOROPS_ISA=$$isa =="; \
 		TENSOROPS_ISA=$$isa $(PY) -m pytest -q tests/native || exit 1; \
 	done
+
+# Both ends of the supported protobuf range, each in a throwaway venv: the newest protobuf 7
+# (a fresh install) and the oldest protobuf 6 beside tritonclient[grpc]; pip check, the
+# client tests and one end-to-end file (see .ci/protobuf-range).
+test-protobuf-range:
+	PYTHON=$(PYTHON) .ci/protobuf-range
 
 # The gRPC server on localhost, metrics on http://$(HOST):$(METRICS_PORT)/metrics.
 serve: $(VENV)/.installed
