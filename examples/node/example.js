@@ -5,7 +5,8 @@
 //   cd examples/node && npm install && node example.js localhost:50051
 //
 // Three calls: a layer norm (FP32, NCHW), a softmax of a BF16 tensor, and a quantized inner
-// product through a session (create, forward, release). The script prints one JSON document
+// product through a session (create, forward, release); then a call the server refuses,
+// to show the error details (google.rpc.BadRequest). The script prints one JSON document
 // with every request tensor and every result tensor (raw little-endian bytes in base64), so
 // that they can be checked bit for bit against any other implementation (the test suite
 // compares them with tensorops_native: tests/e2e/test_node_example.py).
@@ -18,6 +19,7 @@
 const path = require('path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
+const protobuf = require('protobufjs');
 
 const target = process.argv[2] || 'localhost:50051';
 const protoDir = process.env.TENSOROPS_PROTO_DIR || path.join(__dirname, '..', '..', 'proto');
@@ -134,13 +136,55 @@ function call(method, request, md = metadata()) {
   });
 }
 
-// A failed call: its status code, message and the google.rpc.BadRequest field violations
-// (in the `grpc-status-details-bin` trailer, a serialized google.rpc.Status).
+// Error details: the trailer `grpc-status-details-bin` holds a serialized google.rpc.Status
+// whose details are google.protobuf.Any messages; INVALID_ARGUMENT carries a
+// google.rpc.BadRequest naming the field. The three messages, as protobufjs JSON.
+const rpcTypes = protobuf.Root.fromJSON({
+  nested: {
+    google: {
+      nested: {
+        protobuf: { nested: { Any: { fields: { type_url: { type: 'string', id: 1 }, value: { type: 'bytes', id: 2 } } } } },
+        rpc: {
+          nested: {
+            Status: {
+              fields: {
+                code: { type: 'int32', id: 1 },
+                message: { type: 'string', id: 2 },
+                details: { rule: 'repeated', type: 'google.protobuf.Any', id: 3 },
+              },
+            },
+            BadRequest: {
+              fields: { field_violations: { rule: 'repeated', type: 'FieldViolation', id: 1 } },
+              nested: {
+                FieldViolation: { fields: { field: { type: 'string', id: 1 }, description: { type: 'string', id: 2 } } },
+              },
+            },
+          },
+        },
+      },
+    },
+  },
+});
+const Status = rpcTypes.lookupType('google.rpc.Status');
+const BadRequest = rpcTypes.lookupType('google.rpc.BadRequest');
+
+// A failed call as an Error: code (grpc.status), message, and the field violations.
 function describeError(method, err) {
   const error = new Error(`${method}: ${grpc.status[err.code]}: ${err.details}`);
   error.code = err.code;
-  const details = err.metadata && err.metadata.get('grpc-status-details-bin');
-  if (details && details.length) error.statusDetails = Buffer.from(details[0]).toString('base64');
+  error.details = err.details;
+  error.fieldViolations = [];
+  const trailer = err.metadata && err.metadata.get('grpc-status-details-bin');
+  if (trailer && trailer.length) {
+    const status = Status.decode(trailer[0]);
+    for (const any of status.details) {
+      if (any.type_url === 'type.googleapis.com/google.rpc.BadRequest') {
+        for (const v of BadRequest.decode(any.value).field_violations) {
+          error.fieldViolations.push({ field: v.field, description: v.description });
+        }
+      }
+    }
+  }
   return error;
 }
 
@@ -199,13 +243,23 @@ async function main() {
     await call('ReleaseSession', { session_id: session.session_id }, metadata(routing));
   }
   out.quantized_inner_product.released = true;
+
+  // A refused call: an enum number the contract does not define. The status names the
+  // field and lists the values the wire knows.
+  try {
+    await call('Unary', { x: tensor([1, 2], [2], 'DATA_TYPE_FP32'), op: 99 });
+    throw new Error('Unary with op 99 succeeded');
+  } catch (err) {
+    if (err.code !== grpc.status.INVALID_ARGUMENT) throw err;
+    out.invalid_argument = { code: grpc.status[err.code], message: err.details, field_violations: err.fieldViolations };
+  }
   process.stdout.write(`${JSON.stringify(out, null, 2)}\n`);
 }
 
 main()
   .catch((err) => {
     console.error(err.message);
-    if (err.statusDetails) console.error(`grpc-status-details-bin (google.rpc.Status): ${err.statusDetails}`);
+    for (const v of err.fieldViolations || []) console.error(`  field ${v.field}: ${v.description}`);
     process.exitCode = 1;
   })
   .finally(() => client.close());

@@ -87,3 +87,10 @@ def test_node_example_matches_tensorops_native(server, node_modules):
     assert_same_bytes(qip["c"], c, "DATA_TYPE_UINT8")
     assert (qip["session"]["n"], qip["session"]["k"], qip["session"]["max_m"]) == (b.shape[1], b.shape[0], a.shape[0])
     assert qip["released"] is True
+
+    # the error details as a Node.js client decodes them (google.rpc.BadRequest)
+    refused = out["invalid_argument"]
+    assert refused["code"] == "INVALID_ARGUMENT"
+    [violation] = refused["field_violations"]
+    assert violation["field"] == "op"
+    assert "UNARY_OP_EXP (5)" in violation["description"] and violation["description"].endswith("got 99")
