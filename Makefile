@@ -41,8 +41,8 @@ test: $(VENV)/.test-installed promtool node
 	done
 
 # Both ends of the supported protobuf range, each in a throwaway venv: the newest protobuf 7
-# (a fresh install) and the oldest protobuf 6 beside tritonclient[grpc]; pip check, the
-# client tests and one end-to-end file (see .ci/protobuf-range).
+# (a fresh install) and the oldest protobuf 6 and grpcio beside tritonclient[grpc]; pip
+# check, the client and server tests and end-to-end files (see .ci/protobuf-range).
 test-protobuf-range:
 	PYTHON=$(PYTHON) .ci/protobuf-range
 
