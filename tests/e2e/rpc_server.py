@@ -100,7 +100,6 @@ def metric_value(text: str, name: str, **labels) -> float:
     return 0.0
 
 
-
 # A ServerReflectionRequest, encoded by hand: list_services is field 7 (the same numbers in
 # grpc.reflection.v1 and v1alpha).
 LIST_SERVICES = b"\x3a\x00"
