@@ -179,10 +179,23 @@ _PADS = {size: b"" if size == 0 else _tag(_T_PAD, _LEN) + _varint(size - 2) + by
 # paths decode every message the same way: a varint longer than 10 bytes (bits past the
 # 64th are dropped, as protobuf does), a field key longer than 5 bytes or above 32 bits, a
 # field number 0 (except within a group: protobuf skips groups without looking), a length
-# longer than 5 bytes, wire types 6 and 7, an end-group key without its start, and messages
-# and groups nested deeper than _MAX_DEPTH.
+# longer than _MAX_LENGTH_BYTES, wire types 6 and 7, an end-group key without its start,
+# and messages and groups nested deeper than _MAX_DEPTH.
 _SGROUP, _EGROUP = 3, 4
 _MAX_DEPTH = 100
+
+
+def _max_length_bytes() -> int:
+    """The longest length prefix the installed protobuf runtime reads: 5 bytes for protobuf
+    7, any varint (10 bytes) for protobuf 6 (both are supported)."""
+    try:
+        tensor_pb2.Tensor.FromString(b"\x22\x80\x80\x80\x80\x80\x00")  # data, a 6-byte length 0
+    except Exception:  # noqa: BLE001 - google.protobuf.message.DecodeError
+        return 5
+    return 10
+
+
+_MAX_LENGTH_BYTES = _max_length_bytes()
 
 
 def _read_varint(buf, pos: int, end: int) -> tuple[int, int]:
@@ -227,7 +240,7 @@ def _skip_value(buf, pos: int, end: int, wire_type: int) -> tuple[int, int]:
     """(start of the value, end of the field) of a field other than a group."""
     if wire_type == _LEN:
         length, value = _read_varint(buf, pos, end)
-        if value - pos > 5 or length >= 0x7FFFFFFF:
+        if value - pos > _MAX_LENGTH_BYTES or length >= 0x7FFFFFFF:
             raise WireError("message", "malformed length")
         stop = value + length
     elif wire_type == _VARINT:
