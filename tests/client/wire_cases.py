@@ -174,10 +174,11 @@ def _x(body: bytes) -> bytes:
     return field(1, LEN, body)
 
 
-# Protobuf 6 reads a length prefix of any varint length (up to 10 bytes); protobuf 7 refuses
-# one longer than 5 bytes. Both runtimes are supported, and the codec follows the one it
-# runs on.
-_LONG_LENGTHS = int(google.protobuf.__version__.split(".")[0]) < 7
+# Both runtimes are supported, and the codec follows the one it runs on where they differ:
+# protobuf 6 reads a length prefix of any varint length (up to 10 bytes) where protobuf 7
+# refuses one longer than 5 bytes, and refuses a field number 0 within a group, where
+# protobuf 7 skips groups without looking.
+_PROTOBUF_6 = int(google.protobuf.__version__.split(".")[0]) < 7
 
 
 CASES = [
@@ -201,9 +202,9 @@ CASES = [
     ("key above 32 bits", _P.SoftmaxRequest, varint(1 << 32 | 1 << 3 | LEN) + varint(0), False),
     ("largest field number", _P.SoftmaxRequest, field((1 << 29) - 1, VARINT, 1) + _x(_X), True),
     ("5-byte length", _P.SoftmaxRequest, field(1, LEN, _X, len_overlong=4), True),
-    ("6-byte length", _P.SoftmaxRequest, field(1, LEN, _X, len_overlong=5), _LONG_LENGTHS),
-    ("6-byte length in a tensor", _P.SoftmaxRequest, _x(field(4, LEN, bytes(8), len_overlong=5)), _LONG_LENGTHS),
-    ("10-byte length in a tensor", _P.SoftmaxRequest, _x(field(4, LEN, bytes(8), len_overlong=9)), _LONG_LENGTHS),
+    ("6-byte length", _P.SoftmaxRequest, field(1, LEN, _X, len_overlong=5), _PROTOBUF_6),
+    ("6-byte length in a tensor", _P.SoftmaxRequest, _x(field(4, LEN, bytes(8), len_overlong=5)), _PROTOBUF_6),
+    ("10-byte length in a tensor", _P.SoftmaxRequest, _x(field(4, LEN, bytes(8), len_overlong=9)), _PROTOBUF_6),
     ("11-byte length in a tensor", _P.SoftmaxRequest, _x(field(4, LEN, bytes(8), len_overlong=10)), False),
     ("field number 0", _P.SoftmaxRequest, field(0, VARINT, 1), False),
     ("field number 0 in a tensor", _P.SoftmaxRequest, _x(field(0, VARINT, 1)), False),
@@ -212,6 +213,9 @@ CASES = [
     # groups
     ("unknown group", _P.SoftmaxRequest, field(5, SGROUP, field(1, VARINT, 7) + field(2, LEN, b"ab")) + _x(_X), True),
     ("unknown group in a tensor", _P.SoftmaxRequest, _x(field(9, SGROUP, field(4, LEN, b"zz")) + _X), True),
+    ("field number 0 in a group", _P.SoftmaxRequest, field(5, SGROUP, field(0, VARINT, 1)), not _PROTOBUF_6),
+    ("field number 0 in a nested group in a tensor", _P.SoftmaxRequest,
+     _x(field(9, SGROUP, field(8, SGROUP, field(0, VARINT, 1))) + _X), not _PROTOBUF_6),
     ("nested groups", _P.EltwiseRequest, field(9, SGROUP, field(8, SGROUP, field(1, I64, bytes(8))) + field(7, I32, bytes(4))), True),
     ("group with the number of a Tensor field", _P.SoftmaxRequest, field(1, SGROUP, field(2, VARINT, 1)), True),
     ("group with the number of shape", _P.SoftmaxRequest, _x(field(1, SGROUP, field(1, VARINT, 3)) + _X), True),
