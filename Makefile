@@ -13,7 +13,7 @@ PORT ?= 50051
 METRICS_PORT ?= 9100
 SERVE_FLAGS ?=
 
-.PHONY: test test-native test-sanitize fuzz-codec test-deploy serve proto promtool bench bench-rpc clean
+.PHONY: test test-native test-protobuf-range test-sanitize fuzz-codec test-deploy serve proto promtool node bench bench-rpc clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,12 +37,18 @@ $(VENV)/.bench-installed: $(VENV)/bin/python $(SOURCES)
 
 # The whole suite, then the native suite once per ISA level (TENSOROPS_ISA caps the
 # level; a level the CPU lacks runs at the best level below it, as info() reports).
-test: $(VENV)/.test-installed promtool
+test: $(VENV)/.test-installed promtool node
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q tests --ignore=tests/deploy
 	@for isa in avx2 scalar; do \
 		echo "== native suite at TENSOROPS_ISA=$$isa =="; \
 		TENSOROPS_ISA=$$isa $(PY) -m pytest -q tests/native || exit 1; \
 	done
+
+# Both ends of the supported protobuf range, each in a throwaway venv: the newest protobuf 7
+# (a fresh install) and the oldest protobuf 6 and grpcio beside tritonclient[grpc]; pip
+# check, the client and server tests and end-to-end files (see .ci/protobuf-range).
+test-protobuf-range:
+	PYTHON=$(PYTHON) .ci/protobuf-range
 
 # The native suite once per ISA level with the extension built under AddressSanitizer and
 # UndefinedBehaviorSanitizer (TENSOROPS_SANITIZE=1, see native/build_ffi.py), in its own
@@ -129,6 +135,16 @@ promtool: $(VENV)/bin/python
 		dpkg-deb -x prometheus_*.deb root && cp root/usr/bin/promtool $(abspath $(VENV))/bin/promtool; \
 		rm -rf $$dir; \
 		[ -x $(abspath $(VENV))/bin/promtool ] || echo "promtool unavailable: the metrics format check will be skipped"; \
+	}
+
+# Node.js and npm run the Node.js example against a live server (tests/e2e/test_node_example.py,
+# which fails without them): Debian's nodejs and npm packages when they are missing.
+node:
+	@command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || { \
+		echo "installing Node.js and npm (Debian packages nodejs, npm)"; \
+		{ [ "$$(id -u)" = 0 ] && apt-get update -q >/dev/null && \
+		  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nodejs npm >/dev/null; } || \
+		echo "could not install nodejs and npm (needs root and apt): tests/e2e/test_node_example.py will fail"; \
 	}
 
 bench: $(VENV)/.bench-installed

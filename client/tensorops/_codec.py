@@ -178,11 +178,28 @@ _PADS = {size: b"" if size == 0 else _tag(_T_PAD, _LEN) + _varint(size - 2) + by
 # What the protobuf runtime (upb) refuses, the in-place decoder refuses too, so that both
 # paths decode every message the same way: a varint longer than 10 bytes (bits past the
 # 64th are dropped, as protobuf does), a field key longer than 5 bytes or above 32 bits, a
-# field number 0 (except within a group: protobuf skips groups without looking), a length
-# longer than 5 bytes, wire types 6 and 7, an end-group key without its start, and messages
+# field number 0 (within a group only if _ZERO_IN_GROUPS), a length longer than
+# _MAX_LENGTH_BYTES, wire types 6 and 7, an end-group key without its start, and messages
 # and groups nested deeper than _MAX_DEPTH.
 _SGROUP, _EGROUP = 3, 4
 _MAX_DEPTH = 100
+
+
+def _runtime_reads(raw: bytes) -> bool:
+    """Whether the installed protobuf runtime parses `raw` as a Tensor. Protobuf 6 and 7
+    (both supported) differ on two points the in-place decoder must follow."""
+    try:
+        tensor_pb2.Tensor.FromString(raw)
+    except Exception:  # noqa: BLE001 - google.protobuf.message.DecodeError
+        return False
+    return True
+
+
+# The longest length prefix: 5 bytes under protobuf 7, any varint (10 bytes) under protobuf 6.
+_MAX_LENGTH_BYTES = 10 if _runtime_reads(b"\x22\x80\x80\x80\x80\x80\x00") else 5  # data: a 6-byte length 0
+# A field number 0 within a group: protobuf 7 skips groups without looking, protobuf 6
+# refuses it.
+_ZERO_IN_GROUPS = _runtime_reads(b"\x2b\x00\x00\x2c")  # group 5 holding field 0 (varint 0)
 
 
 def _read_varint(buf, pos: int, end: int) -> tuple[int, int]:
@@ -227,7 +244,7 @@ def _skip_value(buf, pos: int, end: int, wire_type: int) -> tuple[int, int]:
     """(start of the value, end of the field) of a field other than a group."""
     if wire_type == _LEN:
         length, value = _read_varint(buf, pos, end)
-        if value - pos > 5 or length >= 0x7FFFFFFF:
+        if value - pos > _MAX_LENGTH_BYTES or length >= 0x7FFFFFFF:
             raise WireError("message", "malformed length")
         stop = value + length
     elif wire_type == _VARINT:
@@ -255,6 +272,8 @@ def _skip_group(buf, pos: int, end: int, number: int, depth: int) -> int:
         if pos >= end:
             raise WireError("message", "truncated message")
         number, wire_type, pos = _read_key(buf, pos, end)
+        if not number and not _ZERO_IN_GROUPS:
+            raise WireError("message", "field number 0")
         if wire_type == _SGROUP:
             open_groups.append(number)
         elif wire_type == _EGROUP:

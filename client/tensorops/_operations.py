@@ -1,4 +1,4 @@
-"""The operations with the names and arguments of API.md, shared by every client.
+"""The operations with the names and arguments of tensorops_native, shared by every client.
 
 A client class supplies `_call(name, arguments, timeout, metadata)` (which runs the
 operation: remotely, or in-process for LocalClient; the async client returns an awaitable)

@@ -3,7 +3,7 @@ become a request message (and a response message becomes the result).
 
 Shared by the client and the server. The mapping is generic: a request field has the name
 of the Python argument it carries. Tensor fields hold arrays; enum fields hold the names
-of API.md ("exp", "sum", "split"); optional scalar fields left unset mean the argument's
+of the Python API ("exp", "sum", "split"); optional scalar fields left unset mean the argument's
 default; the `format` argument travels as the Format of the operation's image tensors.
 """
 from __future__ import annotations
@@ -130,7 +130,7 @@ def _normalize_arguments(arguments: dict) -> dict:
     return args
 
 
-# The stateless operations, in API.md's order.
+# The stateless operations, in the order of the README's table.
 OPERATIONS = {op.name: op for op in (
     Operation("normalize_l2", "NormalizeL2", layout=("x",)),
     Operation("layer_norm_channels", "LayerNormChannels", layout=("x",)),
@@ -153,7 +153,7 @@ FORWARD_SESSION = Operation("QuantizedInnerProduct.forward", "QuantizedInnerProd
 
 
 # ---------------------------------------------------------------------------------------
-# Enumerations: proto enum <-> the names (and Simd integer values) of API.md
+# Enumerations: proto enum <-> the names (and Simd integer values) of the Python API
 
 def _enum_prefix(enum_descriptor) -> str:
     unspecified = enum_descriptor.values_by_number[0].name
@@ -193,6 +193,19 @@ def decode_enum(enum_descriptor, number: int) -> str | None:
     """The API name of a wire number; None for UNSPECIFIED or a number this side does not
     know (the operation then reports the argument as missing or invalid)."""
     return enum_names(enum_descriptor).get(number)
+
+
+def wire_choices(enum_descriptor, *, unspecified: bool = False) -> str:
+    """The values of a proto enum as the wire knows them, for messages sent to callers of
+    any language: "UNARY_OP_ABS (1), UNARY_OP_CEIL (2), ..." (without UNSPECIFIED unless
+    asked)."""
+    return ", ".join(f"{v.name} ({v.number})" for v in enum_descriptor.values if unspecified or v.number)
+
+
+def wire_value(enum_descriptor, number: int) -> str:
+    """A received enum number as a message shows it: "0 (UNARY_OP_UNSPECIFIED)" or "99"."""
+    value = enum_descriptor.values_by_number.get(number)
+    return f"{number} ({value.name})" if value is not None else str(number)
 
 
 def encode_format(value) -> int:

@@ -46,8 +46,9 @@ _TYPE_CODES = {"float32": 0, "bfloat16": 7, "float16": 8}
 _SHORT_SEGMENT = 16           # segments shorter than this are worth expanding the parameters for
 _SMALL_EXPANSION = 1 << 16    # ... when the expanded parameter has at most this many values
 
-# DirectML's fused activations (API.md order; the value is TnActivationType). Each parameter
-# has DirectML's typical default, or None where DirectML documents none (then it is required).
+# DirectML's fused activations (the wire's Activation enum numbers them in this order from
+# 1; the value is TnActivationType). Each parameter has DirectML's typical default, or None
+# where DirectML documents none (then it is required).
 ACTIVATIONS = {
     "identity": (0, ()),
     "linear": (1, (("alpha", None), ("beta", None))),

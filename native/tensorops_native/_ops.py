@@ -182,16 +182,16 @@ def shuffle(x0, x1, *, type, format="nchw", channels=None):
         raise ck.ArgumentError("x1", f"expected spatial dimensions {_spatial_shape(x0.shape, fmt)} like x0, got shape {x1.shape}")
     if kind == 0:
         if channels is not None:
-            raise ck.ArgumentError("channels", "only type 1 (interleave) takes output channel counts")
+            raise ck.ArgumentError("channels", "only type 'interleave' takes output channel counts")
         for name, c in (("x0", c0), ("x1", c1)):
             if c % 2:
-                raise ck.ArgumentError(name, f"type 0 needs an even channel count, got {c}")
+                raise ck.ArgumentError(name, f"type 'split' needs an even channel count, got {c}")
         channels0, channels1 = c0, c1
         half = (c0 + c1) // 2
         out0 = out1 = _with_channels(x0.shape, fmt, half)
     else:
         if c0 != c1:
-            raise ck.ArgumentError("x1", f"type 1 needs inputs with equal channel counts, got {c0} and {c1}")
+            raise ck.ArgumentError("x1", f"type 'interleave' needs inputs with equal channel counts, got {c0} and {c1}")
         total = 2 * c0
         if channels is None:
             channels0 = channels1 = c0
@@ -205,7 +205,7 @@ def shuffle(x0, x1, *, type, format="nchw", channels=None):
                 raise ck.ArgumentError("channels", f"must add up to {total} (twice the input channels), got {channels0} + {channels1}")
         for name, c in (("channels[0]", channels0), ("channels[1]", channels1)):
             if c % 2:
-                raise ck.ArgumentError(name, f"type 1 needs even output channel counts, got {c}")
+                raise ck.ArgumentError(name, f"type 'interleave' needs even output channel counts, got {c}")
         out0 = _with_channels(x0.shape, fmt, channels0)
         out1 = _with_channels(x0.shape, fmt, channels1)
     y0, y1 = np.empty(out0, np.float32), np.empty(out1, np.float32)

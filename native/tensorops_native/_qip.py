@@ -4,7 +4,7 @@
 validated and packed once, then ``forward`` runs for any number of rows. The one-shot
 ``quantized_inner_product`` creates a context that takes B with the call (constB = false).
 
-Semantics (KERNELS.md): with int32 sums acc = A x B,
+Semantics: with int32 sums acc = A x B,
     bias'[j] = (bias[j] or 0) - a_zero * sum_k B[k, j]
     norm[j]  = (a_scale * b_scale[j]) / c_scale                 (float32)
     C[i, j]  = clip(rint(float32(acc[i, j] + bias'[j]) * norm[j]) + c_zero, 0, 255)

@@ -9,16 +9,21 @@ request's fields are the function's arguments by name:
   wire form: dtype, shape, payload length, size limit);
 - enum fields become the API names ("exp", "sum", "split");
 - an unset optional field, an UNSPECIFIED enum or an empty repeated field means "not
-  given": the argument is left out when the function has a default, else passed as None so
-  that the function's own validation names it;
-- the Format of the operation's image tensors becomes its `format` argument.
+  given": the argument is left out when the function has a default, and refused as
+  missing (INVALID_ARGUMENT naming the field) when it has none;
+- the Format of the operation's image tensors becomes its `format` argument; any other
+  tensor with a format is refused.
 
-Nothing here checks what an operation accepts: tensorops_native does, and its
-ArgumentError / ArgumentTypeError become INVALID_ARGUMENT naming the argument.
+Messages about the wire form speak the wire's language, whatever the caller's: enum values
+by their proto names and numbers ("UNARY_OP_EXP (5)"), never the Python API's positions,
+and never the text of a NumPy or protobuf exception. What an operation accepts beyond that
+is tensorops_native's business: its ArgumentError / ArgumentTypeError become
+INVALID_ARGUMENT naming the argument.
 """
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Any, Callable
@@ -65,10 +70,22 @@ class Entry:
 
 _TENSOR, _TENSORS, _ENUM, _REPEATED, _OPTIONAL, _PLAIN = range(6)
 
+_DTYPE_ENUM = tensor_pb2.DataType.DESCRIPTOR
+_FORMAT_ENUM = tensor_pb2.Format.DESCRIPTOR
+# Bytes per element of each wire dtype (BF16: the 2 high bytes of the float32).
+ITEMSIZE = {
+    tensor_pb2.DATA_TYPE_FP32: 4, tensor_pb2.DATA_TYPE_BF16: 2, tensor_pb2.DATA_TYPE_FP16: 2,
+    tensor_pb2.DATA_TYPE_UINT8: 1, tensor_pb2.DATA_TYPE_INT8: 1, tensor_pb2.DATA_TYPE_INT32: 4,
+    tensor_pb2.DATA_TYPE_FP64: 8, tensor_pb2.DATA_TYPE_INT64: 8,
+}
+# The largest array NumPy can describe: the product of its non-zero dimensions times the
+# element size fits in a signed 64-bit integer (even when another dimension is 0).
+MAX_DESCRIBED_BYTES = 2**63 - 1
+
 
 @lru_cache(maxsize=None)
 def _plan(message_class) -> tuple:
-    """How each field of a request message becomes an argument: (name, kind, enum names)."""
+    """How each field of a request message becomes an argument: (name, kind, enum descriptor)."""
     codec = _codec.MessageCodec(message_class)
     plan = []
     for f in message_class.DESCRIPTOR.fields:
@@ -80,35 +97,91 @@ def _plan(message_class) -> tuple:
             kind = _REPEATED
         else:
             kind = _OPTIONAL if f.has_presence else _PLAIN
-        plan.append((f.name, kind, _wire.enum_names(f.enum_type) if kind == _ENUM else None))
+        plan.append((f.name, kind, f.enum_type if kind == _ENUM else None))
     return tuple(plan)
+
+
+def missing(name: str, tensor: bool = False) -> errors.Failure:
+    what = "tensor" if tensor else "field"
+    return errors.invalid(name, f"required {what} `{name}` is missing")
+
+
+def enum_argument(enum, number: int, name: str, required: bool) -> str | None:
+    """The API name of a received enum number; None for UNSPECIFIED when the argument has a
+    default. INVALID_ARGUMENT, in the wire's terms, for a number the enum does not define
+    and for UNSPECIFIED when the argument is required."""
+    value = _wire.enum_names(enum).get(number)
+    if value is None and (number or required):
+        prefix = "required: " if not number else ""
+        raise errors.invalid(name, f"{prefix}expected one of {_wire.wire_choices(enum)}, "
+                                   f"got {_wire.wire_value(enum, number)}")
+    return value
+
+
+def tensor_argument(op: _wire.Operation, wire: _codec.WireTensor, name: str, max_tensor_bytes: int | None,
+                    image: bool) -> Any:
+    """A received tensor as an array, after the checks whose failures the codec would word
+    in NumPy's terms or without the wire's enum numbers."""
+    if wire.format and not image:
+        fmt = _wire.wire_value(_FORMAT_ENUM, wire.format)
+        if op.layout:
+            several = len(op.layout) > 1
+            reason = (f"only the image tensor{'s' if several else ''} {' and '.join(op.layout)} of {op.rpc} "
+                      f"carr{'y' if several else 'ies'} a format")
+        else:
+            reason = f"{op.rpc} has no layout"
+        raise errors.invalid(f"{name}.format", f"{reason}: leave it unset (FORMAT_UNSPECIFIED), got {fmt}")
+    itemsize = ITEMSIZE.get(wire.dtype)
+    if itemsize is None:
+        raise errors.invalid(f"{name}.dtype", f"expected one of {_wire.wire_choices(_DTYPE_ENUM)}, "
+                                             f"got {_wire.wire_value(_DTYPE_ENUM, wire.dtype)}")
+    shape = wire.shape
+    # Without a 0 dimension the payload's length bounds the size; negative dimensions and
+    # too many of them are the codec's to name.
+    if 0 in shape and len(shape) <= _codec.MAX_NDIM and min(shape) >= 0:
+        if math.prod(filter(None, shape)) * itemsize > MAX_DESCRIBED_BYTES:
+            raise errors.invalid(f"{name}.shape", f"the tensor has too many elements: {list(shape)} of "
+                                 f"{_DTYPE_ENUM.values_by_number[wire.dtype].name} describes more than 2**63 - 1 "
+                                 "bytes (counting the non-zero dimensions, even when another one is 0)")
+    try:
+        return _codec.to_array(wire, name, max_bytes=max_tensor_bytes)
+    except _codec.WireError as exc:
+        raise errors.from_wire(exc) from None
 
 
 def native_arguments(op: _wire.Operation, decoded: _codec.Decoded, max_tensor_bytes: int | None,
                      defaults: frozenset[str] = frozenset(), skip: tuple[str, ...] = ()) -> dict:
+    """The native keyword arguments of a request. A field left unset whose argument has no
+    default (is not in `defaults`) is refused as missing."""
     message, tensors = decoded.message, decoded.tensors
     kwargs: dict[str, Any] = {}
-    for name, kind, names in _plan(op.request_class):
+    for name, kind, enum in _plan(op.request_class):
         if name in skip:
             continue
-        try:
-            if kind == _TENSOR:
-                wire = tensors.get(name)
-                value = None if wire is None else _codec.to_array(wire, name, max_bytes=max_tensor_bytes)
-            elif kind == _TENSORS:
-                value = [_codec.to_array(t, f"{name}[{i}]", max_bytes=max_tensor_bytes)
-                         for i, t in enumerate(tensors[name])]
-            elif kind == _ENUM:
-                value = names.get(getattr(message, name))  # UNSPECIFIED or unknown: not given
-            elif kind == _REPEATED:
-                value = list(getattr(message, name)) or None
-            elif kind == _OPTIONAL:
-                value = getattr(message, name) if message.HasField(name) else None
-            else:
-                value = getattr(message, name)
-        except _codec.WireError as exc:
-            raise errors.from_wire(exc) from None
-        if value is None and name in defaults:
+        required = name not in defaults
+        if kind == _TENSOR:
+            wire = tensors.get(name)
+            if wire is None:
+                if required:
+                    raise missing(name, tensor=True)
+                continue
+            value = tensor_argument(op, wire, name, max_tensor_bytes, name in op.layout)
+        elif kind == _TENSORS:
+            value = [tensor_argument(op, t, f"{name}[{i}]", max_tensor_bytes, name in op.layout)
+                     for i, t in enumerate(tensors[name])]
+        elif kind == _ENUM:
+            value = enum_argument(enum, getattr(message, name), name, required)
+        elif kind == _REPEATED:
+            value = list(getattr(message, name)) or None
+            if value is None and required:
+                raise errors.invalid(name, f"required field `{name}` is missing (it takes at least one value)")
+        elif kind == _OPTIONAL:
+            value = getattr(message, name) if message.HasField(name) else None
+            if value is None and required:
+                raise missing(name)
+        else:
+            value = getattr(message, name)
+        if value is None:
             continue
         kwargs[name] = value
     return kwargs
@@ -122,7 +195,8 @@ def request_format(op: _wire.Operation, decoded: _codec.Decoded) -> int:
         if wire is None or not wire.format:
             continue
         if wire.format not in _codec.FORMAT_NAMES:
-            raise errors.invalid(f"{name}.format", f"unknown format {wire.format}")
+            raise errors.invalid(f"{name}.format", f"expected one of {_wire.wire_choices(_FORMAT_ENUM, unspecified=True)}, "
+                                                   f"got {_wire.wire_value(_FORMAT_ENUM, wire.format)}")
         if fmt and wire.format != fmt:
             raise errors.invalid(f"{name}.format", f"{tensor_pb2.Format.Name(wire.format)} differs from "
                                  f"{source}.format {tensor_pb2.Format.Name(fmt)}")
@@ -131,12 +205,12 @@ def request_format(op: _wire.Operation, decoded: _codec.Decoded) -> int:
 
 
 def _normalize_arguments(kwargs: dict) -> dict:
-    """normalize(): the FusedActivation message becomes (name, *parameters); an activation
-    number this side does not know keeps a name that the operation refuses, naming it."""
+    """normalize(): the FusedActivation message becomes (name, *parameters)."""
     activation = kwargs.get("activation")
     if activation is not None:
-        name = _wire.decode_enum(activation.DESCRIPTOR.fields_by_name["type"].enum_type, activation.type)
-        kwargs["activation"] = (name or f"<activation number {activation.type}>", *activation.params)
+        enum = activation.DESCRIPTOR.fields_by_name["type"].enum_type
+        name = enum_argument(enum, activation.type, "activation.type", required=True)
+        kwargs["activation"] = (name, *activation.params)
     return kwargs
 
 

@@ -1,5 +1,5 @@
-"""The server process: a grpc.aio server with the TensorOps service, health and reflection,
-the session store and its sweeper, and the Prometheus endpoint.
+"""The server process: a grpc.aio server with the TensorOps service, health and reflection
+(v1 and v1alpha), the session store and its sweeper, and the Prometheus endpoint.
 
 The asyncio event loop runs on a thread of its own, so the server is started and stopped
 with plain calls (`start()`, `stop()`) from the command line or from a test."""
@@ -12,18 +12,17 @@ import threading
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
 
 import tensorops_native
 from tensorops import _wire
 
-from . import optable, tls
+from . import optable, reflection, tls
 from .auth import Authenticator
 from .config import Config
 from .execution import Executor
 from .logs import LOGGER, fields
 from .metrics import Metrics
-from .service import Service
+from .service import Service, add_handlers
 from .sessions import SessionStore, Sweeper
 
 log = logging.getLogger(LOGGER)
@@ -107,13 +106,12 @@ class TensorOpsServer:
                      # streams one connection may open at once (HTTP/2 SETTINGS)
                      ("grpc.max_concurrent_streams", 2 * c.max_pending_requests),
                      *connection_age_options(c)])
-        server.add_registered_method_handlers(_wire.SERVICE_NAME, self.service.handlers())
+        add_handlers(server, _wire.SERVICE_NAME, self.service.handlers())
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         if c.reflection:
-            reflection.enable_server_reflection(
-                (_wire.SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                 reflection.SERVICE_NAME), server)
+            reflection.enable((_wire.SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name),
+                              server)
         self.tls = tls.from_config(c)  # TLSConfigError (an OSError) when the files are not usable
         try:
             if self.tls is None:

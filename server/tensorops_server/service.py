@@ -22,7 +22,7 @@ import numpy as np
 
 import tensorops_native
 from tensorops import _codec, _wire
-from tensorops.v1 import tensorops_pb2
+from tensorops.v1 import tensor_pb2, tensorops_pb2
 
 from . import errors, optable
 from .batching import ForwardBatcher
@@ -49,12 +49,28 @@ class Incoming:
 
 
 def deserializer(codec: _codec.MessageCodec) -> Callable[[bytes], Incoming]:
+    name = codec.message_class.DESCRIPTOR.full_name
+
     def decode(raw: bytes) -> Incoming:
         try:
             return Incoming(codec.decode(raw), None, len(raw))
         except _codec.WireError as exc:  # reported by the handler as INVALID_ARGUMENT
+            if exc.field == "message" and exc.message.startswith("cannot parse"):  # the protobuf runtime's words
+                exc = _codec.WireError("message", f"the request is not a valid {name} message in the "
+                                       "protobuf binary encoding")
             return Incoming(None, exc, len(raw))
     return decode
+
+
+def add_handlers(server: grpc.aio.Server, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+    """Serve `handlers` (method name -> handler) as `service`: the one way the server adds
+    its handlers (the TensorOps handlers of Service.handlers(), each an Instrumented
+    stream-unary handler, and reflection's). The same handler objects are registered by
+    method and also offered through a generic handler, as grpcio's generated code does:
+    the asyncio server of grpcio 1.81 (the oldest release supported) never consults
+    registered handlers, so without the generic one every call would be UNIMPLEMENTED."""
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+    server.add_registered_method_handlers(service, handlers)
 
 
 class Instrumented:
@@ -202,10 +218,15 @@ class Service:
         # The one-shot quantized inner product can cost far more than its bytes (M x N x K):
         # never on the event loop.
         always_offload = entry.name == "quantized_inner_product"
+        # channel_sum's result, (batch, channels) fp32, can outgrow its input by far when the
+        # spatial size is 0: checked before it is allocated.
+        check_sums = entry.name == "channel_sum"
         executor = self.executor
 
         def compute(decoded: _codec.Decoded, call: CallState) -> bytes:
             kwargs, fmt = entry.arguments(decoded, self.config.max_tensor_bytes)
+            if check_sums:
+                self._check_channel_sum(kwargs, fmt)
             if always_offload:
                 result = self._run_quantized_inner_product(timer, call, entry.native, kwargs)
             else:
@@ -217,6 +238,15 @@ class Service:
                 return compute(decoded, call)
             return await executor.offload(call, compute, decoded, call)
         return behavior
+
+    def _check_channel_sum(self, kwargs: dict, fmt: int) -> None:
+        x = kwargs["x"]
+        if x.ndim >= 2:  # else the operation names x
+            channels = x.shape[-1] if fmt == tensor_pb2.FORMAT_NHWC else x.shape[1]
+            size = x.shape[0] * channels * 4
+            if size > self.result_limit:
+                raise errors.exhausted(f"the result of {x.shape[0]} x {channels} fp32 sums = {size} bytes would "
+                                       f"exceed the limit of {self.result_limit} bytes", field="x")
 
     def _run_quantized_inner_product(self, timer, call: CallState, native, kwargs: dict):
         """The one-shot product, its result size checked first and long work split into
@@ -246,13 +276,9 @@ class Service:
 
     async def forward_session(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
         op = _wire.FORWARD_SESSION
-        kwargs = optable.native_arguments(op, decoded, self.config.max_tensor_bytes, skip=("session_id",))
-        a = kwargs.get("a")
         with self.store.use(decoded.message.session_id, call.identity, forward=True) as session:
-            if a is None:  # the context names the missing argument
-                result = self._run(self._timer("quantized_inner_product_forward"), call, session.context.forward, a)
-            else:
-                result = await self.batcher.forward(session, a, call)
+            kwargs = optable.native_arguments(op, decoded, self.config.max_tensor_bytes, skip=("session_id",))
+            result = await self.batcher.forward(session, kwargs["a"], call)
         return self._encode(op, result, 0)
 
     async def describe_session(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:

@@ -14,6 +14,7 @@ over-64-bit varints, groups, wrong wire types), and the hand-written cases.
 """
 from __future__ import annotations
 
+import google.protobuf
 from google.protobuf.message import DecodeError
 
 from tensorops import _codec
@@ -173,6 +174,13 @@ def _x(body: bytes) -> bytes:
     return field(1, LEN, body)
 
 
+# Both runtimes are supported, and the codec follows the one it runs on where they differ:
+# protobuf 6 reads a length prefix of any varint length (up to 10 bytes) where protobuf 7
+# refuses one longer than 5 bytes, and refuses a field number 0 within a group, where
+# protobuf 7 skips groups without looking.
+_PROTOBUF_6 = int(google.protobuf.__version__.split(".")[0]) < 7
+
+
 CASES = [
     # enums: protobuf keeps the low 32 bits of the varint (int32)
     ("dtype 2**32 + 1 is FP32", _P.SoftmaxRequest, _x(tensor(shape=[2], dtype=2**32 + 1, data=bytes(8))), True),
@@ -194,8 +202,10 @@ CASES = [
     ("key above 32 bits", _P.SoftmaxRequest, varint(1 << 32 | 1 << 3 | LEN) + varint(0), False),
     ("largest field number", _P.SoftmaxRequest, field((1 << 29) - 1, VARINT, 1) + _x(_X), True),
     ("5-byte length", _P.SoftmaxRequest, field(1, LEN, _X, len_overlong=4), True),
-    ("6-byte length", _P.SoftmaxRequest, field(1, LEN, _X, len_overlong=5), False),
-    ("6-byte length in a tensor", _P.SoftmaxRequest, _x(field(4, LEN, bytes(8), len_overlong=5)), False),
+    ("6-byte length", _P.SoftmaxRequest, field(1, LEN, _X, len_overlong=5), _PROTOBUF_6),
+    ("6-byte length in a tensor", _P.SoftmaxRequest, _x(field(4, LEN, bytes(8), len_overlong=5)), _PROTOBUF_6),
+    ("10-byte length in a tensor", _P.SoftmaxRequest, _x(field(4, LEN, bytes(8), len_overlong=9)), _PROTOBUF_6),
+    ("11-byte length in a tensor", _P.SoftmaxRequest, _x(field(4, LEN, bytes(8), len_overlong=10)), False),
     ("field number 0", _P.SoftmaxRequest, field(0, VARINT, 1), False),
     ("field number 0 in a tensor", _P.SoftmaxRequest, _x(field(0, VARINT, 1)), False),
     ("wire type 6", _P.SoftmaxRequest, key(5, 6), False),
@@ -203,6 +213,9 @@ CASES = [
     # groups
     ("unknown group", _P.SoftmaxRequest, field(5, SGROUP, field(1, VARINT, 7) + field(2, LEN, b"ab")) + _x(_X), True),
     ("unknown group in a tensor", _P.SoftmaxRequest, _x(field(9, SGROUP, field(4, LEN, b"zz")) + _X), True),
+    ("field number 0 in a group", _P.SoftmaxRequest, field(5, SGROUP, field(0, VARINT, 1)), not _PROTOBUF_6),
+    ("field number 0 in a nested group in a tensor", _P.SoftmaxRequest,
+     _x(field(9, SGROUP, field(8, SGROUP, field(0, VARINT, 1))) + _X), not _PROTOBUF_6),
     ("nested groups", _P.EltwiseRequest, field(9, SGROUP, field(8, SGROUP, field(1, I64, bytes(8))) + field(7, I32, bytes(4))), True),
     ("group with the number of a Tensor field", _P.SoftmaxRequest, field(1, SGROUP, field(2, VARINT, 1)), True),
     ("group with the number of shape", _P.SoftmaxRequest, _x(field(1, SGROUP, field(1, VARINT, 3)) + _X), True),

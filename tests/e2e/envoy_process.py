@@ -11,6 +11,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import tensorops
+
 REPO = Path(__file__).resolve().parents[2]
 RENDER = REPO / "deploy" / "render-envoy.py"
 CLUSTER = "tensorops"
@@ -146,3 +148,14 @@ class EnvoyProcess:
                 proc.kill()
                 proc.wait()
 
+
+
+def wait_every_replica_answers(target: str, names, timeout: float = 10.0) -> None:
+    """Envoy's workers take up a host a moment after its health check passed (the admin
+    interface already calls it healthy): call until every replica (by its instance name)
+    has answered."""
+    seen, deadline = set(), time.monotonic() + timeout
+    with tensorops.Client(target, timeout=10) as c:
+        while seen != set(names):
+            assert time.monotonic() < deadline, f"only {sorted(seen)} answered through the balancer"
+            seen.add(c.info()["instance"])

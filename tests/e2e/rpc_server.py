@@ -1,4 +1,5 @@
-"""A real `tensorops-server` in a subprocess on an ephemeral loopback port."""
+"""A real `tensorops-server` in a subprocess on an ephemeral loopback port, and helpers to
+read its metrics and call its reflection service."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,9 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+
+import grpc
+from grpc_reflection.v1alpha import reflection_pb2
 
 
 class ServerProcess:
@@ -95,3 +99,16 @@ def metric_value(text: str, name: str, **labels) -> float:
             return float(value)
     return 0.0
 
+
+# A ServerReflectionRequest, encoded by hand: list_services is field 7 (the same numbers in
+# grpc.reflection.v1 and v1alpha).
+LIST_SERVICES = b"\x3a\x00"
+
+
+def reflection_call(target: str, service: str, requests: list[bytes]) -> list:
+    """Raw ServerReflectionInfo exchange on `service`: request bytes built by the caller,
+    responses parsed as v1alpha messages (v1 is wire-identical)."""
+    with grpc.insecure_channel(target) as channel:
+        call = channel.stream_stream(f"/{service}/ServerReflectionInfo")
+        raw = list(call(iter(requests), timeout=10))
+    return [reflection_pb2.ServerReflectionResponse.FromString(r) for r in raw]

@@ -14,7 +14,7 @@ import pytest
 
 import tensorops
 import tensorops_native as tn
-from envoy_process import EnvoyProcess, envoy_binary
+from envoy_process import EnvoyProcess, envoy_binary, wait_every_replica_answers
 from rpc_cases import qip_problem
 from rpc_load import Load
 from rpc_server import ServerProcess, metric_value
@@ -43,22 +43,12 @@ def replicas(tmp_path_factory):
             replica.kill()
 
 
-def wait_every_replica_answers(target: str, timeout: float = 10.0) -> None:
-    """Envoy's workers take up a host a moment after its health check passed (the admin
-    interface already calls it healthy): call until every replica has answered."""
-    seen, deadline = set(), time.monotonic() + timeout
-    with tensorops.Client(target, timeout=10) as c:
-        while seen != set(NAMES):
-            assert time.monotonic() < deadline, f"only {sorted(seen)} answered through the balancer"
-            seen.add(c.info()["instance"])
-
-
 @pytest.fixture(scope="module")
 def balancer(replicas, tmp_path_factory):
     envoy = EnvoyProcess(tmp_path_factory.mktemp("envoy"), [r.port for r in replicas])
     try:
         envoy.start()
-        wait_every_replica_answers(envoy.target)
+        wait_every_replica_answers(envoy.target, NAMES)
         yield envoy
     finally:
         envoy.stop()
@@ -72,7 +62,7 @@ def healthy_afterwards(replicas, balancer):
         if replica.proc.poll() is not None:
             replica.start(port=replica.port)
     balancer.wait_healthy([r.port for r in replicas])
-    wait_every_replica_answers(balancer.target)
+    wait_every_replica_answers(balancer.target, NAMES)
 
 
 @pytest.fixture(scope="module")

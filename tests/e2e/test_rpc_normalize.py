@@ -124,8 +124,8 @@ def wire(arr):
 @pytest.mark.parametrize("request_,field", [
     (pb.NormalizeRequest(x=wire(X)), "axes"),                                   # axes missing
     (pb.NormalizeRequest(axes=[1]), "x"),                                       # x missing
-    (pb.NormalizeRequest(x=wire(X), axes=[1], activation=pb.FusedActivation()), "activation"),   # type unset
-    (pb.NormalizeRequest(x=wire(X), axes=[1], activation=pb.FusedActivation(type=99)), "activation"),
+    (pb.NormalizeRequest(x=wire(X), axes=[1], activation=pb.FusedActivation()), "activation.type"),   # unset
+    (pb.NormalizeRequest(x=wire(X), axes=[1], activation=pb.FusedActivation(type=99)), "activation.type"),
     (pb.NormalizeRequest(x=wire(X), axes=[1], activation=pb.FusedActivation(type=pb.ACTIVATION_RELU, params=[1.0])),
      "activation"),
 ])

@@ -10,12 +10,11 @@ import grpc
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 import tensorops
 import tensorops_native as tn
 from tensorops import _wire
-from rpc_server import metric_value
+from rpc_server import LIST_SERVICES, metric_value, reflection_call
 
 
 def test_health_serving(server):
@@ -29,20 +28,53 @@ def test_health_serving(server):
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-def test_reflection_lists_and_describes_the_service(server):
-    with grpc.insecure_channel(server.target) as channel:
-        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
-        requests = [reflection_pb2.ServerReflectionRequest(list_services=""),
-                    reflection_pb2.ServerReflectionRequest(file_containing_symbol="tensorops.v1.TensorOps")]
-        responses = list(stub.ServerReflectionInfo(iter(requests), timeout=10))
-    names = {s.name for s in responses[0].list_services_response.service}
-    assert {"tensorops.v1.TensorOps", "grpc.health.v1.Health",
-            "grpc.reflection.v1alpha.ServerReflection"} <= names
-    files = responses[1].file_descriptor_response.file_descriptor_proto
+def file_protos(response) -> list:
     from google.protobuf import descriptor_pb2
-    protos = [descriptor_pb2.FileDescriptorProto.FromString(f) for f in files]
-    service = next(p for p in protos if p.name == "tensorops/v1/tensorops.proto").service[0]
-    assert {m.name for m in service.method} >= {"Softmax", "CreateQuantizedInnerProduct", "GetServerInfo"}
+    return [descriptor_pb2.FileDescriptorProto.FromString(f)
+            for f in response.file_descriptor_response.file_descriptor_proto]
+
+
+def containing_symbol(symbol: str) -> bytes:
+    """A ServerReflectionRequest, encoded by hand: file_containing_symbol is field 4."""
+    return b"\x22" + bytes([len(symbol)]) + symbol.encode()
+
+
+@pytest.mark.parametrize("service", ["grpc.reflection.v1.ServerReflection",
+                                     "grpc.reflection.v1alpha.ServerReflection"])
+def test_reflection_lists_and_describes_the_service(server, service):
+    responses = reflection_call(server.target, service,
+                                [LIST_SERVICES, containing_symbol("tensorops.v1.TensorOps")])
+    names = {s.name for s in responses[0].list_services_response.service}
+    assert {"tensorops.v1.TensorOps", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
+            "grpc.reflection.v1alpha.ServerReflection"} <= names
+    protos = file_protos(responses[1])
+    service_proto = next(p for p in protos if p.name == "tensorops/v1/tensorops.proto").service[0]
+    assert {m.name for m in service_proto.method} >= {"Softmax", "CreateQuantizedInnerProduct", "GetServerInfo"}
+    assert {p.name for p in protos} >= {"tensorops/v1/tensor.proto"}  # and its dependency
+
+
+def test_reflection_v1_describes_itself_like_v1alpha(server):
+    """Tools that list and then describe every service (grpcurl describe) find v1 too: its
+    descriptor is v1alpha's under the v1 package, with the same field numbers."""
+    [v1] = file_protos(reflection_call(server.target, "grpc.reflection.v1.ServerReflection",
+                                       [containing_symbol("grpc.reflection.v1.ServerReflection")])[0])
+    [v1alpha] = file_protos(reflection_call(server.target, "grpc.reflection.v1alpha.ServerReflection",
+                                            [containing_symbol("grpc.reflection.v1alpha.ServerReflection")])[0])
+    assert (v1.name, v1.package) == ("grpc/reflection/v1/reflection.proto", "grpc.reflection.v1")
+    assert v1.service[0].method[0].input_type == ".grpc.reflection.v1.ServerReflectionRequest"
+
+    def layout(proto):
+        return {m.name: sorted((f.name, f.number, f.type, f.type_name.rsplit(".", 1)[-1]) for f in m.field)
+                for m in proto.message_type}
+    assert layout(v1) == layout(v1alpha)
+
+
+def test_reflection_is_off_when_disabled(start_server):
+    srv = start_server("--reflection", "false")
+    for service in ("grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"):
+        with pytest.raises(grpc.RpcError) as err:
+            reflection_call(srv.target, service, [LIST_SERVICES])
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
 def request_size(op: str, **arguments) -> int:

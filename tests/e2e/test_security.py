@@ -22,7 +22,7 @@ import tensorops_native as tn
 from tensorops import _wire
 from tensorops.v1 import tensorops_pb2 as pb
 from rpc_cases import qip_params
-from rpc_server import metric_value
+from rpc_server import LIST_SERVICES, metric_value, reflection_call
 
 LAYER_NORM = _wire.OPERATIONS["layer_norm_channels"]
 # The scalar kernels make a product of 8192 x 2048 x 2048 take seconds (AMX would take
@@ -257,7 +257,7 @@ def bearer(token):
     return (("authorization", f"Bearer {token}"),)
 
 
-def test_tokens_are_required_except_for_health(start_server):
+def test_tokens_are_required_except_for_health_and_reflection(start_server):
     srv = start_server(env={"TENSOROPS_AUTH_TOKENS": "alpha-token, beta-token"})
     args, expected = layer_norm_case()
     with tensorops.Client(srv.target, timeout=10) as c:
@@ -270,6 +270,9 @@ def test_tokens_are_required_except_for_health(start_server):
         for token in ("alpha-token", "beta-token"):  # two valid at once, as during a rotation
             assert np.array_equal(c.layer_norm_channels(*args, format="nhwc", metadata=bearer(token)), expected)
     health_latency(srv.target)  # open without a token
+    for service in ("grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"):
+        [listed] = reflection_call(srv.target, service, [LIST_SERVICES])
+        assert "tensorops.v1.TensorOps" in {s.name for s in listed.list_services_response.service}
 
 
 def test_the_token_file_is_re_read_for_rotation(start_server, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 
+import numpy as np
 import pytest
 
 import tensorops
@@ -11,7 +12,7 @@ import tensorops_native as tn
 from tensorops import _codec, _wire
 from tensorops._operations import Operations
 from tensorops.v1 import tensorops_pb2 as pb
-from tensorops_server import optable
+from tensorops_server import errors, optable
 
 TABLE = optable.build_table()
 CLIENT_ONLY = {"timeout", "metadata", "self"}
@@ -77,22 +78,63 @@ def _decoded(op, message, tensors=None):
     return op.request_codec.decode(raw)
 
 
-def test_unset_fields_fall_back_to_native_defaults_or_none():
-    entry = TABLE["softmax"] if "softmax" in TABLE else None
-    if entry is None:
-        pytest.skip("softmax not in this build")
-    kwargs, fmt = entry.arguments(_decoded(entry.op, pb.SoftmaxRequest()), None)
-    assert kwargs == {"x": None} and fmt == 0  # x required: None lets native name it; axis default
+def test_unset_fields_take_the_native_defaults():
+    entry = TABLE["softmax"]
+    x = _codec.encode_tensor(np.zeros(3, np.float32), "x")
+    kwargs, fmt = entry.arguments(_decoded(entry.op, pb.SoftmaxRequest(), {"x": x}), None)
+    assert list(kwargs) == ["x"] and fmt == 0  # axis: the native default
     entry = TABLE["shuffle"]
-    decoded = _decoded(entry.op, pb.ShuffleRequest(), {"x0": _codec.encode_tensor([[1.0]], "x0", 2)})
+    decoded = _decoded(entry.op, pb.ShuffleRequest(type=pb.SHUFFLE_TYPE_SPLIT),
+                       {"x0": _codec.encode_tensor([[1.0]], "x0", 2), "x1": _codec.encode_tensor([[1.0]], "x1")})
     kwargs, fmt = entry.arguments(decoded, None)
-    assert kwargs["type"] is None and "channels" not in kwargs and kwargs["x1"] is None
+    assert kwargs["type"] == "split" and "channels" not in kwargs
     assert kwargs["format"] == "nhwc" and fmt == 2
+
+
+def _required_fields():
+    """(operation, field) for every request field whose native argument has no default."""
+    cases = [(name, f.name) for name, entry in sorted(TABLE.items())
+             for f in entry.op.request_class.DESCRIPTOR.fields
+             if f.name not in entry.defaults and not (f.is_repeated and f.message_type)]  # eltwise's inputs: []
+    if hasattr(tn, "QuantizedInnerProduct"):
+        create = optable.Entry(_wire.CREATE_SESSION, tn.QuantizedInnerProduct)
+        cases += [("session", f.name) for f in create.op.request_class.DESCRIPTOR.fields
+                  if f.name not in create.defaults]
+    return cases
+
+
+@pytest.mark.parametrize("name,field", _required_fields())
+def test_every_unset_required_field_is_refused_by_name(name, field):
+    """Left unset, a field without a default is INVALID_ARGUMENT naming it, in the wire's
+    terms (never the native function's reaction to None)."""
+    entry = TABLE[name] if name != "session" else optable.Entry(_wire.CREATE_SESSION, tn.QuantizedInnerProduct)
+    others = frozenset(f.name for f in entry.op.request_class.DESCRIPTOR.fields) - {field}
+    with pytest.raises(errors.Failure) as err:
+        optable.native_arguments(entry.op, _decoded(entry.op, entry.op.request_class()), None, defaults=others)
+    assert err.value.field == field and err.value.code.name == "INVALID_ARGUMENT"
+    f = entry.op.request_class.DESCRIPTOR.fields_by_name[field]
+    if f.enum_type is not None:
+        assert err.value.message.startswith("required: expected one of ") and "(1)" in err.value.message
+        assert err.value.message.endswith(f"got 0 ({f.enum_type.values_by_number[0].name})")
+    elif f.message_type is not None:
+        assert err.value.message == f"required tensor `{field}` is missing"
+    else:
+        assert err.value.message.startswith(f"required field `{field}` is missing")
+    assert field in {f.name for f in entry.op.request_class.DESCRIPTOR.fields}
+
+
+@pytest.mark.parametrize("enum,number", [(pb.UnaryOp, 99), (pb.EltwiseOp, 5), (pb.ShuffleType, 3), (pb.Activation, 18)])
+def test_unknown_enum_numbers_are_refused_in_wire_terms(enum, number):
+    with pytest.raises(errors.Failure) as err:
+        optable.enum_argument(enum.DESCRIPTOR, number, "op", required=False)
+    listed = ", ".join(f"{v.name} ({v.number})" for v in enum.DESCRIPTOR.values if v.number)
+    assert err.value.message == f"expected one of {listed}, got {number}"
+    assert optable.enum_argument(enum.DESCRIPTOR, 0, "op", required=False) is None  # has a default: not given
 
 
 def test_layout_tensors_must_agree_on_the_format():
     entry = TABLE["shuffle"]
-    decoded = _decoded(entry.op, pb.ShuffleRequest(), {"x0": _codec.encode_tensor([[1.0]], "x0", 1),
+    decoded = _decoded(entry.op, pb.ShuffleRequest(type=1), {"x0": _codec.encode_tensor([[1.0]], "x0", 1),
                                                        "x1": _codec.encode_tensor([[1.0]], "x1", 2)})
     with pytest.raises(Exception) as err:
         entry.arguments(decoded, None)

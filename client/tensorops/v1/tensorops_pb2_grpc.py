@@ -5,7 +5,7 @@ import warnings
 
 from tensorops.v1 import tensorops_pb2 as tensorops_dot_v1_dot_tensorops__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.81.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -26,7 +26,9 @@ if _version_not_supported:
 
 
 class TensorOpsStub:
-    """Missing associated documentation comment in .proto file."""
+    """One RPC per operation of tensorops_native (the request message documents each), the
+    quantized inner-product sessions, and server information.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -132,76 +134,90 @@ class TensorOpsStub:
 
 
 class TensorOpsServicer:
-    """Missing associated documentation comment in .proto file."""
+    """One RPC per operation of tensorops_native (the request message documents each), the
+    quantized inner-product sessions, and server information.
+    """
 
     def NormalizeL2(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """L2 normalization of an image tensor, with a per-channel scale.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def LayerNormChannels(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Layer normalization across the channels, with a per-channel scale and shift.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def LayerNormSpatial(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Layer normalization across the spatial positions, with a per-channel scale and shift.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ChannelNorm(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Channel-norm scaling, with a per-channel scale and shift.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ChannelSum(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Per-channel sums of a BF16 image tensor.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Eltwise(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Element-wise product, weighted sum, max or min of several tensors.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def LrnCrossChannels(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Local response normalization across the channels.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Shuffle(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """ShuffleNet channel shuffle of two image tensors.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Softmax(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Softmax along one axis.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def TiledScale2D(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A 4-D tensor scaled by two tiled 2-D scales.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Unary(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """One of 17 element-wise functions.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Normalize(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Generic normalization: TensorRT INormalization, DirectML MVN1 (layer, instance, group).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -217,38 +233,47 @@ class TensorOpsServicer:
         """Quantized inner-product sessions: B and the quantization parameters are sent once and
         packed by the server; Forward sends A only. Sessions expire after an idle TTL and may
         be evicted (least recently used first) under the server's count and memory caps, after
-        which calls on them fail with NOT_FOUND.
+        which calls on them fail with NOT_FOUND. A session belongs to the caller that created
+        it (its bearer token, else its client certificate, else the anonymous caller): other
+        callers get NOT_FOUND. A session lives on the one server process that created it:
+        behind a balancer, send the same x-tensorops-session-key metadata (a random key chosen
+        per session) with every call of the session, so that they all reach that process.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def QuantizedInnerProductForward(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """C = A x B on a session: A only travels.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def DescribeSession(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A session's sizes and use.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ReleaseSession(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Frees a session.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListSessions(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The caller's own sessions.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetServerInfo(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Version, ISA level, kernels, limits and operations of the server.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -360,7 +385,9 @@ def add_TensorOpsServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class TensorOps:
-    """Missing associated documentation comment in .proto file."""
+    """One RPC per operation of tensorops_native (the request message documents each), the
+    quantized inner-product sessions, and server information.
+    """
 
     @staticmethod
     def NormalizeL2(request,
