@@ -54,6 +54,9 @@ serve: $(VENV)/.installed
 proto: $(VENV)/.test-installed
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=client --pyi_out=client --grpc_python_out=client \
 		$(sort $(wildcard proto/tensorops/v1/*.proto))
+	# messages only: the server serves them under the name clients call (see the .proto)
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=client --pyi_out=client \
+		$(sort $(wildcard proto/tensorops/kserve/v2/*.proto))
 
 # promtool (from Debian's prometheus package, unpacked into the venv: no daemon installed)
 # lets the tests check the /metrics text. Best effort: without apt the check is skipped.
