@@ -1,5 +1,6 @@
-"""The server process: a grpc.aio server with the TensorOps service, health and reflection
-(v1 and v1alpha), the session store and its sweeper, and the Prometheus endpoint.
+"""The server process: a grpc.aio server with the TensorOps service, the KServe V2 inference
+service (kserve.py), health and reflection (v1 and v1alpha), the session store and its
+sweeper, and the Prometheus endpoint.
 
 The asyncio event loop runs on a thread of its own, so the server is started and stopped
 with plain calls (`start()`, `stop()`) from the command line or from a test."""
@@ -16,7 +17,7 @@ from grpc_health.v1._async import HealthServicer
 import tensorops_native
 from tensorops import _wire
 
-from . import optable, reflection, tls
+from . import kserve, optable, reflection, tls
 from .auth import Authenticator
 from .config import Config
 from .execution import Executor
@@ -43,6 +44,7 @@ class TensorOpsServer:
         self.auth = Authenticator(config.auth_tokens, config.auth_token_file,
                                   certificates=bool(config.tls_client_ca))
         self.service = Service(config, self.metrics, self.store, self.table, self.executor, self.auth, qip_class)
+        self.kserve = kserve.KServe(self.service)  # inference.GRPCInferenceService on the same port
         self._sweeper = Sweeper(self.store, interval=min(config.session_ttl / 4, 10.0))
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tensorops-loop", daemon=True)
@@ -104,6 +106,7 @@ class TensorOpsServer:
                      # streams one connection may open at once (HTTP/2 SETTINGS)
                      ("grpc.max_concurrent_streams", 2 * c.max_pending_requests)])
         add_handlers(server, _wire.SERVICE_NAME, self.service.handlers())
+        add_handlers(server, kserve.SERVICE_NAME, self.kserve.handlers())
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         if c.reflection:
@@ -121,10 +124,11 @@ class TensorOpsServer:
             raise OSError(f"cannot listen on {c.address}")
         await server.start()
         self.grpc_server = server
-        for service in ("", _wire.SERVICE_NAME):
+        for service in ("", _wire.SERVICE_NAME, kserve.SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
 
     async def _stop(self, grace: float) -> None:
+        self.kserve.ready = False
         await self.health.enter_graceful_shutdown()
         await self.grpc_server.stop(grace)
         await self.service.batcher.wait_idle()
