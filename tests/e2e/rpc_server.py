@@ -1,4 +1,5 @@
-"""A real `tensorops-server` in a subprocess on an ephemeral loopback port."""
+"""A real `tensorops-server` in a subprocess on an ephemeral loopback port, and the fixtures
+that start one (imported by the conftest of every folder that uses them)."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,8 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+
+import pytest
 
 
 class ServerProcess:
@@ -95,3 +98,26 @@ def metric_value(text: str, name: str, **labels) -> float:
             return float(value)
     return 0.0
 
+
+# ---- fixtures
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """One server shared by the tests that do not restart or reconfigure it."""
+    proc = ServerProcess(tmp_path_factory.mktemp("server") / "server.log").start()
+    yield proc
+    assert proc.stop() == 0
+
+
+@pytest.fixture
+def start_server(tmp_path):
+    """Start a dedicated server with extra flags: start_server("--max-sessions", "2")."""
+    started = []
+
+    def start(*flags, env=None, port=0):
+        proc = ServerProcess(tmp_path / f"server{len(started)}.log", *flags, env=env).start(port)
+        started.append(proc)
+        return proc
+    yield start
+    for proc in started:
+        proc.kill()
