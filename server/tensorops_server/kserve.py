@@ -294,7 +294,7 @@ def input_tensors(model: Model, request, raws: list, fmt: int) -> dict[str, Any]
         for key in tensor.parameters:
             if key.startswith("shared_memory_"):
                 raise errors.Failure(grpc.StatusCode.UNIMPLEMENTED, "system shared memory is not served yet",
-                                     f"{name}.{key}")
+                                     f"{name}.shared_memory_region")
             if key != "binary_data_size":
                 raise errors.invalid(f"{name}.{key}", f"unknown input parameter `{key}`")
         code, _, dtype = _datatype(name, tensor.datatype)
