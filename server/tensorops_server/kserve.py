@@ -26,6 +26,7 @@ identical to Triton's `inference` package; that .proto says why the package diff
 """
 from __future__ import annotations
 
+import inspect
 import io
 import json
 import math
@@ -70,7 +71,6 @@ DATATYPES = {
     "FP64": (tensor_pb2.DATA_TYPE_FP64, pb.TYPE_FP64, np.dtype(np.float64)),
 }
 _DATATYPE_OF = {dtype: name for name, (_, _, dtype) in DATATYPES.items()}
-_DATATYPE_OF[np.dtype(np.uint16)] = "BF16"  # BF16 bits in uint16 (never a kernel result, but wire_array's rule)
 # Typed contents: the field of InferTensorContents each datatype reads (16-bit floats: raw only).
 _CONTENTS = {"FP32": "fp32_contents", "FP64": "fp64_contents", "INT8": "int_contents", "INT32": "int_contents",
              "INT64": "int64_contents", "UINT8": "uint_contents"}
@@ -114,7 +114,6 @@ class Statistics:
     success_ns: int = 0
     fail_count: int = 0
     fail_ns: int = 0
-    compute_ns: int = 0
     last_inference_ms: int = 0
 
     def record(self, ok: bool, ns: int) -> None:
@@ -139,12 +138,11 @@ def _field_kind(f) -> str:
     return {f.TYPE_DOUBLE: "double", f.TYPE_INT64: "int64", f.TYPE_BOOL: "bool", f.TYPE_STRING: "string"}[f.type]
 
 
-def _describe_parameters(op: _wire.Operation, native: Callable, skip=()) -> dict[str, str]:
-    import inspect
+def _describe_parameters(op: _wire.Operation, native: Callable) -> dict[str, str]:
     signature = inspect.signature(native).parameters
     out = {}
     for name, (kind, detail) in op.request_plan.items():
-        if kind in (_wire.TENSOR, _wire.TENSORS) or name in skip:
+        if kind in (_wire.TENSOR, _wire.TENSORS):
             continue
         f = op.request_class.DESCRIPTOR.fields_by_name[name]
         default = signature[name].default if name in signature else None
