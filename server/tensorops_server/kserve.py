@@ -26,6 +26,7 @@ identical to Triton's `inference` package; that .proto says why the package diff
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import io
 import json
@@ -48,6 +49,7 @@ from tensorops.v1 import tensor_pb2
 from . import errors, optable
 from .execution import CallState
 from .service import Incoming, Instrumented, Service
+from .shm import SharedMemory
 
 SERVICE_NAME = "inference.GRPCInferenceService"
 PLATFORM = "tensorops"
@@ -275,11 +277,46 @@ def _datatype(name: str, datatype: str) -> tuple:
     return found
 
 
-def input_tensors(model: Model, request, raws: list, fmt: int) -> dict[str, Any]:
-    """The inputs of a ModelInferRequest as the tensorops.v1 codec's WireTensors."""
+_REGION, _BYTE_SIZE, _OFFSET = "shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"
+# Opens a part of a registered region for the call: (field, region, offset, byte_size) -> bytes.
+Regions = Callable[[str, str, int, int], memoryview]
+
+
+def region_parameters(where: str, parameters) -> tuple[str, int, int] | None:
+    """(region, offset, byte_size) of an input or output placed in shared memory, or None.
+    Other tensor parameters are refused (binary_data_size, an HTTP one, is ignored)."""
+    values = {}
+    for key, p in parameters.items():
+        if key == "binary_data_size":
+            continue
+        if key not in (_REGION, _BYTE_SIZE, _OFFSET):
+            raise errors.invalid(f"{where}.{key}", f"unknown tensor parameter `{key}`")
+        values[key] = _parameter_value(f"{where}.{key}", p)
+    if not values:
+        return None
+    if _REGION not in values or _BYTE_SIZE not in values:
+        missing = _REGION if _REGION not in values else _BYTE_SIZE
+        raise errors.invalid(f"{where}.{missing}", f"required with {', '.join(values)}")
+    region, size, offset = values[_REGION], values[_BYTE_SIZE], values.get(_OFFSET, 0)
+    if not isinstance(region, str):
+        raise errors.invalid(f"{where}.{_REGION}", f"expected a string_param, got {_choice_name(region)}")
+    for key, value in ((_BYTE_SIZE, size), (_OFFSET, offset)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise errors.invalid(f"{where}.{key}", f"expected a non-negative int64_param, got {value!r}")
+    return region, offset, size
+
+
+def input_tensors(model: Model, request, raws: list, fmt: int, regions: Regions | None) -> dict[str, Any]:
+    """The inputs of a ModelInferRequest as the tensorops.v1 codec's WireTensors: from raw
+    contents (one buffer per input not in shared memory, in order), typed contents or a
+    shared-memory region."""
     inputs = request.inputs
-    if raws and len(raws) != len(inputs):
-        raise errors.invalid("raw_input_contents", f"expected one buffer per input ({len(inputs)}), got {len(raws)}")
+    placed = [region_parameters(t.name, t.parameters) for t in inputs]
+    in_messages = sum(p is None for p in placed)
+    if raws and len(raws) != in_messages:
+        raise errors.invalid("raw_input_contents", f"expected one buffer per input not in shared memory "
+                                                   f"({in_messages}), got {len(raws)}")
+    raw_buffers = iter(raws)
     codec = model.op.request_codec
     tensors: dict[str, Any] = {}
     for i, tensor in enumerate(inputs):
@@ -289,26 +326,30 @@ def input_tensors(model: Model, request, raws: list, fmt: int) -> dict[str, Any]
             raise errors.invalid(name, f"model {model.name} has no input `{name}` (its inputs: {known})")
         if name in tensors:
             raise errors.invalid(name, f"input `{name}` is given twice")
-        for key in tensor.parameters:
-            if key.startswith("shared_memory_"):
-                raise errors.Failure(grpc.StatusCode.UNIMPLEMENTED, "system shared memory is not served yet",
-                                     f"{name}.shared_memory_region")
-            if key != "binary_data_size":
-                raise errors.invalid(f"{name}.{key}", f"unknown input parameter `{key}`")
         code, _, dtype = _datatype(name, tensor.datatype)
         shape = list(tensor.shape)
         count = math.prod(shape) if shape and min(shape) >= 0 else (1 if not shape else -1)
-        if raws:
+        if placed[i] is not None:
+            if tensor.HasField("contents"):
+                raise errors.invalid(f"{name}.contents", "the input is in shared memory: no contents")
+            region, offset, size = placed[i]
+            field_name = f"{name}.{_REGION}"
+            if regions is None:
+                raise errors.invalid(field_name, "shared memory is not available to this call")
+            data, source = regions(field_name, region, offset, size), f"{_BYTE_SIZE} is {size}"
+        elif raws:
             if tensor.HasField("contents"):
                 raise errors.invalid(f"{name}.contents", "raw_input_contents is used: no input may have contents")
-            data = raws[i]
-            if count >= 0 and len(data) != count * dtype.itemsize:
-                raise errors.invalid(name, f"raw_input_contents[{i}] holds {len(data)} bytes; {shape} of "
-                                           f"{tensor.datatype} takes {count * dtype.itemsize}")
+            j = i - sum(p is not None for p in placed[:i])
+            data = next(raw_buffers)
+            source = f"raw_input_contents[{j}] holds {len(data)} bytes"
         else:
             if count < 0:
                 raise errors.invalid(f"{name}.shape", f"dimensions must be non-negative, got {shape}")
             data = _typed_contents(name, tensor.datatype, tensor.contents, count)
+            source = ""
+        if count >= 0 and len(data) != count * dtype.itemsize:
+            raise errors.invalid(name, f"{source}; {shape} of {tensor.datatype} takes {count * dtype.itemsize}")
         image = fmt if name in model.op.layout else 0
         if name in codec.repeated:  # the operands stacked along the first dimension
             if not shape or count < 0:
@@ -323,7 +364,7 @@ def input_tensors(model: Model, request, raws: list, fmt: int) -> dict[str, Any]
     return tensors
 
 
-def infer_request(model: Model, request, raws: list) -> _codec.Decoded:
+def infer_request(model: Model, request, raws: list, regions: Regions | None = None) -> _codec.Decoded:
     """A ModelInferRequest as the tensorops.v1 request of the model's operation."""
     arguments = {}
     fmt = 0
@@ -339,29 +380,46 @@ def infer_request(model: Model, request, raws: list) -> _codec.Decoded:
             continue
         arguments[name] = value
     message = request_message(model, arguments)
-    return _codec.Decoded(message, input_tensors(model, request, raws, fmt))
+    return _codec.Decoded(message, input_tensors(model, request, raws, fmt, regions))
 
 
-def requested_outputs(model: Model, request) -> tuple[str, ...]:
+def requested_outputs(model: Model, request) -> tuple[tuple[str, tuple | None], ...]:
+    """The outputs to answer with, in order, each with its shared-memory placement (or None)."""
     names = tuple(t.name for t in model.outputs)
-    wanted = tuple(o.name for o in request.outputs)
-    for name in wanted:
-        if name not in names:
-            raise errors.invalid(f"outputs.{name}", f"model {model.name} has no output `{name}` "
-                                                    f"(its outputs: {', '.join(names)})")
-    return wanted or names
+    wanted = []
+    for o in request.outputs:
+        if o.name not in names:
+            raise errors.invalid(f"outputs.{o.name}", f"model {model.name} has no output `{o.name}` "
+                                                      f"(its outputs: {', '.join(names)})")
+        wanted.append((o.name, region_parameters(f"outputs.{o.name}", o.parameters)))
+    return tuple(wanted) or tuple((name, None) for name in names)
 
 
-def infer_response(model: Model, request, outputs: tuple[str, ...], result) -> bytes:
-    """The ModelInferResponse: output descriptions, then the results as raw contents,
-    each copied once into the message."""
+def infer_response(model: Model, request, outputs: tuple, result, regions: Regions | None = None) -> bytes:
+    """The ModelInferResponse: output descriptions, then the results as raw contents, each
+    copied once into the message, or into its shared-memory region (its raw contents then
+    empty, so that every output keeps its index among the raw contents)."""
     results = dict(zip((t.name for t in model.outputs), result if isinstance(result, tuple) else (result,)))
     response = pb.ModelInferResponse(model_name=model.name, model_version=VERSION, id=request.id)
     payloads = []
-    for name in outputs:
+    for name, placed in outputs:
         arr, _ = _codec.wire_array(results[name], name)
-        response.outputs.add(name=name, datatype=_DATATYPE_OF[arr.dtype], shape=arr.shape)
-        payloads += _codec.bytes_field(_RAW_OUTPUTS, _codec.array_bytes(arr))
+        out = response.outputs.add(name=name, datatype=_DATATYPE_OF[arr.dtype], shape=arr.shape)
+        data = _codec.array_bytes(arr)
+        if placed is not None:
+            region, offset, size = placed
+            field_name = f"outputs.{name}.{_REGION}"
+            if data.nbytes > size:
+                raise errors.invalid(f"outputs.{name}.{_BYTE_SIZE}", f"the result takes {data.nbytes} bytes, "
+                                                                     f"more than the {size} given")
+            target = regions(field_name, region, offset, data.nbytes)
+            target[:] = data
+            out.parameters[_REGION].string_param = region
+            out.parameters[_BYTE_SIZE].int64_param = data.nbytes
+            if offset:
+                out.parameters[_OFFSET].int64_param = offset
+            data = memoryview(b"")
+        payloads += _codec.bytes_field(_RAW_OUTPUTS, data)
     return b"".join([response.SerializeToString(), *payloads])
 
 
@@ -450,8 +508,9 @@ def deserializer(message_class, raw_field: int | None = None) -> Callable[[bytes
 class KServe:
     """The behaviors of inference.GRPCInferenceService over a tensorops Service."""
 
-    def __init__(self, service: Service):
+    def __init__(self, service: Service, shm: SharedMemory):
         self.service = service
+        self.shm = shm
         self.models = {name: operation_model(entry) for name, entry in service.table.items()}
         # The caller's operation behaviors, returning the result arrays (not a message).
         self._compute = {name: service.operation(entry, encode=lambda result, fmt: result)
@@ -489,14 +548,18 @@ class KServe:
         model = self.model(request.model_name, request.model_version, call.identity)
         start = time.perf_counter_ns()
         ok = False
-        try:
-            outputs = requested_outputs(model, request)
-            result = await self._run(model, infer_request(model, request, decoded.tensors["raw"]), call, nbytes)
-            response = infer_response(model, request, outputs, result)
-            ok = True
-            return response
-        finally:
-            model.stats.record(ok, time.perf_counter_ns() - start)
+        with contextlib.ExitStack() as held:
+            def regions(field_name: str, region: str, offset: int, size: int) -> memoryview:
+                return held.enter_context(self.shm.use(call.identity, region, offset, size, field_name))
+            try:
+                outputs = requested_outputs(model, request)
+                request_in = infer_request(model, request, decoded.tensors["raw"], regions)
+                result = await self._run(model, request_in, call, nbytes)
+                response = infer_response(model, request, outputs, result, regions)
+                ok = True
+                return response
+            finally:
+                model.stats.record(ok, time.perf_counter_ns() - start)
 
     async def stream_infer(self, instrumented: Instrumented, context: grpc.aio.ServicerContext) -> None:
         """ModelStreamInfer: each request of the stream answered in order; a request that
@@ -533,8 +596,9 @@ class KServe:
         return any(s.id == model.session_id for s in self.service.store.snapshot(identity))
 
     async def server_metadata(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+        extensions = EXTENSIONS + (("system_shared_memory",) if self.shm.allowed else ())
         return pb.ServerMetadataResponse(name=PLATFORM, version=tensorops_native.__version__,
-                                         extensions=EXTENSIONS).SerializeToString()
+                                         extensions=extensions).SerializeToString()
 
     async def model_metadata(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
         request = decoded.message
@@ -642,6 +706,23 @@ class KServe:
             pass  # it expired or was evicted meanwhile: unloaded all the same
         return b""
 
+    # ---- system shared memory
+    async def shm_register(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+        r = decoded.message
+        self.shm.register(call.identity, r.name, r.key, r.offset, r.byte_size)
+        return b""
+
+    async def shm_status(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in self.shm.status(call.identity, decoded.message.name):
+            response.regions[region.name].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(
+                name=region.name, key=region.key, offset=region.offset, byte_size=region.byte_size))
+        return response.SerializeToString()
+
+    async def shm_unregister(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+        self.shm.unregister(call.identity, decoded.message.name)
+        return b""
+
     # ---- the handler table
     def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
         s = self.service
@@ -656,6 +737,12 @@ class KServe:
             "RepositoryModelLoad": ("kserve_repository_model_load", self.load, pb.RepositoryModelLoadRequest),
             "RepositoryModelUnload": ("kserve_repository_model_unload", self.unload,
                                       pb.RepositoryModelUnloadRequest),
+            "SystemSharedMemoryRegister": ("kserve_shared_memory_register", self.shm_register,
+                                           pb.SystemSharedMemoryRegisterRequest),
+            "SystemSharedMemoryStatus": ("kserve_shared_memory_status", self.shm_status,
+                                         pb.SystemSharedMemoryStatusRequest),
+            "SystemSharedMemoryUnregister": ("kserve_shared_memory_unregister", self.shm_unregister,
+                                             pb.SystemSharedMemoryUnregisterRequest),
         }
         handlers = {}
         for rpc, (label, behavior, message_class) in behaviors.items():

@@ -17,7 +17,7 @@ from grpc_health.v1._async import HealthServicer
 import tensorops_native
 from tensorops import _wire
 
-from . import kserve, optable, reflection, tls
+from . import kserve, optable, reflection, shm, tls
 from .auth import Authenticator
 from .config import Config
 from .execution import Executor
@@ -44,7 +44,10 @@ class TensorOpsServer:
         self.auth = Authenticator(config.auth_tokens, config.auth_token_file,
                                   certificates=bool(config.tls_client_ca))
         self.service = Service(config, self.metrics, self.store, self.table, self.executor, self.auth, qip_class)
-        self.kserve = kserve.KServe(self.service)  # inference.GRPCInferenceService on the same port
+        self.shared_memory = shm.SharedMemory(
+            allowed=config.allow_shared_memory, prefix=config.shared_memory_prefix,
+            max_regions=config.max_shared_memory_regions, max_bytes=config.max_shared_memory_bytes)
+        self.kserve = kserve.KServe(self.service, self.shared_memory)  # inference.GRPCInferenceService, same port
         self._sweeper = Sweeper(self.store, interval=min(config.session_ttl / 4, 10.0))
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tensorops-loop", daemon=True)
@@ -83,6 +86,7 @@ class TensorOpsServer:
             self._on_loop(self._stop(grace))
         self._sweeper.stop()
         self.store.close_all()
+        self.shared_memory.close_all()
         self.metrics.stop()
         self.executor.shutdown()
         self._close_loop()

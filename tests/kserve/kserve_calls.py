@@ -4,10 +4,14 @@ server's conversion, from the tensorops.v1 request fields)."""
 from __future__ import annotations
 
 import inspect
+import io
+import json
 
 import ml_dtypes
 import numpy as np
+import pytest
 import tritonclient.grpc as tc
+from tritonclient.utils import InferenceServerException
 
 import tensorops_native as tn
 from tensorops import _wire
@@ -24,6 +28,13 @@ def infer_input(name: str, value) -> tc.InferInput:
     tensor = tc.InferInput(name, list(arr.shape), datatype)
     tensor.set_data_from_numpy(arr)  # BF16: ml_dtypes.bfloat16 arrays, as tensorops_native takes
     return tensor
+
+
+def refused(call, *args, **kwargs) -> tuple[str, str]:
+    """(status, message) of a call tritonclient reports as failed."""
+    with pytest.raises(InferenceServerException) as info:
+        call(*args, **kwargs)
+    return info.value.status(), info.value.message()
 
 
 def parameter(value):
@@ -50,3 +61,38 @@ def request(op: str, args: tuple, kwargs: dict) -> tuple[list, dict]:
             parameters[name] = parameter(value)
     return inputs, parameters
 
+
+
+# ---- quantized inner-product sessions as models
+
+PARAMS = dict(a_scale=0.05, a_zero=7, c_scale=0.6, c_zero=3)
+
+
+def npy(arr) -> bytes:
+    out = io.BytesIO()
+    np.save(out, arr)
+    return out.getvalue()
+
+
+def qip_problem(seed: int, k: int = 24, n: int = 10):
+    """(a, b, b_scale, bias) of a session with K = k, N = n, and 5 rows of A."""
+    rng = np.random.default_rng(seed)
+    b = rng.integers(-128, 128, (k, n), dtype=np.int8)
+    b_scale = (rng.random(n) * 0.02 + 0.001).astype(np.float32)
+    bias = rng.integers(-2000, 2000, n, dtype=np.int32)
+    a = rng.integers(0, 256, (5, k), dtype=np.uint8)
+    return a, b, b_scale, bias
+
+
+def load_session(client, name, b, b_scale, bias=None, headers=None, **params):
+    """tritonclient's load_model of a session: the scalars in `config`, the tensors as .npy files."""
+    files = {"file:b": npy(b), "file:b_scale": npy(b_scale)}
+    if bias is not None:
+        files["file:bias"] = npy(bias)
+    client.load_model(name, config=json.dumps(params or PARAMS), files=files, headers=headers)
+
+
+def session_forward(a, b, b_scale, bias=None, **params):
+    """The in-process result of the session's forward."""
+    with tn.QuantizedInnerProduct(b, b_scale=b_scale, bias=bias, **(params or PARAMS)) as qip:
+        return qip.forward(a)

@@ -7,17 +7,10 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
-from tritonclient.utils import InferenceServerException
 
-from kserve_calls import infer_input
+from kserve_calls import infer_input, refused
 
 X = np.arange(6, dtype=np.float32).reshape(2, 3)
-
-
-def refused(call, *args, **kwargs) -> tuple[str, str]:
-    with pytest.raises(InferenceServerException) as info:
-        call(*args, **kwargs)
-    return info.value.status(), info.value.message()
 
 
 @pytest.mark.parametrize("model, inputs, parameters, code, message", [
@@ -74,15 +67,16 @@ def test_unknown_version_and_output(triton):
                                                              "(its outputs: y)")
 
 
-def test_shared_memory_inputs_are_not_served_yet(triton):
+def test_shared_memory_is_off_by_default(triton):
     tensor = tc.InferInput("x", [2, 3], "FP32")
     tensor.set_shared_memory("region", 24)
     status, text = refused(triton.infer, "softmax", [tensor])
-    assert status == "StatusCode.UNIMPLEMENTED" and text.startswith("x.shared_memory_region: ")
+    assert (status, text) == ("StatusCode.UNIMPLEMENTED", "x.shared_memory_region: system shared memory is off "
+                                                          "on this server (tensorops-server --allow-shared-memory)")
 
 
 @pytest.mark.parametrize("call", ["get_cuda_shared_memory_status", "get_trace_settings", "get_log_settings",
-                                  "get_system_shared_memory_status"])
+                                  "get_system_shared_memory_status"])  # the last: off by default
 def test_other_calls_are_unimplemented(triton, call):
     status, _ = refused(getattr(triton, call))
     assert status == "StatusCode.UNIMPLEMENTED"
@@ -114,7 +108,8 @@ def test_raw_contents_one_per_input(server):
     request = _request(x=("FP32", [1]))
     request.raw_input_contents.extend([b"\0" * 4, b"\0" * 4])
     assert _raw_call(server, request) == (grpc.StatusCode.INVALID_ARGUMENT,
-                                          "raw_input_contents: expected one buffer per input (1), got 2")
+                                          "raw_input_contents: expected one buffer per input not in shared memory (1), "
+                                          "got 2")
 
 
 def test_raw_and_typed_contents_do_not_mix(server):

@@ -4,59 +4,24 @@ the session limits, eviction and per-caller isolation hold as for tensorops sess
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 
 import numpy as np
 import pytest
 import tritonclient.grpc as tc
 import tritonclient.grpc.aio as tca
-from tritonclient.utils import InferenceServerException
 
 import tensorops_native as tn
-from kserve_calls import infer_input
+from kserve_calls import PARAMS, infer_input, npy, refused
+from kserve_calls import load_session as load
+from kserve_calls import qip_problem as problem
+from kserve_calls import session_forward as expected
 from rpc_cases import same
 
 pytestmark = pytest.mark.skipif(not hasattr(tn, "QuantizedInnerProduct"), reason="no quantized inner product")
 
-PARAMS = dict(a_scale=0.05, a_zero=7, c_scale=0.6, c_zero=3)
-
-
-def npy(arr) -> bytes:
-    out = io.BytesIO()
-    np.save(out, arr)
-    return out.getvalue()
-
-
-def problem(seed: int, k: int = 24, n: int = 10):
-    rng = np.random.default_rng(seed)
-    b = rng.integers(-128, 128, (k, n), dtype=np.int8)
-    b_scale = (rng.random(n) * 0.02 + 0.001).astype(np.float32)
-    bias = rng.integers(-2000, 2000, n, dtype=np.int32)
-    a = rng.integers(0, 256, (5, k), dtype=np.uint8)
-    return a, b, b_scale, bias
-
-
-def load(client, name, b, b_scale, bias=None, headers=None, **params):
-    files = {"file:b": npy(b), "file:b_scale": npy(b_scale)}
-    if bias is not None:
-        files["file:bias"] = npy(bias)
-    client.load_model(name, config=json.dumps(params or PARAMS), files=files, headers=headers)
-
-
-def expected(a, b, b_scale, bias=None, **params):
-    with tn.QuantizedInnerProduct(b, b_scale=b_scale, bias=bias, **(params or PARAMS)) as qip:
-        return qip.forward(a)
-
-
 def forward(client, name, a, headers=None):
     return client.infer(name, [infer_input("a", a)], headers=headers).as_numpy("c")
-
-
-def refused(call, *args, **kwargs) -> tuple[str, str]:
-    with pytest.raises(InferenceServerException) as info:
-        call(*args, **kwargs)
-    return info.value.status(), info.value.message()
 
 
 def test_lifecycle(triton, server):
