@@ -73,6 +73,7 @@ DATATYPES = {
     "FP64": (tensor_pb2.DATA_TYPE_FP64, pb.TYPE_FP64, np.dtype(np.float64)),
 }
 _DATATYPE_OF = {dtype: name for name, (_, _, dtype) in DATATYPES.items()}
+_WIRE_DTYPES = {code: dtype for code, _, dtype in DATATYPES.values()}
 # Typed contents: the field of InferTensorContents each datatype reads (16-bit floats: raw only).
 _CONTENTS = {"FP32": "fp32_contents", "FP64": "fp64_contents", "INT8": "int_contents", "INT32": "int_contents",
              "INT64": "int64_contents", "UINT8": "uint_contents"}
@@ -395,10 +396,12 @@ def requested_outputs(model: Model, request) -> tuple[tuple[str, tuple | None], 
     return tuple(wanted) or tuple((name, None) for name in names)
 
 
-def infer_response(model: Model, request, outputs: tuple, result, regions: Regions | None = None) -> bytes:
+def infer_response(model: Model, request, outputs: tuple, result, regions: Regions | None = None,
+                   written: np.ndarray | None = None) -> bytes:
     """The ModelInferResponse: output descriptions, then the results as raw contents, each
     copied once into the message, or into its shared-memory region (its raw contents then
-    empty, so that every output keeps its index among the raw contents)."""
+    empty, so that every output keeps its index among the raw contents). `written`: a
+    result the kernel wrote into its region already."""
     results = dict(zip((t.name for t in model.outputs), result if isinstance(result, tuple) else (result,)))
     response = pb.ModelInferResponse(model_name=model.name, model_version=VERSION, id=request.id)
     payloads = []
@@ -412,8 +415,8 @@ def infer_response(model: Model, request, outputs: tuple, result, regions: Regio
             if data.nbytes > size:
                 raise errors.invalid(f"outputs.{name}.{_BYTE_SIZE}", f"the result takes {data.nbytes} bytes, "
                                                                      f"more than the {size} given")
-            target = regions(field_name, region, offset, data.nbytes)
-            target[:] = data
+            if results[name] is not written:
+                regions(field_name, region, offset, data.nbytes)[:] = data
             out.parameters[_REGION].string_param = region
             out.parameters[_BYTE_SIZE].int64_param = data.nbytes
             if offset:
@@ -530,9 +533,9 @@ class KServe:
                                    field="model_name")
         return model
 
-    async def _run(self, model: Model, decoded: _codec.Decoded, call: CallState, nbytes: int):
+    async def _run(self, model: Model, decoded: _codec.Decoded, call: CallState, nbytes: int, extra: dict):
         if model.entry is not None:
-            return await self._compute[model.name](decoded, call, nbytes)
+            return await self._compute[model.name](decoded, call, nbytes, extra)
         try:
             return await self.service.forward(model.session_id, decoded, call)
         except errors.Failure as failure:
@@ -548,18 +551,49 @@ class KServe:
         model = self.model(request.model_name, request.model_version, call.identity)
         start = time.perf_counter_ns()
         ok = False
+        shared_bytes = 0
         with contextlib.ExitStack() as held:
             def regions(field_name: str, region: str, offset: int, size: int) -> memoryview:
-                return held.enter_context(self.shm.use(call.identity, region, offset, size, field_name))
+                nonlocal shared_bytes
+                view = held.enter_context(self.shm.use(call.identity, region, offset, size, field_name))
+                shared_bytes += size
+                return view
             try:
                 outputs = requested_outputs(model, request)
                 request_in = infer_request(model, request, decoded.tensors["raw"], regions)
-                result = await self._run(model, request_in, call, nbytes)
-                response = infer_response(model, request, outputs, result, regions)
+                extra = {}
+                out = self._output_in_region(model, request_in, outputs, regions)
+                if out is not None:
+                    extra["out"] = out
+                # the bytes in shared memory count for where the call runs (loop or worker)
+                result = await self._run(model, request_in, call, nbytes + shared_bytes, extra)
+                response = infer_response(model, request, outputs, result, regions, written=out)
                 ok = True
                 return response
             finally:
                 model.stats.record(ok, time.perf_counter_ns() - start)
+
+    @staticmethod
+    def _output_in_region(model: Model, decoded: _codec.Decoded, outputs: tuple, regions: Regions):
+        """The array in its shared-memory region that the kernel writes the result into
+        (tensorops_native's `out=`), when the operation takes one (its result has the shape
+        and dtype of its first input) and the request places its one output there; None
+        otherwise (the result is then copied into the region)."""
+        entry = model.entry
+        if entry is None or "out" not in entry.parameters or len(outputs) != 1 or outputs[0][1] is None:
+            return None
+        first = decoded.tensors.get(model.inputs[0].name)
+        if isinstance(first, list):  # eltwise's operands
+            first = first[0] if first else None
+        dtype = _WIRE_DTYPES.get(first.dtype) if first is not None else None
+        if dtype is None or min(first.shape, default=0) < 0:
+            return None  # the operation refuses the input, naming it
+        nbytes = math.prod(first.shape) * dtype.itemsize
+        region, offset, size = outputs[0][1]
+        if nbytes > size:
+            return None  # refused after the call, with the result's size
+        out = np.frombuffer(regions(f"outputs.{outputs[0][0]}.{_REGION}", region, offset, nbytes), dtype)
+        return out.reshape(first.shape) if out.flags.aligned else None
 
     async def stream_infer(self, instrumented: Instrumented, context: grpc.aio.ServicerContext) -> None:
         """ModelStreamInfer: each request of the stream answered in order; a request that

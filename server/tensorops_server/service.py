@@ -234,8 +234,10 @@ class Service:
         check_sums = entry.name == "channel_sum"
         executor = self.executor
 
-        def compute(decoded: _codec.Decoded, call: CallState) -> bytes:
+        def compute(decoded: _codec.Decoded, call: CallState, extra: dict | None = None) -> bytes:
             kwargs, fmt = entry.arguments(decoded, self.config.max_tensor_bytes)
+            if extra:
+                kwargs.update(extra)
             if check_sums:
                 self._check_channel_sum(kwargs, fmt)
             if always_offload:
@@ -244,10 +246,11 @@ class Service:
                 result = self._run(timer, call, entry.native, **kwargs)
             return encode(result, fmt)
 
-        async def behavior(decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+        async def behavior(decoded: _codec.Decoded, call: CallState, nbytes: int, extra: dict | None = None):
+            """`extra`: more native arguments (the KServe endpoint's `out` in shared memory)."""
             if not always_offload and executor.inline(nbytes):
-                return compute(decoded, call)
-            return await executor.offload(call, compute, decoded, call)
+                return compute(decoded, call, extra)
+            return await executor.offload(call, compute, decoded, call, extra)
         return behavior
 
     def _check_channel_sum(self, kwargs: dict, fmt: int) -> None:

@@ -83,6 +83,19 @@ def test_inputs_and_outputs_in_shared_memory(client, regions):
         shm.set_shared_memory_region(handle_out, [np.zeros_like(x)])
 
 
+@pytest.mark.parametrize("offset", [0, 2], ids=["aligned", "misaligned"])  # kernel writes it / a copy
+def test_eltwise_result_into_shared_memory(client, regions, offset):
+    rng = np.random.default_rng(2)
+    inputs = np.stack([rng.standard_normal((3, 70)).astype(np.float32) for _ in range(3)])
+    expected = tn.eltwise(list(inputs), "max")
+    key, handle = regions(expected.nbytes + offset)
+    client.register_system_shared_memory("y", key, expected.nbytes + offset)
+    y_out = tc.InferRequestedOutput("y")
+    y_out.set_shared_memory("y", expected.nbytes, offset=offset)
+    client.infer("eltwise", [infer_input("inputs", inputs)], parameters={"op": "max"}, outputs=[y_out])
+    assert same(expected, shm.get_contents_as_numpy(handle, np.float32, expected.shape, offset=offset).copy())
+
+
 def test_one_output_in_shared_memory_the_other_in_the_message(client, regions):
     rng = np.random.default_rng(1)
     x0, x1 = (rng.standard_normal((1, 6, 3, 3)).astype(np.float32) for _ in range(2))
