@@ -294,14 +294,21 @@ def print_latency(op_name: str, sizes: dict, runs: list[dict]) -> None:
     print("| payload | sync echo ms | aio echo ms | tensorops ms | tensorops / sync echo | kernel ms "
           "| tensorops / (sync echo + kernel) |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print_rows(sizes, runs, [lambda s, a, c, k: s, lambda s, a, c, k: a, lambda s, a, c, k: c],
+               [lambda s, a, c, k: c / s], [lambda s, a, c, k: k], [lambda s, a, c, k: c / (s + k)])
+
+
+def print_rows(sizes: dict, runs: list[dict], *columns) -> None:
+    """One table row per payload: groups of columns alternate between times (ms) and
+    ratios; each cell is the median over the runs of its function of the run's tuple."""
     for label in sizes:
         rows = [run[label] for run in runs]
-
-        def med(f):
-            return statistics.median(f(*r) for r in rows)
-        print(f"| {label} | {med(lambda s, a, c, k: s) * 1e3:.3f} | {med(lambda s, a, c, k: a) * 1e3:.3f} "
-              f"| {med(lambda s, a, c, k: c) * 1e3:.3f} | {med(lambda s, a, c, k: c / s):.2f} "
-              f"| {med(lambda s, a, c, k: k) * 1e3:.3f} | {med(lambda s, a, c, k: c / (s + k)):.2f} |")
+        cells = []
+        for group, functions in enumerate(columns):
+            for f in functions:
+                value = statistics.median(f(*r) for r in rows)
+                cells.append(f"{value * 1e3:.3f}" if group % 2 == 0 else f"{value:.2f}")
+        print(f"| {label} | {' | '.join(cells)} |")
 
 
 # ---------------------------------------------------------------------------------------
@@ -377,14 +384,8 @@ def print_kserve(op_name: str, sizes: dict, runs: list[dict]) -> None:
     print("| payload | tensorops SDK ms | tritonclient ms | tritonclient shm ms | kernel ms | 4 KB echo ms "
           "| shm / (kernel + echo) |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for label in sizes:
-        rows = [run[label] for run in runs]
-
-        def med(f):
-            return statistics.median(f(*r) for r in rows)
-        print(f"| {label} | {med(lambda t, w, m, k, e: t) * 1e3:.3f} | {med(lambda t, w, m, k, e: w) * 1e3:.3f} "
-              f"| {med(lambda t, w, m, k, e: m) * 1e3:.3f} | {med(lambda t, w, m, k, e: k) * 1e3:.3f} "
-              f"| {med(lambda t, w, m, k, e: e) * 1e3:.3f} | {med(lambda t, w, m, k, e: m / (k + e)):.2f} |")
+    times = [lambda *r, i=i: r[i] for i in range(5)]  # SDK, tritonclient, tritonclient shm, kernel, echo
+    print_rows(sizes, runs, times, [lambda t, w, m, k, e: m / (k + e)])
 
 
 # ---------------------------------------------------------------------------------------
