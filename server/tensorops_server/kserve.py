@@ -37,21 +37,22 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import grpc
-import ml_dtypes
 import numpy as np
 
 import tensorops_native
 from tensorops import _codec, _wire
 from tensorops._codec import WireError
+from tensorops.kserve import BYTE_SIZE as _BYTE_SIZE
+from tensorops.kserve import DATATYPES, SERVICE_NAME  # noqa: F401 (SERVICE_NAME, for server.py)
+from tensorops.kserve import OFFSET as _OFFSET
+from tensorops.kserve import REGION as _REGION
 from tensorops.kserve.v2 import inference_pb2 as pb
-from tensorops.v1 import tensor_pb2
 
 from . import errors, optable
 from .execution import CallState
 from .service import Incoming, Instrumented, Service
 from .shm import SharedMemory
 
-SERVICE_NAME = "inference.GRPCInferenceService"
 PLATFORM = "tensorops"
 VERSION = "1"  # every model has this one version
 EXTENSIONS = ("model_configuration", "model_repository", "statistics")
@@ -61,19 +62,9 @@ EXTENSIONS = ("model_configuration", "model_repository", "statistics")
 IGNORED_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "headers",
                                 "binary_data_output"})
 
-# KServe datatype -> (tensorops.v1 DataType, ModelConfig DataType, NumPy dtype)
-DATATYPES = {
-    "FP32": (tensor_pb2.DATA_TYPE_FP32, pb.TYPE_FP32, np.dtype(np.float32)),
-    "FP16": (tensor_pb2.DATA_TYPE_FP16, pb.TYPE_FP16, np.dtype(np.float16)),
-    "BF16": (tensor_pb2.DATA_TYPE_BF16, pb.TYPE_BF16, np.dtype(ml_dtypes.bfloat16)),
-    "UINT8": (tensor_pb2.DATA_TYPE_UINT8, pb.TYPE_UINT8, np.dtype(np.uint8)),
-    "INT8": (tensor_pb2.DATA_TYPE_INT8, pb.TYPE_INT8, np.dtype(np.int8)),
-    "INT32": (tensor_pb2.DATA_TYPE_INT32, pb.TYPE_INT32, np.dtype(np.int32)),
-    "INT64": (tensor_pb2.DATA_TYPE_INT64, pb.TYPE_INT64, np.dtype(np.int64)),
-    "FP64": (tensor_pb2.DATA_TYPE_FP64, pb.TYPE_FP64, np.dtype(np.float64)),
-}
-_DATATYPE_OF = {dtype: name for name, (_, _, dtype) in DATATYPES.items()}
-_WIRE_DTYPES = {code: dtype for code, _, dtype in DATATYPES.values()}
+_CONFIG_TYPES = {name: pb.DataType.Value(f"TYPE_{name}") for name in DATATYPES}  # ModelConfig's enum
+_DATATYPE_OF = {dtype: name for name, (_, dtype) in DATATYPES.items()}
+_WIRE_DTYPES = {code: dtype for code, dtype in DATATYPES.values()}
 # Typed contents: the field of InferTensorContents each datatype reads (16-bit floats: raw only).
 _CONTENTS = {"FP32": "fp32_contents", "FP64": "fp64_contents", "INT8": "int_contents", "INT32": "int_contents",
              "INT64": "int64_contents", "UINT8": "uint_contents"}
@@ -262,7 +253,7 @@ def _typed_contents(name: str, datatype: str, contents, count: int) -> bytes:
     values = getattr(contents, field_name)
     if len(values) != count:
         raise errors.invalid(f"{name}.contents", f"expected {count} elements in {field_name}, got {len(values)}")
-    dtype = DATATYPES[datatype][2]
+    dtype = DATATYPES[datatype][1]
     arr = np.asarray(values, dtype=np.float64 if dtype.kind == "f" else np.int64)
     if dtype.kind in "iu" and arr.size:
         info = np.iinfo(dtype)
@@ -278,7 +269,6 @@ def _datatype(name: str, datatype: str) -> tuple:
     return found
 
 
-_REGION, _BYTE_SIZE, _OFFSET = "shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"
 # Opens a part of a registered region for the call: (field, region, offset, byte_size) -> bytes.
 Regions = Callable[[str, str, int, int], memoryview]
 
@@ -327,7 +317,7 @@ def input_tensors(model: Model, request, raws: list, fmt: int, regions: Regions 
             raise errors.invalid(name, f"model {model.name} has no input `{name}` (its inputs: {known})")
         if name in tensors:
             raise errors.invalid(name, f"input `{name}` is given twice")
-        code, _, dtype = _datatype(name, tensor.datatype)
+        code, dtype = _datatype(name, tensor.datatype)
         shape = list(tensor.shape)
         count = math.prod(shape) if shape and min(shape) >= 0 else (1 if not shape else -1)
         if placed[i] is not None:
@@ -658,12 +648,12 @@ class KServe:
             if t.name in codec.repeated:
                 dims = (-1,) + dims
             layout = pb.ModelInput.FORMAT_NONE
-            config.input.add(name=t.name, data_type=DATATYPES[t.spec.datatypes[0]][1], format=layout, dims=dims,
+            config.input.add(name=t.name, data_type=_CONFIG_TYPES[t.spec.datatypes[0]], format=layout, dims=dims,
                              optional=t.optional)
             config.parameters[f"input {t.name}"].string_value = self._tensor_words(t, t.name in codec.repeated)
         for t in model.outputs:
             dims = (-1,) if t.spec.dims is None else t.spec.dims
-            config.output.add(name=t.name, data_type=DATATYPES[t.spec.datatypes[0]][1], dims=dims)
+            config.output.add(name=t.name, data_type=_CONFIG_TYPES[t.spec.datatypes[0]], dims=dims)
             config.parameters[f"output {t.name}"].string_value = self._tensor_words(t)
         for name, words in model.parameters.items():
             config.parameters[name].string_value = words
