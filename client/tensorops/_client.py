@@ -13,6 +13,7 @@ from . import _wire
 from ._codec import WireError
 from ._errors import NotFoundError, TensorOpsError, from_rpc_error, invalid_argument
 from ._operations import Operations
+from ._shared_memory import MIN_BYTES, SharedMemoryTransport
 from .v1 import tensorops_pb2
 
 DEFAULT_TARGET = "localhost:50051"
@@ -194,16 +195,40 @@ class Client(ClientBase):
     TLS: `Client("host:50051", root_certificates="ca.pem")`; mutual TLS adds
     `certificate_chain=` and `private_key=`; `token=` sends a bearer token (never over
     plaintext, but see allow_insecure_token). All keyword arguments are described on
-    ClientBase."""
+    ClientBase.
 
-    def __init__(self, target: str = DEFAULT_TARGET, **kwargs):
+    On the server's host, `shared_memory=True` moves the tensors of the stateless
+    operations through POSIX shared memory (regions named `shared_memory_prefix`...,
+    registered with the server's KServe endpoint; the server needs
+    --allow-shared-memory), so that only a small message crosses the socket. Calls go
+    over the wire whenever shared memory cannot serve them: small ones, and all of them
+    once the server refused a region (see `shared_memory_refusal`). Calls whose tensors
+    hold fewer than `shared_memory_min_bytes` (64 KiB) bytes always use the wire."""
+
+    def __init__(self, target: str = DEFAULT_TARGET, *, shared_memory: bool = False,
+                 shared_memory_prefix: str = "tensorops_", shared_memory_min_bytes: int = MIN_BYTES, **kwargs):
         super().__init__(target, **kwargs)
         if self._credentials is None:
             self._channel = grpc.insecure_channel(target, options=self._options)
         else:
             self._channel = grpc.secure_channel(target, self._credentials, options=self._options)
+        self._shared = SharedMemoryTransport(self._invoke, shared_memory_prefix, shared_memory_min_bytes) \
+            if shared_memory else None
+
+    @property
+    def shared_memory(self) -> bool:
+        """Whether calls may move their tensors through shared memory (asked for with
+        `shared_memory=True`, and not refused by the server; see shared_memory_refusal)."""
+        return self._shared is not None and self._shared.off_reason is None
+
+    @property
+    def shared_memory_refusal(self) -> str | None:
+        """Why the server refused shared memory (calls then go over the wire), if it did."""
+        return None if self._shared is None else self._shared.off_reason
 
     def close(self) -> None:
+        if self._shared is not None:
+            self._shared.close()
         self._channel.close()
 
     def __enter__(self):
@@ -219,6 +244,10 @@ class Client(ClientBase):
             raise from_rpc_error(exc) from None
 
     def _call(self, name: str, arguments: dict, timeout, metadata):
+        if self._shared is not None:
+            result = self._shared.call(name, arguments, timeout, metadata)
+            if result is not NotImplemented:
+                return result
         op = _wire.OPERATIONS[name]
         request = encode(op, arguments)
         raw = self._invoke(op.path, request.data, timeout, metadata)

@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 
-from rpc_server import server, start_server  # noqa: E402, F401 (fixtures)
+from rpc_server import ServerProcess, server, start_server  # noqa: E402, F401 (fixtures)
 
 tritonclient_grpc = pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] comes with the test extra")
 
@@ -19,3 +19,14 @@ def triton(server):
     client = tritonclient_grpc.InferenceServerClient(server.target)
     yield client
     client.close()
+
+
+ALLOW = ("--allow-shared-memory", "true")
+
+
+@pytest.fixture(scope="session")
+def shm_server(tmp_path_factory):
+    """A server that serves system shared memory."""
+    proc = ServerProcess(tmp_path_factory.mktemp("shm") / "server.log", *ALLOW).start()
+    yield proc
+    assert proc.stop() == 0

@@ -15,16 +15,8 @@ import tritonclient.utils.shared_memory as shm
 import tensorops_native as tn
 from kserve_calls import infer_input, load_session, qip_problem, refused, session_forward
 from rpc_cases import same
-from rpc_server import ServerProcess
 
-ALLOW = ("--allow-shared-memory", "true")
-
-
-@pytest.fixture(scope="module")
-def shm_server(tmp_path_factory):
-    proc = ServerProcess(tmp_path_factory.mktemp("shm") / "server.log", *ALLOW).start()
-    yield proc
-    assert proc.stop() == 0
+from conftest import ALLOW
 
 
 @pytest.fixture

@@ -23,7 +23,6 @@ DATATYPES = {
     "INT64": (tensor_pb2.DATA_TYPE_INT64, np.dtype(np.int64)),
     "FP64": (tensor_pb2.DATA_TYPE_FP64, np.dtype(np.float64)),
 }
-DATATYPE_OF_CODE = {code: name for name, (code, _) in DATATYPES.items()}
 
 # Parameters of an input or requested output placed in a system shared-memory region.
 REGION, BYTE_SIZE, OFFSET = "shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"
