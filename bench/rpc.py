@@ -17,9 +17,10 @@ loopback. Then prints
    (one channel, 64 calls kept in flight), to read next to the 16 blocking clients;
 3. kserve: the same operation through tritonclient over the KServe V2 endpoint, with its
    tensors in the messages and in system shared memory (x read from a region, y written
-   into one; the server runs with --allow-shared-memory), next to the tensorops SDK, the
-   in-process kernel and a tiny (4 KB) echo: ms per call, and shared memory's ratio to
-   kernel + tiny echo (skipped without tritonclient[grpc]);
+   into one; the server runs with --allow-shared-memory), next to the tensorops SDK over
+   the wire and through shared memory, the in-process kernel and a tiny (4 KB) echo: ms
+   per call, and shared memory's ratio to kernel + tiny echo (skipped without
+   tritonclient[grpc]);
 4. batching: two more tensorops servers, dynamic batching on (the default) and off
    (--max-batch-rows 1); 1, 4 and 16 blocking clients forward one row each (A of 1 x 1024
    uint8, B 1024 x 1024 int8) to ONE shared quantized inner-product session: calls/s,
@@ -259,7 +260,9 @@ def latency_run(target: str, echo_ports: dict, op_name: str, sizes: dict, base_r
     sync_channel, sync_echo = _echo_channel(echo_ports["sync"])
     aio_channel, aio_echo = _echo_channel(echo_ports["aio"])
     try:
-        with tensorops.Client(target, max_message_bytes=MAX_MESSAGE) as client:
+        with tensorops.Client(target, max_message_bytes=MAX_MESSAGE) as client, \
+                tensorops.Client(target, max_message_bytes=MAX_MESSAGE, shared_memory=True,
+                                 shared_memory_prefix="tensorops_bench_") as shared_client:
             fn = getattr(client, fname)
             native = getattr(tn, fname)
             for label, nbytes in sizes.items():
@@ -324,7 +327,7 @@ def kserve_available() -> bool:
 
 
 def kserve_run(target: str, echo_port: int, op_name: str, sizes: dict, base_repeat: int) -> dict:
-    """{payload label: (tensorops s, triton wire s, triton shm s, kernel s, 4 KB echo s)}."""
+    """{payload label: (tensorops s, tensorops shm s, triton wire s, triton shm s, kernel s, 4 KB echo s)}."""
     import tritonclient.grpc as tc
     import tritonclient.utils.shared_memory as shm
 
@@ -338,7 +341,9 @@ def kserve_run(target: str, echo_port: int, op_name: str, sizes: dict, base_repe
     tiny = bytes(4 << 10)
     triton = tc.InferenceServerClient(target)
     try:
-        with tensorops.Client(target, max_message_bytes=MAX_MESSAGE) as client:
+        with tensorops.Client(target, max_message_bytes=MAX_MESSAGE) as client, \
+                tensorops.Client(target, max_message_bytes=MAX_MESSAGE, shared_memory=True,
+                                 shared_memory_prefix="tensorops_bench_") as shared_client:
             for label, nbytes in sizes.items():
                 args, kwargs = build(nbytes)
                 arrays = {n: a for n, a in zip(names, args) if isinstance(a, np.ndarray)}
@@ -361,6 +366,7 @@ def kserve_run(target: str, echo_port: int, op_name: str, sizes: dict, base_repe
                     y_out.set_shared_memory(label, x.nbytes, offset=x.nbytes)
                     shm_inputs = [x_in] + [t for t in wire_inputs if t.name() != "x"]
                     sides = [lambda: getattr(client, fname)(*args, **kwargs),
+                             lambda: getattr(shared_client, fname)(*args, **kwargs),
                              lambda: triton.infer(fname, wire_inputs, parameters=parameters),
                              lambda: triton.infer(fname, shm_inputs, parameters=parameters, outputs=[y_out]),
                              lambda: getattr(tn, fname)(*args, **kwargs),
@@ -379,13 +385,14 @@ def kserve_run(target: str, echo_port: int, op_name: str, sizes: dict, base_repe
 def print_kserve(op_name: str, sizes: dict, runs: list[dict]) -> None:
     print(f"\n## KServe V2: {op_name} through tritonclient, ms per call (median over {len(runs)} "
           f"run{'s' if len(runs) > 1 else ''} of the per-run median)\n")
-    print("Shared memory: x read from a registered region and y written into one; the other (small) inputs "
-          "in the message. Target: shm <= 1.5 x (kernel + 4 KB echo).\n")
-    print("| payload | tensorops SDK ms | tritonclient ms | tritonclient shm ms | kernel ms | 4 KB echo ms "
-          "| shm / (kernel + echo) |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    times = [lambda *r, i=i: r[i] for i in range(5)]  # SDK, tritonclient, tritonclient shm, kernel, echo
-    print_rows(sizes, runs, times, [lambda t, w, m, k, e: m / (k + e)])
+    print("tritonclient shm: x read from a registered region and y written into one (and left there); the "
+          "other (small) inputs in the message. SDK shm: tensorops.Client(shared_memory=True), which copies x "
+          "into its region and y out of it into a new array. Target: shm <= 1.5 x (kernel + 4 KB echo).\n")
+    print("| payload | SDK ms | SDK shm ms | tritonclient ms | tritonclient shm ms | kernel ms | 4 KB echo ms "
+          "| SDK shm / (kernel + echo) | tritonclient shm / (kernel + echo) |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    times = [lambda *r, i=i: r[i] for i in range(6)]  # SDK, SDK shm, tritonclient, tritonclient shm, kernel, echo
+    print_rows(sizes, runs, times, [lambda t, ts, w, m, k, e: ts / (k + e), lambda t, ts, w, m, k, e: m / (k + e)])
 
 
 # ---------------------------------------------------------------------------------------
