@@ -505,7 +505,7 @@ class KServe:
         self.service = service
         self.shm = shm
         self.models = {name: operation_model(entry) for name, entry in service.table.items()}
-        # The caller's operation behaviors, returning the result arrays (not a message).
+        # The behaviors of the operations, returning the result arrays (not a message).
         self._compute = {name: service.operation(entry, encode=lambda result, fmt: result)
                          for name, entry in service.table.items()}
         self.sessions: dict[tuple[str, str], Model] = {}  # (owner, model name) -> session model
