@@ -42,7 +42,7 @@ test: $(VENV)/.test-installed promtool node
 
 # Both ends of the supported protobuf range, each in a throwaway venv: the newest protobuf 7
 # (a fresh install) and the oldest protobuf 6 beside tritonclient[grpc]; pip check, the
-# client tests and one end-to-end file (see .ci/protobuf-range).
+# client tests, one end-to-end file and (beside tritonclient) tests/kserve (see .ci/protobuf-range).
 test-protobuf-range:
 	PYTHON=$(PYTHON) .ci/protobuf-range
 
