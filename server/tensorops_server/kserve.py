@@ -50,6 +50,7 @@ from tensorops.kserve.v2 import inference_pb2 as pb
 
 from . import errors, optable
 from .execution import CallState
+from .reflection import renamed
 from .service import Incoming, Instrumented, Service
 from .shm import SharedMemory
 
@@ -477,6 +478,13 @@ def load_request(request) -> _codec.Decoded:
 
 # ---------------------------------------------------------------------------------------
 # The service
+
+def reflection_file():
+    """The messages and service as reflection describes them: under package `inference`,
+    the name clients call (see reflection.py)."""
+    package, _, _ = SERVICE_NAME.rpartition(".")
+    return renamed(pb.DESCRIPTOR, "inference/grpc_service.proto", package)
+
 
 def deserializer(message_class, raw_field: int | None = None) -> Callable[[bytes], Incoming]:
     """Parse a request; with `raw_field`, that bytes field stays in the received bytes

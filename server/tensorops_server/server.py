@@ -115,7 +115,7 @@ class TensorOpsServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         if c.reflection:
             reflection.enable((_wire.SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name),
-                              server)
+                              server, aliases=(kserve.reflection_file(),))
         self.tls = tls.from_config(c)  # TLSConfigError (an OSError) when the files are not usable
         try:
             if self.tls is None:

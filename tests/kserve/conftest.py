@@ -25,12 +25,9 @@ def triton(server):
     client.close()
 
 
-ALLOW = ("--allow-shared-memory", "true")
-
-
 @pytest.fixture(scope="session")
 def shm_server(tmp_path_factory):
     """A server that serves system shared memory."""
-    proc = ServerProcess(tmp_path_factory.mktemp("shm") / "server.log", *ALLOW).start()
+    proc = ServerProcess(tmp_path_factory.mktemp("shm") / "server.log", "--allow-shared-memory", "true").start()
     yield proc
     assert proc.stop() == 0

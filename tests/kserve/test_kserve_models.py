@@ -108,3 +108,21 @@ def test_statistics_count_successes_and_failures(start_server):
         every = client.get_inference_statistics().model_stats
         assert {m.name for m in every} >= set(OPERATIONS)
         assert {m.name: m.inference_count for m in every}["unary"] == 0
+
+
+def test_reflection_describes_the_service_under_its_wire_name(server):
+    """grpcurl and other tools find inference.GRPCInferenceService through reflection, its
+    types under package `inference` as clients know them."""
+    from test_rpc_observability import LIST_SERVICES, containing_symbol, file_protos, reflection_call
+
+    responses = reflection_call(server.target, "grpc.reflection.v1.ServerReflection",
+                                [LIST_SERVICES, containing_symbol("inference.GRPCInferenceService")])
+    assert "inference.GRPCInferenceService" in {s.name for s in responses[0].list_services_response.service}
+    [proto] = file_protos(responses[1])
+    assert (proto.name, proto.package) == ("inference/grpc_service.proto", "inference")
+    methods = {m.name: (m.input_type, m.output_type) for m in proto.service[0].method}
+    assert methods["ModelInfer"] == (".inference.ModelInferRequest", ".inference.ModelInferResponse")
+    assert {"ServerLive", "ModelStreamInfer", "RepositoryModelLoad", "SystemSharedMemoryRegister"} <= set(methods)
+    request = next(m for m in proto.message_type if m.name == "ModelInferRequest")
+    inputs = next(f for f in request.field if f.name == "inputs")
+    assert (inputs.number, inputs.type_name) == (5, ".inference.ModelInferRequest.InferInputTensor")

@@ -16,7 +16,6 @@ import tensorops_native as tn
 from kserve_calls import infer_input, load_session, qip_problem, refused, session_forward
 from rpc_cases import same
 
-from conftest import ALLOW
 
 
 @pytest.fixture
@@ -177,7 +176,8 @@ def test_a_disallowed_key_is_not_echoed(client, regions):
 
 
 def test_region_limits(start_server, regions):
-    server = start_server(*ALLOW, "--max-shared-memory-regions", "2", "--max-shared-memory-bytes", "8192")
+    server = start_server("--allow-shared-memory", "true", "--max-shared-memory-regions", "2",
+                          "--max-shared-memory-bytes", "8192")
     with tc.InferenceServerClient(server.target) as client:
         keys = [regions(4096)[0] for _ in range(3)]
         client.register_system_shared_memory("a", keys[0], 4096)
