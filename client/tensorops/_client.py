@@ -175,6 +175,7 @@ class ClientBase(Operations):
             options = [*options, ("grpc.ssl_target_name_override", server_name_override)]
         self._options = channel_options(max_message_bytes, max_attempts, options)
         self._callables: dict[str, Any] = {}
+        self._shared: SharedMemoryTransport | None = None  # shared_memory=True
 
     def _method(self, path: str):
         fn = self._callables.get(path)
@@ -185,6 +186,17 @@ class ClientBase(Operations):
     def _call_options(self, timeout, metadata) -> dict:
         return {"timeout": self.timeout if timeout is None else timeout,
                 "metadata": merge_metadata(self.metadata, metadata)}
+
+    @property
+    def shared_memory(self) -> bool:
+        """Whether calls may move their tensors through shared memory (asked for with
+        `shared_memory=True`, and not refused by the server; see shared_memory_refusal)."""
+        return self._shared is not None and self._shared.off_reason is None
+
+    @property
+    def shared_memory_refusal(self) -> str | None:
+        """Why the server refused shared memory (calls then go over the wire), if it did."""
+        return None if self._shared is None else self._shared.off_reason
 
 
 class Client(ClientBase):
@@ -214,17 +226,6 @@ class Client(ClientBase):
             self._channel = grpc.secure_channel(target, self._credentials, options=self._options)
         self._shared = SharedMemoryTransport(self._invoke, shared_memory_prefix, shared_memory_min_bytes) \
             if shared_memory else None
-
-    @property
-    def shared_memory(self) -> bool:
-        """Whether calls may move their tensors through shared memory (asked for with
-        `shared_memory=True`, and not refused by the server; see shared_memory_refusal)."""
-        return self._shared is not None and self._shared.off_reason is None
-
-    @property
-    def shared_memory_refusal(self) -> str | None:
-        """Why the server refused shared memory (calls then go over the wire), if it did."""
-        return None if self._shared is None else self._shared.off_reason
 
     def close(self) -> None:
         if self._shared is not None:

@@ -100,3 +100,24 @@ def test_falls_back_when_the_prefix_is_not_the_servers(shm_server):
     with tensorops.Client(shm_server.target, shared_memory=True, shared_memory_prefix="other_") as client:
         assert same(tn.softmax(x), client.softmax(x))
         assert "PERMISSION_DENIED" in client.shared_memory_refusal
+
+
+def test_asyncio_client(shm_server, server):
+    import asyncio
+
+    import tensorops.aio
+    rng = np.random.default_rng(6)
+    xs = [rng.standard_normal((64, 1024)).astype(np.float32) for _ in range(6)]
+    before = kserve_calls(shm_server)
+
+    async def main(target):
+        async with tensorops.aio.Client(target, shared_memory=True) as client:
+            results = await asyncio.gather(*(client.softmax(x) for x in xs))
+            return results, client.shared_memory, client.shared_memory_refusal
+    results, on, refusal = asyncio.run(main(shm_server.target))
+    assert on and refusal is None and kserve_calls(shm_server) - before == len(xs)
+    assert all(same(tn.softmax(x), y) for x, y in zip(xs, results))
+    results, on, refusal = asyncio.run(main(server.target))  # refused: over the wire
+    assert not on and "--allow-shared-memory" in refusal
+    assert all(same(tn.softmax(x), y) for x, y in zip(xs, results))
+    assert not regions_of_this_process()
