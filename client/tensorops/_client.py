@@ -1,9 +1,11 @@
 """The blocking client and its quantized inner-product session."""
 from __future__ import annotations
 
+import copy
 import ipaddress
 import json
 import os
+import secrets
 import threading
 from typing import Any, Union
 
@@ -18,12 +20,37 @@ from .v1 import tensorops_pb2
 
 DEFAULT_TARGET = "localhost:50051"
 
+# Metadata sent with every call of a quantized inner-product session: a random key chosen
+# by the client when it opens the session, the same for the session's whole life (and its
+# re-creations). Balancers hash on it so that a session's calls reach the replica holding
+# it; the server ignores it (the session id it hands out stays the only handle).
+SESSION_KEY_HEADER = "x-tensorops-session-key"
+
+# The client-side load-balancing policies a Client accepts (gRPC names).
+LOAD_BALANCING_POLICIES = ("round_robin", "pick_first")
+
+
+def default_load_balancing(target: str) -> str:
+    """round_robin for a target that names several servers: a list of addresses
+    ("ipv4:a:p,b:p") or an explicit DNS name ("dns:///name:port", whose name may resolve to
+    many); pick_first otherwise. pick_first reconnects at the next call after a lone server
+    restarts, where round_robin would wait out its reconnection backoff."""
+    if "," in target or target.startswith("dns:"):
+        return "round_robin"
+    return "pick_first"
+
 PEM = Union[bytes, str, "os.PathLike[str]"]
 
 
-def retry_service_config(max_attempts: int) -> str:
-    """gRPC service config retrying UNAVAILABLE (server restarting, draining, unreachable)
-    with exponential backoff. Every operation is a pure function, so a retry is safe."""
+def retry_service_config(max_attempts: int, load_balancing: str = "round_robin", shuffle: bool = False) -> str:
+    """gRPC service config: the load-balancing policy over the addresses the target
+    resolves to (`shuffle`: pick_first tries them in random order), and retries of
+    UNAVAILABLE (server restarting, draining, unreachable) with exponential backoff.
+    Every operation is a pure function, so a retry is safe."""
+    if load_balancing not in LOAD_BALANCING_POLICIES:
+        raise ValueError(f"load_balancing: expected one of {', '.join(LOAD_BALANCING_POLICIES)}, "
+                         f"got {load_balancing!r}")
+    policy = {"shuffleAddressList": True} if shuffle and load_balancing == "pick_first" else {}
     method_config: dict[str, Any] = {"name": [{"service": _wire.SERVICE_NAME}]}
     if max_attempts > 1:
         method_config["retryPolicy"] = {
@@ -33,15 +60,16 @@ def retry_service_config(max_attempts: int) -> str:
             "backoffMultiplier": 2,
             "retryableStatusCodes": ["UNAVAILABLE"],
         }
-    return json.dumps({"methodConfig": [method_config]})
+    return json.dumps({"loadBalancingConfig": [{load_balancing: policy}], "methodConfig": [method_config]})
 
 
-def channel_options(max_message_bytes: int, max_attempts: int, options=()) -> list[tuple[str, Any]]:
+def channel_options(max_message_bytes: int, max_attempts: int, options=(), load_balancing: str = "round_robin",
+                    shuffle: bool = False) -> list[tuple[str, Any]]:
     base = [
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.enable_retries", 1 if max_attempts > 1 else 0),
-        ("grpc.service_config", retry_service_config(max_attempts)),
+        ("grpc.service_config", retry_service_config(max_attempts, load_balancing, shuffle)),
         # A retry resends the request from this buffer; let it hold the largest message.
         ("grpc.per_rpc_retry_buffer_size", max_message_bytes),
     ]
@@ -158,14 +186,26 @@ class ClientBase(Operations):
         refused (ValueError at construction) on a plaintext channel, unless
         allow_insecure_token=True and the target is a loopback address (127.0.0.0/8,
         ::1, localhost or a unix: socket), where it never leaves the machine.
-    With none of them the channel is plaintext."""
+    With none of them the channel is plaintext.
+
+    Several servers: the target may list addresses ("ipv4:10.0.0.1:50051,10.0.0.2:50051")
+    or be a DNS name that resolves to several ("dns:///tensorops-headless:50051").
+      load_balancing: "round_robin" keeps a connection to every address and spreads the
+        calls over the ready ones, one call at a time; "pick_first" uses one connection,
+        to the first address that answers. Default: round_robin for a list of addresses
+        or a dns: target, pick_first otherwise (a plain "host:port" is resolved through
+        DNS as well: write "dns:///host:port" or pass load_balancing="round_robin" when
+        the name stands for several servers, as a headless Service does). A session
+        holds state on one server, so under round_robin each session opens a channel of
+        its own that keeps to one server, picked at random (closed with the session)."""
 
     def __init__(self, target: str = DEFAULT_TARGET, *, timeout: float | None = None, metadata=None,
                  credentials: grpc.ChannelCredentials | None = None, root_certificates: PEM | None = None,
                  certificate_chain: PEM | None = None, private_key: PEM | None = None,
                  server_name_override: str | None = None, token: str | None = None,
                  allow_insecure_token: bool = False,
-                 max_message_bytes: int = _wire.DEFAULT_MAX_MESSAGE_BYTES, max_attempts: int = 4, options=()):
+                 max_message_bytes: int = _wire.DEFAULT_MAX_MESSAGE_BYTES, max_attempts: int = 4, options=(),
+                 load_balancing: str | None = None):
         self.target = target
         self.timeout = timeout
         self._credentials = channel_credentials(credentials, root_certificates, certificate_chain, private_key)
@@ -173,9 +213,29 @@ class ClientBase(Operations):
                                                               allow_insecure_token)
         if server_name_override is not None:
             options = [*options, ("grpc.ssl_target_name_override", server_name_override)]
-        self._options = channel_options(max_message_bytes, max_attempts, options)
+        self.load_balancing = load_balancing or default_load_balancing(target)
+        self._options = channel_options(max_message_bytes, max_attempts, options, self.load_balancing)
+        self._session_options = None
+        if self.load_balancing == "round_robin":
+            self._session_options = channel_options(max_message_bytes, max_attempts, options, "pick_first",
+                                                    shuffle=True)
         self._callables: dict[str, Any] = {}
         self._shared: SharedMemoryTransport | None = None  # shared_memory=True
+
+    def _open_channel(self, options):
+        raise NotImplementedError
+
+    def _session_transport(self):
+        """What a session's calls go through: the client itself, or, when the client
+        spreads calls over several servers, a copy of it whose channel keeps to one server
+        (picked at random), since the session lives on the server that created it."""
+        if self._session_options is None:
+            return self
+        pinned = copy.copy(self)
+        pinned._callables = {}
+        pinned._session_options = None
+        pinned._channel = self._open_channel(self._session_options)
+        return pinned
 
     def _method(self, path: str):
         fn = self._callables.get(path)
@@ -220,12 +280,14 @@ class Client(ClientBase):
     def __init__(self, target: str = DEFAULT_TARGET, *, shared_memory: bool = False,
                  shared_memory_prefix: str = "tensorops_", shared_memory_min_bytes: int = MIN_BYTES, **kwargs):
         super().__init__(target, **kwargs)
-        if self._credentials is None:
-            self._channel = grpc.insecure_channel(target, options=self._options)
-        else:
-            self._channel = grpc.secure_channel(target, self._credentials, options=self._options)
+        self._channel = self._open_channel(self._options)
         self._shared = SharedMemoryTransport(self._invoke, shared_memory_prefix, shared_memory_min_bytes) \
             if shared_memory else None
+
+    def _open_channel(self, options):
+        if self._credentials is None:
+            return grpc.insecure_channel(self.target, options=options)
+        return grpc.secure_channel(self.target, self._credentials, options=options)
 
     def close(self) -> None:
         if self._shared is not None:
@@ -272,6 +334,7 @@ def server_info(msg) -> dict:
     return {
         "version": msg.version, "isa": msg.isa, "cpu_features": list(msg.cpu_features),
         "kernels": dict(msg.kernels), "operations": list(msg.operations), "workers": msg.workers,
+        "instance": msg.instance,
         "limits": {"max_message_bytes": limits.max_message_bytes, "max_tensor_bytes": limits.max_tensor_bytes,
                    "max_ndim": limits.max_ndim, "max_sessions": limits.max_sessions,
                    "max_session_bytes": limits.max_session_bytes,
@@ -290,13 +353,25 @@ class SessionClosedError(TensorOpsError):
 class SessionBase:
     """State shared by the blocking and asyncio sessions. The server's session id is the
     only handle; the parameters are kept (as the encoded create request) so the session
-    can be re-created when the server no longer has it."""
+    can be re-created when the server no longer has it. Every call of the session carries
+    its routing key (SESSION_KEY_HEADER), so that a balancer sends them all, re-creations
+    included, to one replica."""
 
     def __init__(self, client, create_request: bytes):
-        self._client = client
+        self._owner = client
+        self._client = client._session_transport()  # what the session's calls go through
         self._create_request = create_request
         self._info = None
         self._closed = False
+        self._routing_key = secrets.token_hex(16)
+
+    @property
+    def routing_key(self) -> str:
+        """The random key sent as SESSION_KEY_HEADER with each call of this session."""
+        return self._routing_key
+
+    def _metadata(self, metadata) -> tuple:
+        return ((SESSION_KEY_HEADER, self._routing_key),) + tuple(metadata or ())
 
     @property
     def session_id(self) -> str:
@@ -346,10 +421,19 @@ class QuantizedInnerProductSession(SessionBase):
     def __init__(self, client: Client, create_request: bytes, timeout=None, metadata=None):
         super().__init__(client, create_request)
         self._lock = threading.Lock()
-        self._create(timeout, metadata)
+        try:
+            self._create(timeout, metadata)
+        except BaseException:
+            self._close_transport()
+            raise
+
+    def _close_transport(self) -> None:
+        if self._client is not self._owner:
+            self._client.close()
 
     def _create(self, timeout, metadata) -> None:
-        raw = self._client._invoke(_wire.CREATE_SESSION.path, self._create_request, timeout, metadata)
+        raw = self._client._invoke(_wire.CREATE_SESSION.path, self._create_request, timeout,
+                                   self._metadata(metadata))
         self._info = tensorops_pb2.SessionInfo.FromString(raw)
 
     def _recreate(self, lost_id: str, timeout, metadata) -> None:
@@ -373,7 +457,7 @@ class QuantizedInnerProductSession(SessionBase):
 
         def call():
             request = self._forward_request(a)
-            raw = self._client._invoke(op.path, request.data, timeout, metadata)
+            raw = self._client._invoke(op.path, request.data, timeout, self._metadata(metadata))
             return _wire.decode_response(op, raw)
         return self._retrying(call, timeout, metadata)
 
@@ -381,7 +465,8 @@ class QuantizedInnerProductSession(SessionBase):
         """The server's description of the session (sizes, use count, idle time)."""
         def call():
             raw = self._client._invoke(_wire.method_path("DescribeSession"),
-                                       self._describe_request(self._info.session_id, m), timeout, metadata)
+                                       self._describe_request(self._info.session_id, m), timeout,
+                                       self._metadata(metadata))
             return session_info(tensorops_pb2.SessionInfo.FromString(raw))
         return self._retrying(call, timeout, metadata)
 
@@ -396,9 +481,11 @@ class QuantizedInnerProductSession(SessionBase):
         self._closed = True
         request = tensorops_pb2.ReleaseSessionRequest(session_id=self._info.session_id).SerializeToString()
         try:
-            self._client._invoke(_wire.method_path("ReleaseSession"), request, timeout, metadata)
+            self._client._invoke(_wire.method_path("ReleaseSession"), request, timeout, self._metadata(metadata))
         except NotFoundError:
             pass
+        finally:
+            self._close_transport()
 
     def __enter__(self):
         return self

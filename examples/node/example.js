@@ -5,8 +5,11 @@
 //   cd examples/node && npm install && node example.js localhost:50051
 //
 // Three calls: a layer norm (FP32, NCHW), a softmax of a BF16 tensor, and a quantized inner
-// product through a session (create, forward, release); then a call the server refuses,
-// to show the error details (google.rpc.BadRequest). The script prints one JSON document
+// product through a session (create, three forwards, describe, release); then a call the
+// server refuses, to show the error details (google.rpc.BadRequest). The target may be one
+// server or a balancer in front of several (deploy/envoy.yaml): the session's calls carry
+// a routing key (x-tensorops-session-key) that keeps them on the replica holding it, and
+// GetServerInfo says which replica answered (instance). The script prints one JSON document
 // with every request tensor and every result tensor (raw little-endian bytes in base64), so
 // that they can be checked bit for bit against any other implementation (the test suite
 // compares them with tensorops_native: tests/e2e/test_node_example.py).
@@ -16,6 +19,7 @@
 // (default: ../../proto, this repository's).
 'use strict';
 
+const crypto = require('crypto');
 const path = require('path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
@@ -191,7 +195,9 @@ function describeError(method, err) {
 async function main() {
   const out = {};
   const info = await call('GetServerInfo', {});
-  out.server = { version: info.version, isa: info.isa, max_message_bytes: info.limits.max_message_bytes };
+  out.server = {
+    version: info.version, isa: info.isa, max_message_bytes: info.limits.max_message_bytes, instance: info.instance,
+  };
 
   // Layer norm across channels of an NCHW tensor: format is the image tensor's Format.
   const [n, c, h, w] = [2, 4, 3, 3];
@@ -214,8 +220,10 @@ async function main() {
 
   // Quantized inner product through a session: B (int8, K x N) and the quantization
   // parameters are sent once; each forward sends A (uint8, M x K) and gets C (uint8, M x N).
+  // Every call of the session carries the same random routing key: behind a balancer they
+  // all reach the replica that holds the session (elsewhere they would get NOT_FOUND).
   const [m, k, nOut] = [4, 16, 8];
-  const routing = { 'x-tensorops-session-key': `node-example-${process.pid}` };
+  const routing = { 'x-tensorops-session-key': crypto.randomBytes(16).toString('hex') };
   const create = {
     b: tensor(pseudoRandom(k * nOut, 5).map((v) => Math.floor(v * 128)), [k, nOut], 'DATA_TYPE_INT8'),
     b_scale: tensor(pseudoRandom(nOut, 6).map((v) => 0.01 + v / 200), [nOut], 'DATA_TYPE_FP32'),
@@ -229,7 +237,11 @@ async function main() {
   const session = await call('CreateQuantizedInnerProduct', create, metadata(routing));
   try {
     const a = tensor(pseudoRandom(m * k, 8).map((v) => Math.floor((v + 1) * 128)), [m, k], 'DATA_TYPE_UINT8');
-    const forward = await call('QuantizedInnerProductForward', { session_id: session.session_id, a }, metadata(routing));
+    const forwards = [];
+    for (let i = 0; i < 3; i += 1) {
+      forwards.push(await call('QuantizedInnerProductForward', { session_id: session.session_id, a }, metadata(routing)));
+    }
+    const described = await call('DescribeSession', { session_id: session.session_id }, metadata(routing));
     out.quantized_inner_product = {
       create: {
         b: show(create.b), b_scale: show(create.b_scale), bias: show(create.bias), a_scale: create.a_scale,
@@ -237,7 +249,8 @@ async function main() {
       },
       session: { info: session.info, n: session.n, k: session.k, max_m: session.max_m },
       forward: { a: show(a) },
-      c: show(forward.c),
+      c: forwards.map((f) => show(f.c)),
+      forward_count: described.forward_count,
     };
   } finally {
     await call('ReleaseSession', { session_id: session.session_id }, metadata(routing));

@@ -39,8 +39,9 @@ def main(argv=None) -> int:
         signal.signal(signum, on_signal)
     while not stop.wait(0.5):
         pass
-    log.info("draining", extra=logs.fields(signal=received[0], grace_seconds=config.grace))
-    server.stop()
+    log.info("draining", extra=logs.fields(signal=received[0], drain_delay_seconds=config.drain_delay,
+                                           grace_seconds=config.grace))
+    server.stop(drain_delay=config.drain_delay)
     log.info("stopped")
     logging.shutdown()
     # A kernel still running on a worker thread (its call was cancelled at the end of the

@@ -78,12 +78,14 @@ class TensorOpsServer:
             host=self.config.host, port=self.port, metrics_port=self.metrics_port, workers=self.config.workers,
             isa=tensorops_native.isa(), operations=list(self.table), version=tensorops_native.__version__))
 
-    def stop(self, grace: float | None = None) -> None:
-        """Stop taking calls, let the calls in flight finish within `grace` seconds (then
-        cancel them), and release everything."""
+    def stop(self, grace: float | None = None, drain_delay: float = 0.0) -> None:
+        """Report NOT_SERVING on the health service, keep serving for `drain_delay` seconds
+        (so that balancers polling the health service stop routing here before the port
+        refuses calls), then stop taking calls, let the calls in flight finish within
+        `grace` seconds (then cancel them), and release everything."""
         grace = self.config.grace if grace is None else grace
         if self.grpc_server is not None:
-            self._on_loop(self._stop(grace))
+            self._on_loop(self._stop(grace, drain_delay))
         self._sweeper.stop()
         self.store.close_all()
         self.shared_memory.close_all()
@@ -108,7 +110,8 @@ class TensorOpsServer:
                      ("grpc.max_send_message_length", c.max_message_bytes),
                      ("grpc.so_reuseport", 0),
                      # streams one connection may open at once (HTTP/2 SETTINGS)
-                     ("grpc.max_concurrent_streams", 2 * c.max_pending_requests)])
+                     ("grpc.max_concurrent_streams", 2 * c.max_pending_requests),
+                     *connection_age_options(c)])
         add_handlers(server, _wire.SERVICE_NAME, self.service.handlers())
         add_handlers(server, kserve.SERVICE_NAME, self.kserve.handlers())
         self.health = HealthServicer()
@@ -131,9 +134,29 @@ class TensorOpsServer:
         for service in ("", _wire.SERVICE_NAME, kserve.SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
 
-    async def _stop(self, grace: float) -> None:
-        self.kserve.ready = False
+    async def _stop(self, grace: float, drain_delay: float) -> None:
+        # NOT_SERVING first, while the port still answers: grpc's stop() refuses new calls,
+        # health checks included, at once, and a balancer must see NOT_SERVING (or a
+        # refused check) for the whole drain rather than route calls into a closing port.
+        # The delay is part of the grace period: SIGTERM to exit never takes more than the
+        # grace (plus the time a cancelled kernel needs to notice).
+        self.kserve.ready = False  # KServe's ServerReady says the same
         await self.health.enter_graceful_shutdown()
-        await self.grpc_server.stop(grace)
+        delay = min(drain_delay, grace)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await self.grpc_server.stop(grace - delay)
         await self.service.batcher.wait_idle()
         self.service.admission.close()
+
+
+def connection_age_options(c: Config) -> list[tuple[str, int]]:
+    """gRPC's server-side connection age (GOAWAY after the age, with +-10% jitter, then a
+    grace period for the calls in flight): long-lived HTTP/2 connections of clients and
+    balancers are re-established now and then, so replicas added later get their share."""
+    options = []
+    if c.max_connection_age > 0:
+        options.append(("grpc.max_connection_age_ms", max(1, round(c.max_connection_age * 1000))))
+        if c.max_connection_age_grace > 0:
+            options.append(("grpc.max_connection_age_grace_ms", max(1, round(c.max_connection_age_grace * 1000))))
+    return options

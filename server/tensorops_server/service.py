@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import socket
 import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
@@ -62,9 +63,12 @@ def deserializer(codec: _codec.MessageCodec) -> Callable[[bytes], Incoming]:
 
 
 def add_handlers(server: grpc.aio.Server, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
-    """Serve `handlers` (method name -> handler) as `service`: registered, and also through
-    a generic handler, as generated code does: the asyncio server of some grpcio releases
-    (1.81, the oldest supported, among them) ignores registered handlers."""
+    """Serve `handlers` (method name -> handler) as `service`: the one way the server adds
+    its handlers (the TensorOps handlers of Service.handlers(), each an Instrumented
+    stream-unary handler, and reflection's). The same handler objects are registered by
+    method and also offered through a generic handler, as grpcio's generated code does:
+    the asyncio server of grpcio 1.81 (the oldest release supported) never consults
+    registered handlers, so without the generic one every call would be UNIMPLEMENTED."""
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
     server.add_registered_method_handlers(service, handlers)
 
@@ -332,6 +336,7 @@ class Service:
         return tensorops_pb2.ServerInfo(
             version=native["version"], isa=native["isa"], cpu_features=native["cpu_features"],
             kernels=native["kernels"], limits=limits, operations=list(self.table), workers=c.workers,
+            instance=c.instance_name or socket.gethostname(),
         ).SerializeToString()
 
     # ---- the handler table

@@ -1,5 +1,6 @@
-"""A real `tensorops-server` in a subprocess on an ephemeral loopback port, and the fixtures
-that start one (imported by the conftest of every folder that uses them)."""
+"""A real `tensorops-server` in a subprocess on an ephemeral loopback port, helpers to read
+its metrics and call its reflection service, and the fixtures that start one (imported by
+the conftest of every folder that uses them)."""
 from __future__ import annotations
 
 import json
@@ -11,7 +12,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+import grpc
 import pytest
+from grpc_reflection.v1alpha import reflection_pb2
 
 
 class ServerProcess:
@@ -97,6 +100,20 @@ def metric_value(text: str, name: str, **labels) -> float:
         if metric == name and all(found.get(k) == str(v) for k, v in labels.items()):
             return float(value)
     return 0.0
+
+
+# A ServerReflectionRequest, encoded by hand: list_services is field 7 (the same numbers in
+# grpc.reflection.v1 and v1alpha).
+LIST_SERVICES = b"\x3a\x00"
+
+
+def reflection_call(target: str, service: str, requests: list[bytes]) -> list:
+    """Raw ServerReflectionInfo exchange on `service`: request bytes built by the caller,
+    responses parsed as v1alpha messages (v1 is wire-identical)."""
+    with grpc.insecure_channel(target) as channel:
+        call = channel.stream_stream(f"/{service}/ServerReflectionInfo")
+        raw = list(call(iter(requests), timeout=10))
+    return [reflection_pb2.ServerReflectionResponse.FromString(r) for r in raw]
 
 
 # ---- fixtures

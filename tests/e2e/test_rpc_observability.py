@@ -10,12 +10,11 @@ import grpc
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection_pb2
 
 import tensorops
 import tensorops_native as tn
 from tensorops import _wire
-from rpc_server import metric_value
+from rpc_server import LIST_SERVICES, metric_value, reflection_call
 
 
 def test_health_serving(server):
@@ -29,27 +28,14 @@ def test_health_serving(server):
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-def reflection_call(target: str, service: str, requests: list[bytes]) -> list:
-    """Raw ServerReflectionInfo exchange on `service`: request bytes built by the caller,
-    responses parsed as v1alpha messages (v1 is wire-identical)."""
-    with grpc.insecure_channel(target) as channel:
-        call = channel.stream_stream(f"/{service}/ServerReflectionInfo")
-        raw = list(call(iter(requests), timeout=10))
-    return [reflection_pb2.ServerReflectionResponse.FromString(r) for r in raw]
-
-
 def file_protos(response) -> list:
     from google.protobuf import descriptor_pb2
     return [descriptor_pb2.FileDescriptorProto.FromString(f)
             for f in response.file_descriptor_response.file_descriptor_proto]
 
 
-# ServerReflectionRequest, encoded by hand: list_services is field 7, file_containing_symbol
-# field 4 (the same numbers in grpc.reflection.v1 and v1alpha).
-LIST_SERVICES = b"\x3a\x00"
-
-
 def containing_symbol(symbol: str) -> bytes:
+    """A ServerReflectionRequest, encoded by hand: file_containing_symbol is field 4."""
     return b"\x22" + bytes([len(symbol)]) + symbol.encode()
 
 

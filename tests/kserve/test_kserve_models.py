@@ -113,7 +113,8 @@ def test_statistics_count_successes_and_failures(start_server):
 def test_reflection_describes_the_service_under_its_wire_name(server):
     """grpcurl and other tools find inference.GRPCInferenceService through reflection, its
     types under package `inference` as clients know them."""
-    from test_rpc_observability import LIST_SERVICES, containing_symbol, file_protos, reflection_call
+    from rpc_server import LIST_SERVICES, reflection_call
+    from test_rpc_observability import containing_symbol, file_protos
 
     responses = reflection_call(server.target, "grpc.reflection.v1.ServerReflection",
                                 [LIST_SERVICES, containing_symbol("inference.GRPCInferenceService")])

@@ -235,7 +235,9 @@ class TensorOpsServicer:
         be evicted (least recently used first) under the server's count and memory caps, after
         which calls on them fail with NOT_FOUND. A session belongs to the caller that created
         it (its bearer token, else its client certificate, else the anonymous caller): other
-        callers get NOT_FOUND.
+        callers get NOT_FOUND. A session lives on the one server process that created it:
+        behind a balancer, send the same x-tensorops-session-key metadata (a random key chosen
+        per session) with every call of the session, so that they all reach that process.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
