@@ -127,3 +127,22 @@ def test_reflection_describes_the_service_under_its_wire_name(server):
     request = next(m for m in proto.message_type if m.name == "ModelInferRequest")
     inputs = next(f for f in request.field if f.name == "inputs")
     assert (inputs.number, inputs.type_name) == (5, ".inference.ModelInferRequest.InferInputTensor")
+
+
+def test_not_ready_while_draining(start_server):
+    """On SIGTERM the server reports not ready (ServerReady, like the health service) for
+    the drain delay, while it still serves."""
+    import time
+
+    server = start_server("--drain-delay", "3")
+    with tc.InferenceServerClient(server.target) as client:
+        assert client.is_server_ready()
+        server.signal()
+        deadline = time.monotonic() + 2
+        while client.is_server_ready():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert client.is_server_live()
+        x = np.ones((2, 3), np.float32)
+        assert client.infer("softmax", [infer_input("x", x)]).as_numpy("y").shape == (2, 3)
+    assert server.wait() == 0
