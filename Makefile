@@ -46,7 +46,8 @@ test: $(VENV)/.test-installed promtool node
 
 # Both ends of the supported protobuf range, each in a throwaway venv: the newest protobuf 7
 # (a fresh install) and the oldest protobuf 6 and grpcio beside tritonclient[grpc]; pip
-# check, the client and server tests and end-to-end files (see .ci/protobuf-range).
+# check, the client and server tests and end-to-end files, and (beside tritonclient) the
+# KServe tests (see .ci/protobuf-range).
 test-protobuf-range:
 	PYTHON=$(PYTHON) .ci/protobuf-range
 
@@ -124,6 +125,9 @@ serve: $(VENV)/.installed
 proto: $(VENV)/.test-installed
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=client --pyi_out=client --grpc_python_out=client \
 		$(sort $(wildcard proto/tensorops/v1/*.proto))
+	# messages only: the server serves them under the name clients call (see the .proto)
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=client --pyi_out=client \
+		$(sort $(wildcard proto/tensorops/kserve/v2/*.proto))
 
 # promtool (from Debian's prometheus package, unpacked into the venv: no daemon installed)
 # lets the tests check the /metrics text. Best effort: without apt the check is skipped.

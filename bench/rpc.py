@@ -15,7 +15,13 @@ loopback. Then prints
    sync echo with as many clients, and the server process's CPU time per call (utime + stime
    from /proc/<pid>/stat over the cell) and in cores; plus one row for a tensorops.aio.Client
    (one channel, 64 calls kept in flight), to read next to the 16 blocking clients;
-3. batching: two more tensorops servers, dynamic batching on (the default) and off
+3. kserve: the same operation through tritonclient over the KServe V2 endpoint, with its
+   tensors in the messages and in system shared memory (x read from a region, y written
+   into one; the server runs with --allow-shared-memory), next to the tensorops SDK over
+   the wire and through shared memory, the in-process kernel and a tiny (4 KB) echo: ms
+   per call, and shared memory's ratio to kernel + tiny echo (skipped without
+   tritonclient[grpc]);
+4. batching: two more tensorops servers, dynamic batching on (the default) and off
    (--max-batch-rows 1); 1, 4 and 16 blocking clients forward one row each (A of 1 x 1024
    uint8, B 1024 x 1024 int8) to ONE shared quantized inner-product session: calls/s,
    on / off, per-call p50/p99, and the forwards merged per kernel call (mean of the
@@ -52,7 +58,7 @@ ECHO_METHOD = "/bench.Echo/Echo"
 MAX_MESSAGE = 256 * 1024 * 1024
 SIZES = {"4K": 4 << 10, "16K": 16 << 10, "64K": 64 << 10, "256K": 256 << 10, "1M": 1 << 20, "4M": 4 << 20,
          "16M": 16 << 20}
-PARTS = ("latency", "throughput", "batching")
+PARTS = ("latency", "throughput", "kserve", "batching")
 AIO_IN_FLIGHT = 64
 ECHO_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE)]
 
@@ -254,7 +260,9 @@ def latency_run(target: str, echo_ports: dict, op_name: str, sizes: dict, base_r
     sync_channel, sync_echo = _echo_channel(echo_ports["sync"])
     aio_channel, aio_echo = _echo_channel(echo_ports["aio"])
     try:
-        with tensorops.Client(target, max_message_bytes=MAX_MESSAGE) as client:
+        with tensorops.Client(target, max_message_bytes=MAX_MESSAGE) as client, \
+                tensorops.Client(target, max_message_bytes=MAX_MESSAGE, shared_memory=True,
+                                 shared_memory_prefix="tensorops_bench_") as shared_client:
             fn = getattr(client, fname)
             native = getattr(tn, fname)
             for label, nbytes in sizes.items():
@@ -289,14 +297,102 @@ def print_latency(op_name: str, sizes: dict, runs: list[dict]) -> None:
     print("| payload | sync echo ms | aio echo ms | tensorops ms | tensorops / sync echo | kernel ms "
           "| tensorops / (sync echo + kernel) |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print_rows(sizes, runs, [lambda s, a, c, k: s, lambda s, a, c, k: a, lambda s, a, c, k: c],
+               [lambda s, a, c, k: c / s], [lambda s, a, c, k: k], [lambda s, a, c, k: c / (s + k)])
+
+
+def print_rows(sizes: dict, runs: list[dict], *columns) -> None:
+    """One table row per payload: groups of columns alternate between times (ms) and
+    ratios; each cell is the median over the runs of its function of the run's tuple."""
     for label in sizes:
         rows = [run[label] for run in runs]
+        cells = []
+        for group, functions in enumerate(columns):
+            for f in functions:
+                value = statistics.median(f(*r) for r in rows)
+                cells.append(f"{value * 1e3:.3f}" if group % 2 == 0 else f"{value:.2f}")
+        print(f"| {label} | {' | '.join(cells)} |")
 
-        def med(f):
-            return statistics.median(f(*r) for r in rows)
-        print(f"| {label} | {med(lambda s, a, c, k: s) * 1e3:.3f} | {med(lambda s, a, c, k: a) * 1e3:.3f} "
-              f"| {med(lambda s, a, c, k: c) * 1e3:.3f} | {med(lambda s, a, c, k: c / s):.2f} "
-              f"| {med(lambda s, a, c, k: k) * 1e3:.3f} | {med(lambda s, a, c, k: c / (s + k)):.2f} |")
+
+# ---------------------------------------------------------------------------------------
+# KServe V2: tritonclient over the wire and through system shared memory
+
+def kserve_available() -> bool:
+    try:
+        import tritonclient.grpc  # noqa: F401
+        import tritonclient.utils.shared_memory  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def kserve_run(target: str, echo_port: int, op_name: str, sizes: dict, base_repeat: int) -> dict:
+    """{payload label: (tensorops s, tensorops shm s, triton wire s, triton shm s, kernel s, 4 KB echo s)}."""
+    import tritonclient.grpc as tc
+    import tritonclient.utils.shared_memory as shm
+
+    import tensorops
+    import tensorops_native as tn
+
+    fname, _, build = OPERATIONS[op_name]
+    names = _arg_names(fname)
+    results = {}
+    echo_channel, echo = _echo_channel(echo_port)
+    tiny = bytes(4 << 10)
+    triton = tc.InferenceServerClient(target)
+    try:
+        with tensorops.Client(target, max_message_bytes=MAX_MESSAGE) as client, \
+                tensorops.Client(target, max_message_bytes=MAX_MESSAGE, shared_memory=True,
+                                 shared_memory_prefix="tensorops_bench_") as shared_client:
+            for label, nbytes in sizes.items():
+                args, kwargs = build(nbytes)
+                arrays = {n: a for n, a in zip(names, args) if isinstance(a, np.ndarray)}
+                parameters = {n: v for n, v in zip(names, args) if not isinstance(v, np.ndarray)}
+                parameters.update(kwargs)
+                x = arrays["x"]
+                wire_inputs = []
+                for name, arr in arrays.items():
+                    t = tc.InferInput(name, list(arr.shape), "FP32")
+                    t.set_data_from_numpy(arr)
+                    wire_inputs.append(t)
+                key = f"/tensorops_bench_{os.getpid()}_{label}"
+                handle = shm.create_shared_memory_region(key[1:], key, 2 * x.nbytes)
+                try:
+                    shm.set_shared_memory_region(handle, [x])
+                    triton.register_system_shared_memory(label, key, 2 * x.nbytes)
+                    x_in = tc.InferInput("x", list(x.shape), "FP32")
+                    x_in.set_shared_memory(label, x.nbytes)
+                    y_out = tc.InferRequestedOutput("y")
+                    y_out.set_shared_memory(label, x.nbytes, offset=x.nbytes)
+                    shm_inputs = [x_in] + [t for t in wire_inputs if t.name() != "x"]
+                    sides = [lambda: getattr(client, fname)(*args, **kwargs),
+                             lambda: getattr(shared_client, fname)(*args, **kwargs),
+                             lambda: triton.infer(fname, wire_inputs, parameters=parameters),
+                             lambda: triton.infer(fname, shm_inputs, parameters=parameters, outputs=[y_out]),
+                             lambda: getattr(tn, fname)(*args, **kwargs),
+                             lambda: echo(tiny)]
+                    repeat = repeats_for(nbytes, base_repeat)
+                    results[label] = tuple(median_time(side, repeat) for side in sides)
+                finally:
+                    triton.unregister_system_shared_memory(label)
+                    shm.destroy_shared_memory_region(handle)
+    finally:
+        triton.close()
+        echo_channel.close()
+    return results
+
+
+def print_kserve(op_name: str, sizes: dict, runs: list[dict]) -> None:
+    print(f"\n## KServe V2: {op_name} through tritonclient, ms per call (median over {len(runs)} "
+          f"run{'s' if len(runs) > 1 else ''} of the per-run median)\n")
+    print("tritonclient shm: x read from a registered region and y written into one (and left there); the "
+          "other (small) inputs in the message. SDK shm: tensorops.Client(shared_memory=True), which copies x "
+          "into its region and y out of it into a new array. Target: shm <= 1.5 x (kernel + 4 KB echo).\n")
+    print("| payload | SDK ms | SDK shm ms | tritonclient ms | tritonclient shm ms | kernel ms | 4 KB echo ms "
+          "| SDK shm / (kernel + echo) | tritonclient shm / (kernel + echo) |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    times = [lambda *r, i=i: r[i] for i in range(6)]  # SDK, SDK shm, tritonclient, tritonclient shm, kernel, echo
+    print_rows(sizes, runs, times, [lambda t, ts, w, m, k, e: ts / (k + e), lambda t, ts, w, m, k, e: m / (k + e)])
 
 
 # ---------------------------------------------------------------------------------------
@@ -624,6 +720,9 @@ def main() -> None:
     print(f"# tensorops RPC benchmark: ISA {tn.isa()}, {os.cpu_count()} CPUs, server workers {args.workers}, "
           f"client malloc {'retaining freed buffers' if retained else 'default'}, {runs} "
           f"run{'s' if runs > 1 else ''}")
+    if "kserve" in parts and (not kserve_available() or "x" not in _arg_names(fname)):
+        print("\n(kserve: needs tritonclient[grpc] and an operation with input x, skipped)")
+        parts.remove("kserve")
     if "batching" in parts and not qip_available():
         print("\n(batching: no quantized inner product in this build, skipped)")
         parts.remove("batching")
@@ -633,11 +732,12 @@ def main() -> None:
     results = collections.defaultdict(list)
     try:
         echo_ports, pids, target = {}, {}, None
-        if "latency" in parts or "throughput" in parts:
+        if "latency" in parts or "throughput" in parts or "kserve" in parts:
             for kind in ("sync", "aio"):
                 proc, echo_ports[kind] = start_echo(procs, args.workers, aio=kind == "aio")
                 pids[kind] = proc.pid
-            proc, port, _ = start_tensorops_server(procs, args.workers)
+            proc, port, _ = start_tensorops_server(procs, args.workers, "--allow-shared-memory", "true",
+                                                   "--shared-memory-prefix", "tensorops_bench_")
             pids["tensorops"] = proc.pid
             target = f"127.0.0.1:{port}"
         batching_servers = {}
@@ -657,12 +757,16 @@ def main() -> None:
                 elif part == "throughput":
                     results[part].append(throughput_run(target, echo_ports, pids, args.op, client_counts,
                                                         args.duration))
+                elif part == "kserve":
+                    results[part].append(kserve_run(target, echo_ports["sync"], args.op, sizes, args.repeat))
                 else:
                     results[part].append(batching_run(batching_servers, client_counts, args.duration))
         if "latency" in parts:
             print_latency(args.op, sizes, results["latency"])
         if "throughput" in parts:
             print_throughput(results["throughput"], client_counts, args.duration, _server_workers(target))
+        if "kserve" in parts:
+            print_kserve(args.op, sizes, results["kserve"])
         if "batching" in parts:
             print_batching(results["batching"], client_counts, args.duration)
     finally:

@@ -15,6 +15,7 @@ from . import _wire
 from ._codec import WireError
 from ._errors import NotFoundError, TensorOpsError, from_rpc_error, invalid_argument
 from ._operations import Operations
+from ._shared_memory import MIN_BYTES, SharedMemoryTransport
 from .v1 import tensorops_pb2
 
 DEFAULT_TARGET = "localhost:50051"
@@ -219,6 +220,7 @@ class ClientBase(Operations):
             self._session_options = channel_options(max_message_bytes, max_attempts, options, "pick_first",
                                                     shuffle=True)
         self._callables: dict[str, Any] = {}
+        self._shared: SharedMemoryTransport | None = None  # shared_memory=True
 
     def _open_channel(self, options):
         raise NotImplementedError
@@ -245,6 +247,17 @@ class ClientBase(Operations):
         return {"timeout": self.timeout if timeout is None else timeout,
                 "metadata": merge_metadata(self.metadata, metadata)}
 
+    @property
+    def shared_memory(self) -> bool:
+        """Whether calls may move their tensors through shared memory (asked for with
+        `shared_memory=True`, and not refused by the server; see shared_memory_refusal)."""
+        return self._shared is not None and self._shared.off_reason is None
+
+    @property
+    def shared_memory_refusal(self) -> str | None:
+        """Why the server refused shared memory (calls then go over the wire), if it did."""
+        return None if self._shared is None else self._shared.off_reason
+
 
 class Client(ClientBase):
     """Blocking client: `Client("localhost:50051")`, one method per operation (NumPy in,
@@ -254,11 +267,22 @@ class Client(ClientBase):
     TLS: `Client("host:50051", root_certificates="ca.pem")`; mutual TLS adds
     `certificate_chain=` and `private_key=`; `token=` sends a bearer token (never over
     plaintext, but see allow_insecure_token). All keyword arguments are described on
-    ClientBase."""
+    ClientBase.
 
-    def __init__(self, target: str = DEFAULT_TARGET, **kwargs):
+    On the server's host, `shared_memory=True` moves the tensors of the stateless
+    operations through POSIX shared memory (regions named `shared_memory_prefix`...,
+    registered with the server's KServe endpoint; the server needs
+    --allow-shared-memory), so that only a small message crosses the socket. Calls go
+    over the wire whenever shared memory cannot serve them: small ones, and all of them
+    once the server refused a region (see `shared_memory_refusal`). Calls whose tensors
+    hold fewer than `shared_memory_min_bytes` (64 KiB) bytes always use the wire."""
+
+    def __init__(self, target: str = DEFAULT_TARGET, *, shared_memory: bool = False,
+                 shared_memory_prefix: str = "tensorops_", shared_memory_min_bytes: int = MIN_BYTES, **kwargs):
         super().__init__(target, **kwargs)
         self._channel = self._open_channel(self._options)
+        self._shared = SharedMemoryTransport(self._invoke, shared_memory_prefix, shared_memory_min_bytes) \
+            if shared_memory else None
 
     def _open_channel(self, options):
         if self._credentials is None:
@@ -266,6 +290,8 @@ class Client(ClientBase):
         return grpc.secure_channel(self.target, self._credentials, options=options)
 
     def close(self) -> None:
+        if self._shared is not None:
+            self._shared.close()
         self._channel.close()
 
     def __enter__(self):
@@ -281,6 +307,10 @@ class Client(ClientBase):
             raise from_rpc_error(exc) from None
 
     def _call(self, name: str, arguments: dict, timeout, metadata):
+        if self._shared is not None:
+            result = self._shared.call(name, arguments, timeout, metadata)
+            if result is not NotImplemented:
+                return result
         op = _wire.OPERATIONS[name]
         request = encode(op, arguments)
         raw = self._invoke(op.path, request.data, timeout, metadata)

@@ -374,6 +374,29 @@ def _tensor_fields(arr: np.ndarray, code: int, fmt: int, number: int, offset: in
     return parts
 
 
+def split_field(raw: bytes, number: int) -> tuple[bytes, list[memoryview]]:
+    """The occurrences of the top-level length-delimited field `number` of a message, as
+    views of `raw` (no copy), and the message without them (for the protobuf runtime)."""
+    view = memoryview(raw)
+    found, rest = [], []
+    for n, wire_type, start, value, stop in _fields(view, 0, len(view)):
+        if n == number and wire_type == _LEN:
+            found.append(view[value:stop])
+        else:
+            rest.append(view[start:stop])
+    return b"".join(rest), found
+
+
+def bytes_field(number: int, payload: memoryview) -> list:
+    """The parts of a length-delimited field holding `payload` (joined with one copy)."""
+    return [_tag(number, _LEN) + _varint(payload.nbytes), payload]
+
+
+def array_bytes(arr: np.ndarray) -> memoryview:
+    """The elements of an array in wire form (C order, little-endian) as bytes, no copy."""
+    return _payload(arr)
+
+
 # ---------------------------------------------------------------------------------------
 # Messages
 

@@ -12,6 +12,8 @@ import grpc
 
 from . import _wire
 from ._client import DEFAULT_TARGET, ClientBase, SessionBase, encode, server_info, session_info
+from ._client import Client as BlockingClient
+from ._shared_memory import MIN_BYTES
 from ._errors import NotFoundError, from_rpc_error
 from .v1 import tensorops_pb2
 
@@ -22,11 +24,18 @@ class Client(ClientBase):
     """asyncio client. Create it inside a running event loop; every operation method
     returns an awaitable. `await c.quantized_inner_product(b, ...)` opens a session.
     Takes the keyword arguments of tensorops.Client (TLS, mutual TLS, token: see
-    ClientBase)."""
+    ClientBase; shared memory: see tensorops.Client)."""
 
-    def __init__(self, target: str = DEFAULT_TARGET, **kwargs):
+    def __init__(self, target: str = DEFAULT_TARGET, *, shared_memory: bool = False,
+                 shared_memory_prefix: str = "tensorops_", shared_memory_min_bytes: int = MIN_BYTES, **kwargs):
         super().__init__(target, **kwargs)
         self._channel = self._open_channel(self._options)
+        # Shared memory (see tensorops.Client) through a blocking client of its own, whose
+        # calls (a region copy and a small message) run on a thread.
+        self._blocking = BlockingClient(target, shared_memory=True, shared_memory_prefix=shared_memory_prefix,
+                                        shared_memory_min_bytes=shared_memory_min_bytes, **kwargs) \
+            if shared_memory else None
+        self._shared = self._blocking._shared if self._blocking is not None else None
 
     def _open_channel(self, options):
         if self._credentials is None:
@@ -34,6 +43,8 @@ class Client(ClientBase):
         return grpc.aio.secure_channel(self.target, self._credentials, options=options)
 
     async def close(self) -> None:
+        if self._blocking is not None:
+            await asyncio.to_thread(self._blocking.close)
         await self._channel.close()
 
     async def __aenter__(self):
@@ -49,6 +60,10 @@ class Client(ClientBase):
             raise from_rpc_error(exc) from None
 
     async def _call(self, name: str, arguments: dict, timeout, metadata):
+        if self._shared is not None and self._shared.off_reason is None:
+            result = await asyncio.to_thread(self._shared.call, name, arguments, timeout, metadata)
+            if result is not NotImplemented:
+                return result
         op = _wire.OPERATIONS[name]
         request = encode(op, arguments)
         raw = await self._invoke(op.path, request.data, timeout, metadata)

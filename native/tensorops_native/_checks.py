@@ -178,3 +178,23 @@ def sequence(value, name: str) -> list:
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         raise ArgumentTypeError(name, f"expected a sequence, got {type(value).__name__}")
     return list(value)
+
+
+def output(out, shape: tuple[int, ...], dtype: np.dtype, inputs: Iterable[np.ndarray] = ()) -> np.ndarray:
+    """The array a result is written into: a new one, or `out`, which must be exactly the
+    result's (shape and dtype, C-contiguous, aligned, writeable, native byte order) and
+    must not overlap an input (the kernels read inputs while they write)."""
+    if out is None:
+        return np.empty(shape, dtype)
+    if type(out) is not np.ndarray:
+        raise ArgumentTypeError("out", f"expected a numpy.ndarray, got {type(out).__name__}")
+    if out.dtype != dtype:
+        raise ArgumentTypeError("out", f"expected dtype {dtype} (the result's), got {out.dtype}")
+    if out.shape != tuple(shape):
+        raise ArgumentError("out", f"expected shape {tuple(shape)} (the result's), got {out.shape}")
+    if not (out.flags.c_contiguous and out.flags.aligned and out.flags.writeable and out.dtype.isnative):
+        raise ArgumentError("out", "expected a writeable, aligned, C-contiguous array in native byte order")
+    for arr in inputs:
+        if arr is not None and np.may_share_memory(out, arr):
+            raise ArgumentError("out", "must not overlap an input")
+    return out

@@ -1,7 +1,9 @@
 """The operations of tensorops_native: validate, allocate, call C.
 
-Each function checks every argument (see _checks), allocates its result with np.empty and
-any scratch the kernel needs (so C never allocates), and passes NumPy memory to C with
+Each function checks every argument (see _checks), allocates its result with np.empty (or
+writes it into `out=`, an array of exactly the result's shape and dtype, for the functions
+whose result has the shape of their first input) and any scratch the kernel needs (so C
+never allocates), and passes NumPy memory to C with
 ffi.from_buffer: no copies. cffi releases the GIL during each kernel call, so threads
 calling these functions run in parallel.
 """
@@ -46,7 +48,7 @@ def _per_channel(value, name, channels):
     return ck.f32_params(value, name, (channels,))
 
 
-def normalize_l2(x, scale, *, eps=1e-10, across_spatial=False, format="nchw"):
+def normalize_l2(x, scale, *, eps=1e-10, across_spatial=False, format="nchw", out=None):
     """L2 normalization with per-channel scale (SimdSynetNormalizeLayerForward):
     y = x * scale[c] / sqrt(sum(x^2) + eps), the sum over channels at each spatial position,
     or over channels and spatial positions of each batch item when across_spatial."""
@@ -55,7 +57,7 @@ def normalize_l2(x, scale, *, eps=1e-10, across_spatial=False, format="nchw"):
     scale = _per_channel(scale, "scale", channels)
     eps = ck.finite_float(eps, "eps", minimum=0.0)
     across = ck.boolean(across_spatial, "across_spatial")
-    y = np.empty_like(x)
+    y = ck.output(out, x.shape, x.dtype, (x, scale))
     if x.size:
         buf = np.empty(max(spatial, channels, 1), np.float32)
         lib.TnSynetNormalizeLayerForward(_f32_ptr(x), batch, channels, spatial, _f32_ptr(scale),
@@ -63,7 +65,7 @@ def normalize_l2(x, scale, *, eps=1e-10, across_spatial=False, format="nchw"):
     return y
 
 
-def _layer_norm(kernel, x, scale, shift, eps, format, *, bf16=False):
+def _layer_norm(kernel, x, scale, shift, eps, format, out, *, bf16=False):
     """The normalize-layer kernels V2 / V3 / V4 / 16bV2 share one signature."""
     fmt = ck.tensor_format(format)
     x = ck.bf16_tensor(x, "x") if bf16 else ck.f32_tensor(x, "x")
@@ -71,7 +73,7 @@ def _layer_norm(kernel, x, scale, shift, eps, format, *, bf16=False):
     scale = _per_channel(scale, "scale", channels)
     shift = _per_channel(shift, "shift", channels)
     eps = ck.finite_float(eps, "eps", minimum=0.0)
-    y = np.empty_like(x)
+    y = ck.output(out, x.shape, x.dtype, (x, scale, shift))
     if x.size:
         data_ptr = _bf16_ptr if bf16 else _f32_ptr
         buf = np.empty(max(spatial, channels, 1), np.float32)
@@ -80,25 +82,25 @@ def _layer_norm(kernel, x, scale, shift, eps, format, *, bf16=False):
     return y
 
 
-def layer_norm_channels(x, scale, shift, *, eps=1e-5, format="nchw"):
+def layer_norm_channels(x, scale, shift, *, eps=1e-5, format="nchw", out=None):
     """Layer normalization across channels at each spatial position, then per-channel scale
     and shift (SimdSynetNormalizeLayerForwardV2; ...Forward16bV2 for BF16 x, which returns
     BF16 in the dtype it was given: ml_dtypes.bfloat16 or uint16 bits)."""
     if ck.is_bf16(x):
-        return _layer_norm(lib.TnSynetNormalizeLayerForward16bV2, x, scale, shift, eps, format, bf16=True)
-    return _layer_norm(lib.TnSynetNormalizeLayerForwardV2, x, scale, shift, eps, format)
+        return _layer_norm(lib.TnSynetNormalizeLayerForward16bV2, x, scale, shift, eps, format, out, bf16=True)
+    return _layer_norm(lib.TnSynetNormalizeLayerForwardV2, x, scale, shift, eps, format, out)
 
 
-def layer_norm_spatial(x, scale, shift, *, eps=1e-5, format="nchw"):
+def layer_norm_spatial(x, scale, shift, *, eps=1e-5, format="nchw", out=None):
     """Layer normalization across spatial positions of each channel, then per-channel scale
     and shift (SimdSynetNormalizeLayerForwardV3)."""
-    return _layer_norm(lib.TnSynetNormalizeLayerForwardV3, x, scale, shift, eps, format)
+    return _layer_norm(lib.TnSynetNormalizeLayerForwardV3, x, scale, shift, eps, format, out)
 
 
-def channel_norm(x, scale, shift, *, eps=1e-5, format="nchw"):
+def channel_norm(x, scale, shift, *, eps=1e-5, format="nchw", out=None):
     """Channel-norm scaling (SimdSynetNormalizeLayerForwardV4): n_c = ||x[:, c, :]||_2,
     y = x * (1 + scale[c] * n_c / (mean_c(n_c) + eps)) + shift[c]."""
-    return _layer_norm(lib.TnSynetNormalizeLayerForwardV4, x, scale, shift, eps, format)
+    return _layer_norm(lib.TnSynetNormalizeLayerForwardV4, x, scale, shift, eps, format, out)
 
 
 def channel_sum(x, *, format="nchw"):
@@ -113,7 +115,7 @@ def channel_sum(x, *, format="nchw"):
     return y
 
 
-def eltwise(inputs, op, weights=None):
+def eltwise(inputs, op, weights=None, *, out=None):
     """Element-wise product, weighted sum, max or min of >= 2 float32 arrays of one shape
     (SimdSynetEltwiseLayerForward). weights (one per input) apply to 'sum' only and
     default to ones."""
@@ -131,7 +133,7 @@ def eltwise(inputs, op, weights=None):
         raise ck.ArgumentError("weights", "only the 'sum' operation takes weights")
     else:
         w = None
-    y = np.empty_like(arrays[0])
+    y = ck.output(out, arrays[0].shape, arrays[0].dtype, arrays)
     if y.size:
         keep = [_f32_ptr(a) for a in arrays]
         src = ffi.new("float *[]", keep)
@@ -140,7 +142,7 @@ def eltwise(inputs, op, weights=None):
     return y
 
 
-def lrn_cross_channels(x, half, k, *, format="nchw"):
+def lrn_cross_channels(x, half, k, *, format="nchw", out=None):
     """Local response normalization across channels (SimdSynetLrnLayerCrossChannels):
     y = x * (k0 + k1 * S)^k2, S the sum of squares over channels [c - half, c + half]."""
     fmt = ck.tensor_format(format)
@@ -150,7 +152,7 @@ def lrn_cross_channels(x, half, k, *, format="nchw"):
     if not np.all(np.isfinite(k)):
         raise ck.ArgumentError("k", f"must be finite, got {k.tolist()}")
     half = min(half, channels)  # a wider window covers the same channels
-    y = np.empty_like(x)
+    y = ck.output(out, x.shape, x.dtype, (x,))
     if x.size:
         lib.TnSynetLrnLayerCrossChannelsBatch(_f32_ptr(x), batch, half, channels, spatial, _f32_ptr(k),
                                               _f32_ptr(y), fmt)
@@ -215,7 +217,7 @@ def shuffle(x0, x1, *, type, format="nchw", channels=None):
     return y0, y1
 
 
-def softmax(x, axis=-1):
+def softmax(x, axis=-1, *, out=None):
     """Softmax along `axis` (SimdSynetSoftmax32f, or Softmax16b for BF16 x)."""
     bf16 = ck.is_bf16(x)
     x = ck.bf16_tensor(x, "x") if bf16 else ck.f32_tensor(x, "x")
@@ -225,7 +227,7 @@ def softmax(x, axis=-1):
     outer = math.prod(x.shape[:ax])
     count = x.shape[ax]
     inner = math.prod(x.shape[ax + 1:])
-    y = np.empty_like(x)
+    y = ck.output(out, x.shape, x.dtype, (x,))
     if x.size:
         if bf16:
             lib.TnSynetSoftmax16b(_bf16_ptr(x), outer, count, inner, _bf16_ptr(y))
@@ -234,7 +236,7 @@ def softmax(x, axis=-1):
     return y
 
 
-def tiled_scale_2d(x, ver, hor, *, format="nchw"):
+def tiled_scale_2d(x, ver, hor, *, format="nchw", out=None):
     """Multiply a 4-D tensor by two tiled 2-D scales (SimdSynetTiledScale2D32f per batch
     item, in one batched C call): NCHW y = x * ver[c, w] * hor[c, h];
     NHWC y = x * ver[w, c] * hor[h, c]."""
@@ -250,19 +252,19 @@ def tiled_scale_2d(x, ver, hor, *, format="nchw"):
         batch, height, width, channels = x.shape
         ver = ck.f32_params(ver, "ver", (width, channels))
         hor = ck.f32_params(hor, "hor", (height, channels))
-    y = np.empty_like(x)
+    y = ck.output(out, x.shape, x.dtype, (x, ver, hor))
     if x.size:
         lib.TnSynetTiledScale2D32fBatch(_f32_ptr(x), batch, channels, height, width, fmt, _f32_ptr(ver),
                                         _f32_ptr(hor), _f32_ptr(y))
     return y
 
 
-def unary(x, op):
+def unary(x, op, *, out=None):
     """Element-wise unary operation (SimdSynetUnaryOperation32f); op is a name of
     UNARY_OPS ('exp', 'rsqrt', ...) or its enum value."""
     op = ck.choice(op, "op", UNARY_OPS)
     x = ck.f32_tensor(x, "x")
-    y = np.empty_like(x)
+    y = ck.output(out, x.shape, x.dtype, (x,))
     if x.size:
         lib.TnSynetUnaryOperation32f(_f32_ptr(x), x.size, op, _f32_ptr(y))
     return y

@@ -51,6 +51,10 @@ class Config:
     tls_cert: str = ""                # PEM certificate chain; with tls_key: TLS on the gRPC port
     tls_key: str = ""                 # PEM private key of tls_cert
     tls_client_ca: str = ""           # PEM CA bundle: clients must present a certificate it signed (mTLS)
+    allow_shared_memory: bool = False  # KServe system shared memory (co-located callers only)
+    shared_memory_prefix: str = "tensorops_"  # the only shared-memory keys that may be registered
+    max_shared_memory_regions: int = 64
+    max_shared_memory_bytes: int = 1 << 30
 
     @property
     def address(self) -> str:
@@ -102,6 +106,11 @@ _HELP = {
                 "change, checked at each new connection, or on SIGHUP",
     "tls_key": "PEM private key file of --tls-cert (unencrypted)",
     "tls_client_ca": "PEM CA bundle file: require mutual TLS, clients must present a certificate it signed",
+    "allow_shared_memory": "serve KServe system shared memory (true/false): co-located callers pass tensors "
+                           "through POSIX shared-memory regions they register",
+    "shared_memory_prefix": "shared-memory keys must start with this prefix (leading slashes aside)",
+    "max_shared_memory_regions": "shared-memory regions registered at once, all callers together",
+    "max_shared_memory_bytes": "bytes of the shared-memory regions registered at once, all callers together",
 }
 
 
@@ -168,6 +177,8 @@ _TYPES = {
     "instance_name": str,
     "log_level": _choice(LOG_LEVELS), "log_format": _choice(("json", "text")),
     "tls_cert": str, "tls_key": str, "tls_client_ca": str,
+    "allow_shared_memory": _bool, "shared_memory_prefix": str, "max_shared_memory_regions": _positive(int),
+    "max_shared_memory_bytes": _positive(int),
 }
 
 

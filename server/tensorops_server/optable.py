@@ -36,6 +36,23 @@ from . import errors
 
 
 @dataclass(frozen=True)
+class TensorSpec:
+    """What a tensor of an operation may be, for the self-description of the KServe
+    endpoint (its checks are tensorops_native's): the datatypes accepted, in KServe's
+    names, and the dimensions (-1: any size; None: any number of dimensions)."""
+
+    datatypes: tuple[str, ...] = ("FP32",)
+    dims: tuple[int, ...] | None = None
+
+
+# Image tensors: (batch, channels, *spatial) or (batch, *spatial, channels), any number of
+# spatial dimensions; tensors of "real numbers" (scales, weights) convert to FP32.
+_IMAGE = TensorSpec()
+_REAL_VECTOR = TensorSpec(("FP32", "FP64", "FP16", "BF16", "INT32", "INT64", "INT8", "UINT8"), (-1,))
+_MATRIX = TensorSpec(("FP32",), (-1, -1))
+
+
+@dataclass(frozen=True)
 class Entry:
     """One served operation: the wire operation and the native callable."""
 
@@ -43,6 +60,12 @@ class Entry:
     native: Callable[..., Any]
     # Extra conversion of the arguments for operations the generic rules do not cover.
     adapt: Callable[[dict], dict] | None = field(default=None, compare=False)
+    # The tensors (request and response fields) that are not FP32 of any shape; the first
+    # datatype of a result is the one it has for the first datatype of the inputs.
+    tensors: dict[str, TensorSpec] = field(default_factory=dict, compare=False)
+
+    def spec(self, name: str) -> TensorSpec:
+        return self.tensors.get(name, _IMAGE)
 
     @property
     def name(self) -> str:
@@ -219,21 +242,33 @@ def _entry(name: str, native_name: str | None = None, **kwargs) -> Entry | None:
     return None if native is None else Entry(_wire.OPERATIONS[name], native, **kwargs)
 
 
+_QIP_BIAS = TensorSpec(("INT32", "INT64", "INT8", "UINT8"), (-1,))
+_NORM_TENSORS = {"scale": _REAL_VECTOR, "shift": _REAL_VECTOR}
+
+
 def build_table() -> dict[str, Entry]:
     """Every operation of the wire table that this tensorops_native provides."""
+    bf16 = TensorSpec(("FP32", "BF16"))
     entries = (
-        _entry("normalize_l2"),
-        _entry("layer_norm_channels"),
-        _entry("layer_norm_spatial"),
-        _entry("channel_norm"),
-        _entry("channel_sum"),
-        _entry("eltwise"),
-        _entry("lrn_cross_channels"),
+        _entry("normalize_l2", tensors={"scale": _REAL_VECTOR}),
+        _entry("layer_norm_channels", tensors={"x": bf16, "y": bf16, **_NORM_TENSORS}),
+        _entry("layer_norm_spatial", tensors=_NORM_TENSORS),
+        _entry("channel_norm", tensors=_NORM_TENSORS),
+        _entry("channel_sum", tensors={"x": TensorSpec(("BF16",)), "y": _MATRIX}),
+        _entry("eltwise", tensors={"weights": _REAL_VECTOR}),
+        _entry("lrn_cross_channels", tensors={"k": TensorSpec(_REAL_VECTOR.datatypes, (3,))}),
         _entry("shuffle"),
-        _entry("softmax"),
-        _entry("tiled_scale_2d"),
+        _entry("softmax", tensors={"x": bf16, "y": bf16}),
+        _entry("tiled_scale_2d", tensors={"x": TensorSpec(dims=(-1, -1, -1, -1)), "ver": _MATRIX, "hor": _MATRIX}),
         _entry("unary"),
-        _entry("normalize", adapt=_normalize_arguments),
-        _entry("quantized_inner_product"),
+        _entry("normalize", adapt=_normalize_arguments,
+               tensors={"x": TensorSpec(("FP32", "FP16", "BF16")), "y": TensorSpec(("FP32", "FP16", "BF16")),
+                        "scale": TensorSpec(_REAL_VECTOR.datatypes), "bias": TensorSpec(_REAL_VECTOR.datatypes)}),
+        _entry("quantized_inner_product", tensors=QIP_TENSORS),
     )
     return {e.name: e for e in entries if e is not None}
+
+
+# The quantized inner product's tensors, one-shot and in sessions.
+QIP_TENSORS = {"a": TensorSpec(("UINT8",), (-1, -1)), "b": TensorSpec(("INT8",), (-1, -1)),
+               "b_scale": _REAL_VECTOR, "bias": _QIP_BIAS, "c": TensorSpec(("UINT8",), (-1, -1))}

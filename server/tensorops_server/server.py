@@ -1,5 +1,6 @@
-"""The server process: a grpc.aio server with the TensorOps service, health and reflection
-(v1 and v1alpha), the session store and its sweeper, and the Prometheus endpoint.
+"""The server process: a grpc.aio server with the TensorOps service, the KServe V2 inference
+service (kserve.py), health and reflection (v1 and v1alpha), the session store and its
+sweeper, and the Prometheus endpoint.
 
 The asyncio event loop runs on a thread of its own, so the server is started and stopped
 with plain calls (`start()`, `stop()`) from the command line or from a test."""
@@ -16,7 +17,7 @@ from grpc_health.v1._async import HealthServicer
 import tensorops_native
 from tensorops import _wire
 
-from . import optable, reflection, tls
+from . import kserve, optable, reflection, shm, tls
 from .auth import Authenticator
 from .config import Config
 from .execution import Executor
@@ -43,6 +44,10 @@ class TensorOpsServer:
         self.auth = Authenticator(config.auth_tokens, config.auth_token_file,
                                   certificates=bool(config.tls_client_ca))
         self.service = Service(config, self.metrics, self.store, self.table, self.executor, self.auth, qip_class)
+        self.shared_memory = shm.SharedMemory(
+            allowed=config.allow_shared_memory, prefix=config.shared_memory_prefix,
+            max_regions=config.max_shared_memory_regions, max_bytes=config.max_shared_memory_bytes)
+        self.kserve = kserve.KServe(self.service, self.shared_memory)  # inference.GRPCInferenceService, same port
         self._sweeper = Sweeper(self.store, interval=min(config.session_ttl / 4, 10.0))
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tensorops-loop", daemon=True)
@@ -83,6 +88,7 @@ class TensorOpsServer:
             self._on_loop(self._stop(grace, drain_delay))
         self._sweeper.stop()
         self.store.close_all()
+        self.shared_memory.close_all()
         self.metrics.stop()
         self.executor.shutdown()
         self._close_loop()
@@ -107,11 +113,12 @@ class TensorOpsServer:
                      ("grpc.max_concurrent_streams", 2 * c.max_pending_requests),
                      *connection_age_options(c)])
         add_handlers(server, _wire.SERVICE_NAME, self.service.handlers())
+        add_handlers(server, kserve.SERVICE_NAME, self.kserve.handlers())
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         if c.reflection:
             reflection.enable((_wire.SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name),
-                              server)
+                              server, aliases=(kserve.reflection_file(),))
         self.tls = tls.from_config(c)  # TLSConfigError (an OSError) when the files are not usable
         try:
             if self.tls is None:
@@ -124,7 +131,7 @@ class TensorOpsServer:
             raise OSError(f"cannot listen on {c.address}")
         await server.start()
         self.grpc_server = server
-        for service in ("", _wire.SERVICE_NAME):
+        for service in ("", _wire.SERVICE_NAME, kserve.SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
 
     async def _stop(self, grace: float, drain_delay: float) -> None:
@@ -133,6 +140,7 @@ class TensorOpsServer:
         # refused check) for the whole drain rather than route calls into a closing port.
         # The delay is part of the grace period: SIGTERM to exit never takes more than the
         # grace (plus the time a cancelled kernel needs to notice).
+        self.kserve.ready = False  # KServe's ServerReady says the same
         await self.health.enter_graceful_shutdown()
         delay = min(drain_delay, grace)
         if delay > 0:

@@ -95,13 +95,25 @@ class Instrumented:
     async def handle(self, requests, context: grpc.aio.ServicerContext) -> bytes:
         # Registered as a client-streaming method so that the request is read here, under
         # the admission limits; on the wire it is a plain unary call.
+        response, status = await self.call(context)
+        if status is None:
+            return response
+        await context.abort_with_status(status)
+
+    async def call(self, context: grpc.aio.ServicerContext, incoming: Incoming | None = None,
+                   identity: str | None = None) -> tuple[bytes | None, grpc.Status | None]:
+        """One call: (the response, None), or (None, the status it failed with). Without
+        `incoming`, the request is read here; a stream handler passes each request it read
+        (and the caller's identity, established once for the stream)."""
         start = time.perf_counter()
         code = grpc.StatusCode.OK
         status = None
         charge = nbytes = 0
         try:
-            identity = self.auth.identify(context)  # before the request is read
-            incoming = await self.admission.receive(context)
+            if identity is None:
+                identity = self.auth.identify(context)  # before the request is read
+            if incoming is None:
+                incoming = await self.admission.receive(context)
             nbytes = incoming.nbytes
             self._request_bytes.inc(nbytes)
             if incoming.error is not None:
@@ -121,7 +133,7 @@ class Instrumented:
             if call.deadline is not None and time.monotonic() > call.deadline:  # the caller gets nothing
                 code = grpc.StatusCode.DEADLINE_EXCEEDED
             self._response_bytes.inc(len(response))
-            return response
+            return response, None
         except errors.Failure as failure:
             code, status = failure.code, failure.status()
         except MemoryError:
@@ -144,7 +156,7 @@ class Instrumented:
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("call", extra=fields(operation=self.label, code=code.name, seconds=round(elapsed, 6),
                                                request_bytes=nbytes, peer=context.peer()))
-        await context.abort_with_status(status)
+        return None, status
 
 
 class Service:
@@ -213,7 +225,10 @@ class Service:
         return info
 
     # ---- stateless operations
-    def operation(self, entry: optable.Entry) -> Callable:
+    def operation(self, entry: optable.Entry, encode: Callable | None = None) -> Callable:
+        """The behavior of a stateless operation. `encode(result, fmt)` makes the response
+        (default: the tensorops.v1 response message)."""
+        encode = encode or functools.partial(self._encode, entry.op)
         timer = self._timer(entry.name)
         # The one-shot quantized inner product can cost far more than its bytes (M x N x K):
         # never on the event loop.
@@ -223,20 +238,23 @@ class Service:
         check_sums = entry.name == "channel_sum"
         executor = self.executor
 
-        def compute(decoded: _codec.Decoded, call: CallState) -> bytes:
+        def compute(decoded: _codec.Decoded, call: CallState, extra: dict | None = None) -> bytes:
             kwargs, fmt = entry.arguments(decoded, self.config.max_tensor_bytes)
+            if extra:
+                kwargs.update(extra)
             if check_sums:
                 self._check_channel_sum(kwargs, fmt)
             if always_offload:
                 result = self._run_quantized_inner_product(timer, call, entry.native, kwargs)
             else:
                 result = self._run(timer, call, entry.native, **kwargs)
-            return self._encode(entry.op, result, fmt)
+            return encode(result, fmt)
 
-        async def behavior(decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+        async def behavior(decoded: _codec.Decoded, call: CallState, nbytes: int, extra: dict | None = None):
+            """`extra`: more native arguments (the KServe endpoint's `out` in shared memory)."""
             if not always_offload and executor.inline(nbytes):
-                return compute(decoded, call)
-            return await executor.offload(call, compute, decoded, call)
+                return compute(decoded, call, extra)
+            return await executor.offload(call, compute, decoded, call, extra)
         return behavior
 
     def _check_channel_sum(self, kwargs: dict, fmt: int) -> None:
@@ -261,7 +279,8 @@ class Service:
                          qip_rows_per_block(k, n))
 
     # ---- sessions
-    async def create_session(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+    async def open_session(self, decoded: _codec.Decoded, call: CallState):
+        """A new session (in the store) from a CreateQuantizedInnerProduct request."""
         if self._qip_class is None:
             raise errors.Failure(grpc.StatusCode.UNIMPLEMENTED, "this build has no quantized inner product")
         entry = optable.Entry(_wire.CREATE_SESSION, self._qip_class)
@@ -272,14 +291,23 @@ class Service:
         shape = (b.shape[0], b.shape[1]) if kwargs.get("trans_b") else (b.shape[1], b.shape[0])
         session = self.store.add(qip, int(qip.internal_buffer_size), shape, call.identity)
         log.info("session created", extra=fields(n=shape[0], k=shape[1], bytes=session.nbytes))
-        return self._session_info(session, int(getattr(qip, "max_m", 1))).SerializeToString()
+        return session
+
+    async def forward(self, session_id: str, decoded: _codec.Decoded, call: CallState):
+        """The session's forward of the request's `a` (a QuantizedInnerProductForward
+        request, or any whose tensors hold `a`)."""
+        with self.store.use(session_id, call.identity, forward=True) as session:
+            kwargs = optable.native_arguments(_wire.FORWARD_SESSION, decoded, self.config.max_tensor_bytes,
+                                              skip=("session_id",))
+            return await self.batcher.forward(session, kwargs["a"], call)
+
+    async def create_session(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+        session = await self.open_session(decoded, call)
+        return self._session_info(session, int(getattr(session.context, "max_m", 1))).SerializeToString()
 
     async def forward_session(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
-        op = _wire.FORWARD_SESSION
-        with self.store.use(decoded.message.session_id, call.identity, forward=True) as session:
-            kwargs = optable.native_arguments(op, decoded, self.config.max_tensor_bytes, skip=("session_id",))
-            result = await self.batcher.forward(session, kwargs["a"], call)
-        return self._encode(op, result, 0)
+        result = await self.forward(decoded.message.session_id, decoded, call)
+        return self._encode(_wire.FORWARD_SESSION, result, 0)
 
     async def describe_session(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
         request = decoded.message

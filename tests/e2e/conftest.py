@@ -7,29 +7,7 @@ import pytest
 
 import tensorops
 import tensorops.aio
-from rpc_server import ServerProcess
-
-
-@pytest.fixture(scope="session")
-def server(tmp_path_factory):
-    """One server shared by the tests that do not restart or reconfigure it."""
-    proc = ServerProcess(tmp_path_factory.mktemp("server") / "server.log").start()
-    yield proc
-    assert proc.stop() == 0
-
-
-@pytest.fixture
-def start_server(tmp_path):
-    """Start a dedicated server with extra flags: start_server("--max-sessions", "2")."""
-    started = []
-
-    def start(*flags, env=None, port=0):
-        proc = ServerProcess(tmp_path / f"server{len(started)}.log", *flags, env=env).start(port)
-        started.append(proc)
-        return proc
-    yield start
-    for proc in started:
-        proc.kill()
+from rpc_server import server, start_server  # noqa: F401 (fixtures)
 
 
 @pytest.fixture

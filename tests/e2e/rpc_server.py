@@ -1,5 +1,6 @@
-"""A real `tensorops-server` in a subprocess on an ephemeral loopback port, and helpers to
-read its metrics and call its reflection service."""
+"""A real `tensorops-server` in a subprocess on an ephemeral loopback port, helpers to read
+its metrics and call its reflection service, and the fixtures that start one (imported by
+the conftest of every folder that uses them)."""
 from __future__ import annotations
 
 import json
@@ -12,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import grpc
+import pytest
 from grpc_reflection.v1alpha import reflection_pb2
 
 
@@ -112,3 +114,27 @@ def reflection_call(target: str, service: str, requests: list[bytes]) -> list:
         call = channel.stream_stream(f"/{service}/ServerReflectionInfo")
         raw = list(call(iter(requests), timeout=10))
     return [reflection_pb2.ServerReflectionResponse.FromString(r) for r in raw]
+
+
+# ---- fixtures
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """One server shared by the tests that do not restart or reconfigure it."""
+    proc = ServerProcess(tmp_path_factory.mktemp("server") / "server.log").start()
+    yield proc
+    assert proc.stop() == 0
+
+
+@pytest.fixture
+def start_server(tmp_path):
+    """Start a dedicated server with extra flags: start_server("--max-sessions", "2")."""
+    started = []
+
+    def start(*flags, env=None, port=0):
+        proc = ServerProcess(tmp_path / f"server{len(started)}.log", *flags, env=env).start(port)
+        started.append(proc)
+        return proc
+    yield start
+    for proc in started:
+        proc.kill()

@@ -1,0 +1,1 @@
+"""Generated from proto/tensorops/kserve/v2 by `make proto`; do not edit."""

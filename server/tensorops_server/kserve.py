@@ -1,0 +1,805 @@
+"""The KServe V2 / Triton inference protocol, `inference.GRPCInferenceService`, on the port
+of tensorops.v1, so that Triton's clients (tritonclient and the C++, Go and Java ones)
+call the kernels unchanged. docs/kserve.md is the user's guide.
+
+Models:
+
+- every operation of the op table is a model of the same name (`softmax`, ...), version
+  "1", always ready. Its tensor arguments (the Tensor fields of its tensorops.v1 request)
+  are its inputs; its other arguments are request parameters of the same names; its
+  outputs are the Tensor fields of its response (`y`, `y0`/`y1`, `c`). eltwise's operands
+  travel as one input `inputs`, stacked along a new first dimension.
+- a quantized inner-product session is a model named by the caller: RepositoryModelLoad
+  creates it (the constructor's scalar arguments in the JSON `config`, its tensors as
+  .npy files `file:b`, `file:b_scale`, `file:bias`), ModelInfer with input `a` runs its
+  forward (output `c`), RepositoryModelUnload releases it. Like every session it belongs
+  to its caller (auth.py) and expires or is evicted as the session store decides.
+
+A request is converted into the tensorops.v1 request of the operation (a `_codec.Decoded`)
+and computed by the very code that serves tensorops.v1 (Service.operation and its
+sessions), inside the same Instrumented wrapper: one place for arguments, limits, errors
+and metrics. Raw tensor contents are used in place (views of the received message), and
+results are written once into the response's `raw_output_contents`.
+
+The messages come from proto/tensorops/kserve/v2 (package tensorops.kserve.v2, wire-
+identical to Triton's `inference` package; that .proto says why the package differs).
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import io
+import json
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import grpc
+import numpy as np
+
+import tensorops_native
+from tensorops import _codec, _wire
+from tensorops._codec import WireError
+from tensorops.kserve import BYTE_SIZE as _BYTE_SIZE
+from tensorops.kserve import DATATYPES, SERVICE_NAME  # noqa: F401 (SERVICE_NAME, for server.py)
+from tensorops.kserve import OFFSET as _OFFSET
+from tensorops.kserve import REGION as _REGION
+from tensorops.kserve.v2 import inference_pb2 as pb
+
+from . import errors, optable
+from .execution import CallState
+from .reflection import renamed
+from .service import Incoming, Instrumented, Service
+from .shm import SharedMemory
+
+PLATFORM = "tensorops"
+VERSION = "1"  # every model has this one version
+EXTENSIONS = ("model_configuration", "model_repository", "statistics")
+
+# Request parameters Triton's clients set on their own (sequences, priority, queue
+# timeout, HTTP options): accepted and ignored, as a server without those features does.
+IGNORED_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "headers",
+                                "binary_data_output"})
+
+_CONFIG_TYPES = {name: pb.DataType.Value(f"TYPE_{name}") for name in DATATYPES}  # ModelConfig's enum
+_DATATYPE_OF = {dtype: name for name, (_, dtype) in DATATYPES.items()}
+_WIRE_DTYPES = {code: dtype for code, dtype in DATATYPES.values()}
+# Typed contents: the field of InferTensorContents each datatype reads (16-bit floats: raw only).
+_CONTENTS = {"FP32": "fp32_contents", "FP64": "fp64_contents", "INT8": "int_contents", "INT32": "int_contents",
+             "INT64": "int64_contents", "UINT8": "uint_contents"}
+
+_RAW_INPUTS = pb.ModelInferRequest.DESCRIPTOR.fields_by_name["raw_input_contents"].number
+_RAW_OUTPUTS = pb.ModelInferResponse.DESCRIPTOR.fields_by_name["raw_output_contents"].number
+_FORMAT_PARAMETER = "format"
+
+
+# ---------------------------------------------------------------------------------------
+# Models
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    spec: optable.TensorSpec
+    optional: bool = False
+
+
+@dataclass
+class Model:
+    """What a model takes and gives, for inference and for its self-description."""
+
+    name: str
+    op: _wire.Operation              # the tensorops.v1 request/response its requests become
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    parameters: dict[str, str]       # name -> description
+    entry: optable.Entry | None = None   # a stateless operation
+    session_id: str | None = None        # a session
+    stats: "Statistics" = field(default_factory=lambda: Statistics())
+
+    @property
+    def input_names(self) -> frozenset[str]:
+        return frozenset(t.name for t in self.inputs)
+
+
+@dataclass
+class Statistics:
+    success_count: int = 0
+    success_ns: int = 0
+    fail_count: int = 0
+    fail_ns: int = 0
+    last_inference_ms: int = 0
+
+    def record(self, ok: bool, ns: int) -> None:
+        if ok:
+            self.success_count += 1
+            self.success_ns += ns
+        else:
+            self.fail_count += 1
+            self.fail_ns += ns
+        self.last_inference_ms = int(time.time() * 1000)
+
+
+def _field_kind(f) -> str:
+    """How a non-tensor request field travels as an InferParameter, in words."""
+    if f.enum_type is not None:
+        names = ", ".join(_wire.enum_names(f.enum_type)[n] for n in sorted(_wire.enum_names(f.enum_type)))
+        return f"string, one of {names}"
+    if f.message_type is not None:
+        return "string: a name, or name(p1, p2, ...) with the parameters"
+    if f.is_repeated:
+        return "string of comma-separated integers"
+    return {f.TYPE_DOUBLE: "double", f.TYPE_INT64: "int64", f.TYPE_BOOL: "bool", f.TYPE_STRING: "string"}[f.type]
+
+
+def _describe_parameters(op: _wire.Operation, native: Callable) -> dict[str, str]:
+    signature = inspect.signature(native).parameters
+    out = {}
+    for name, (kind, detail) in op.request_plan.items():
+        if kind in (_wire.TENSOR, _wire.TENSORS):
+            continue
+        f = op.request_class.DESCRIPTOR.fields_by_name[name]
+        default = signature[name].default if name in signature else None
+        needed = "required" if default is inspect.Parameter.empty else f"optional, default {default!r}"
+        extra = " (or an int64 bitmask of the axes)" if op.name == "normalize" and name == "axes" else ""
+        out[name] = f"{_field_kind(f)}{extra}; {needed}"
+    if op.layout:
+        out[_FORMAT_PARAMETER] = f"string, nchw or nhwc: the layout of {' and '.join(op.layout)}; optional, default 'nchw'"
+    return out
+
+
+def operation_model(entry: optable.Entry) -> Model:
+    op = entry.op
+    codec = op.request_codec
+    inputs = tuple(TensorInfo(name, entry.spec(name), name in entry.defaults) for name in codec.numbers)
+    outputs = tuple(TensorInfo(name, entry.spec(name)) for name in op.response_fields)
+    return Model(entry.name, op, inputs, outputs, _describe_parameters(op, entry.native), entry=entry)
+
+
+def session_model(name: str, session_id: str, n: int, k: int) -> Model:
+    qip = optable.QIP_TENSORS
+    inputs = (TensorInfo("a", optable.TensorSpec(qip["a"].datatypes, (-1, k))),)
+    outputs = (TensorInfo("c", optable.TensorSpec(qip["c"].datatypes, (-1, n))),)
+    return Model(name, _wire.FORWARD_SESSION, inputs, outputs, {}, session_id=session_id)
+
+
+# ---------------------------------------------------------------------------------------
+# Requests -> the tensorops.v1 request of the operation
+
+def _parameter_value(name: str, p) -> Any:
+    choice = p.WhichOneof("parameter_choice")
+    if choice is None:
+        raise errors.invalid(name, f"parameter `{name}` has no value")
+    return getattr(p, choice)
+
+
+def _choice_name(value) -> str:
+    return {bool: "bool_param", int: "int64_param", float: "double_param", str: "string_param",
+            bytes: "bytes_param"}.get(type(value), type(value).__name__)
+
+
+_ACTIVATION = re.compile(r"^\s*([A-Za-z_]+)\s*(?:\((.*)\))?\s*$")
+
+
+def _argument(op: _wire.Operation, name: str, value) -> Any:
+    """An InferParameter's value (or a JSON value of a load config) as the Python API's
+    argument, refused in the protocol's terms when its type cannot be the argument's."""
+    kind, detail = op.request_plan[name]
+
+    def wrong(expected: str):
+        return errors.invalid(name, f"expected {expected}, got {_choice_name(value)} {value!r}")
+    integer = isinstance(value, int) and not isinstance(value, bool)
+    if kind == _wire.ENUM:
+        if not (isinstance(value, str) or integer):
+            raise wrong("a string_param (the name)")
+        return value
+    if kind == _wire.MESSAGE:  # normalize's activation: "name" or "name(p1, p2)"
+        match = _ACTIVATION.match(value) if isinstance(value, str) else None
+        if match is None:
+            raise wrong("a string_param: a name, or name(p1, p2, ...)")
+        try:
+            params = [float(p) for p in match.group(2).split(",") if p.strip()] if match.group(2) else []
+        except ValueError:
+            raise errors.invalid(name, f"the parameters of {value!r} must be numbers") from None
+        return (match.group(1), *params)
+    if kind == _wire.REPEATED:
+        if integer:
+            return value  # normalize's axes as a bitmask; elsewhere refused by the operation
+        if not isinstance(value, str):
+            raise wrong("a string_param of comma-separated integers")
+        try:
+            return [int(v) for v in value.split(",") if v.strip()]
+        except ValueError:
+            raise errors.invalid(name, f"expected comma-separated integers, got {value!r}") from None
+    f = detail
+    if f.type == f.TYPE_DOUBLE:
+        if not (integer or isinstance(value, float)):
+            raise wrong("a double_param")
+        return float(value)
+    if f.type == f.TYPE_INT64:
+        if not integer:
+            raise wrong("an int64_param")
+        return value
+    if f.type == f.TYPE_BOOL:
+        if not isinstance(value, bool):
+            raise wrong("a bool_param")
+        return value
+    if not isinstance(value, str):
+        raise wrong("a string_param")
+    return value
+
+
+def request_message(model: Model, arguments: dict[str, Any]):
+    """The tensorops.v1 request message (without tensors) holding the arguments, encoded
+    as a tensorops client would encode them (so that they are checked in one place)."""
+    op = model.op
+    converted = {}
+    for name, value in arguments.items():
+        kind = op.request_plan.get(name)
+        if kind is None or kind[0] in (_wire.TENSOR, _wire.TENSORS) or name == "session_id":
+            known = ", ".join(model.parameters) or "none"
+            raise errors.invalid(name, f"model {model.name} has no parameter `{name}` (its parameters: {known})")
+        converted[name] = _argument(op, name, value)
+    try:
+        return op.request_class.FromString(_wire.build_request(op, converted).data)
+    except WireError as exc:
+        raise errors.from_wire(exc) from None
+
+
+def _typed_contents(name: str, datatype: str, contents, count: int) -> bytes:
+    field_name = _CONTENTS.get(datatype)
+    if field_name is None:
+        raise errors.invalid(f"{name}.contents", f"{datatype} travels only as raw contents (raw_input_contents)")
+    values = getattr(contents, field_name)
+    if len(values) != count:
+        raise errors.invalid(f"{name}.contents", f"expected {count} elements in {field_name}, got {len(values)}")
+    dtype = DATATYPES[datatype][1]
+    arr = np.asarray(values, dtype=np.float64 if dtype.kind == "f" else np.int64)
+    if dtype.kind in "iu" and arr.size:
+        info = np.iinfo(dtype)
+        if arr.min() < info.min or arr.max() > info.max:
+            raise errors.invalid(f"{name}.contents", f"a value of {field_name} is outside the range of {datatype}")
+    return arr.astype(dtype).astype(dtype.newbyteorder("<"), copy=False).tobytes()
+
+
+def _datatype(name: str, datatype: str) -> tuple:
+    found = DATATYPES.get(datatype)
+    if found is None:
+        raise errors.invalid(f"{name}.datatype", f"expected one of {', '.join(DATATYPES)}, got {datatype!r}")
+    return found
+
+
+# Opens a part of a registered region for the call: (field, region, offset, byte_size) -> bytes.
+Regions = Callable[[str, str, int, int], memoryview]
+
+
+def region_parameters(where: str, parameters) -> tuple[str, int, int] | None:
+    """(region, offset, byte_size) of an input or output placed in shared memory, or None.
+    Other tensor parameters are refused (binary_data_size, an HTTP one, is ignored)."""
+    values = {}
+    for key, p in parameters.items():
+        if key == "binary_data_size":
+            continue
+        if key not in (_REGION, _BYTE_SIZE, _OFFSET):
+            raise errors.invalid(f"{where}.{key}", f"unknown tensor parameter `{key}`")
+        values[key] = _parameter_value(f"{where}.{key}", p)
+    if not values:
+        return None
+    if _REGION not in values or _BYTE_SIZE not in values:
+        missing = _REGION if _REGION not in values else _BYTE_SIZE
+        raise errors.invalid(f"{where}.{missing}", f"required with {', '.join(values)}")
+    region, size, offset = values[_REGION], values[_BYTE_SIZE], values.get(_OFFSET, 0)
+    if not isinstance(region, str):
+        raise errors.invalid(f"{where}.{_REGION}", f"expected a string_param, got {_choice_name(region)}")
+    for key, value in ((_BYTE_SIZE, size), (_OFFSET, offset)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise errors.invalid(f"{where}.{key}", f"expected a non-negative int64_param, got {value!r}")
+    return region, offset, size
+
+
+def input_tensors(model: Model, request, raws: list, fmt: int, regions: Regions | None) -> dict[str, Any]:
+    """The inputs of a ModelInferRequest as the tensorops.v1 codec's WireTensors: from raw
+    contents (one buffer per input not in shared memory, in order), typed contents or a
+    shared-memory region."""
+    inputs = request.inputs
+    placed = [region_parameters(t.name, t.parameters) for t in inputs]
+    in_messages = sum(p is None for p in placed)
+    if raws and len(raws) != in_messages:
+        raise errors.invalid("raw_input_contents", f"expected one buffer per input not in shared memory "
+                                                   f"({in_messages}), got {len(raws)}")
+    raw_buffers = iter(raws)
+    codec = model.op.request_codec
+    tensors: dict[str, Any] = {}
+    for i, tensor in enumerate(inputs):
+        name = tensor.name
+        if name not in model.input_names:
+            known = ", ".join(t.name for t in model.inputs)
+            raise errors.invalid(name, f"model {model.name} has no input `{name}` (its inputs: {known})")
+        if name in tensors:
+            raise errors.invalid(name, f"input `{name}` is given twice")
+        code, dtype = _datatype(name, tensor.datatype)
+        shape = list(tensor.shape)
+        count = math.prod(shape) if shape and min(shape) >= 0 else (1 if not shape else -1)
+        if placed[i] is not None:
+            if tensor.HasField("contents"):
+                raise errors.invalid(f"{name}.contents", "the input is in shared memory: no contents")
+            region, offset, size = placed[i]
+            field_name = f"{name}.{_REGION}"
+            if regions is None:
+                raise errors.invalid(field_name, "shared memory is not available to this call")
+            data, source = regions(field_name, region, offset, size), f"{_BYTE_SIZE} is {size}"
+        elif raws:
+            if tensor.HasField("contents"):
+                raise errors.invalid(f"{name}.contents", "raw_input_contents is used: no input may have contents")
+            j = i - sum(p is not None for p in placed[:i])
+            data = next(raw_buffers)
+            source = f"raw_input_contents[{j}] holds {len(data)} bytes"
+        else:
+            if count < 0:
+                raise errors.invalid(f"{name}.shape", f"dimensions must be non-negative, got {shape}")
+            data = _typed_contents(name, tensor.datatype, tensor.contents, count)
+            source = ""
+        if count >= 0 and len(data) != count * dtype.itemsize:
+            raise errors.invalid(name, f"{source}; {shape} of {tensor.datatype} takes {count * dtype.itemsize}")
+        image = fmt if name in model.op.layout else 0
+        if name in codec.repeated:  # the operands stacked along the first dimension
+            if not shape or count < 0:
+                raise errors.invalid(f"{name}.shape", "expected the operands stacked along a first dimension, "
+                                                      f"got shape {shape}")
+            size = len(data) // shape[0] if shape[0] else 0
+            view = memoryview(data)
+            tensors[name] = [_codec.WireTensor(shape[1:], code, image, view[j * size:(j + 1) * size])
+                             for j in range(shape[0])]
+        else:
+            tensors[name] = _codec.WireTensor(shape, code, image, data)
+    return tensors
+
+
+def infer_request(model: Model, request, raws: list, regions: Regions | None = None) -> _codec.Decoded:
+    """A ModelInferRequest as the tensorops.v1 request of the model's operation."""
+    arguments = {}
+    fmt = 0
+    for name, p in request.parameters.items():
+        if name in IGNORED_PARAMETERS:
+            continue
+        value = _parameter_value(name, p)
+        if name == _FORMAT_PARAMETER and model.op.layout:
+            try:
+                fmt = _wire.encode_format(value)
+            except WireError as exc:
+                raise errors.from_wire(exc) from None
+            continue
+        arguments[name] = value
+    message = request_message(model, arguments)
+    return _codec.Decoded(message, input_tensors(model, request, raws, fmt, regions))
+
+
+def requested_outputs(model: Model, request) -> tuple[tuple[str, tuple | None], ...]:
+    """The outputs to answer with, in order, each with its shared-memory placement (or None)."""
+    names = tuple(t.name for t in model.outputs)
+    wanted = []
+    for o in request.outputs:
+        if o.name not in names:
+            raise errors.invalid(f"outputs.{o.name}", f"model {model.name} has no output `{o.name}` "
+                                                      f"(its outputs: {', '.join(names)})")
+        wanted.append((o.name, region_parameters(f"outputs.{o.name}", o.parameters)))
+    return tuple(wanted) or tuple((name, None) for name in names)
+
+
+def infer_response(model: Model, request, outputs: tuple, result, regions: Regions | None = None,
+                   written: np.ndarray | None = None) -> bytes:
+    """The ModelInferResponse: output descriptions, then the results as raw contents, each
+    copied once into the message, or into its shared-memory region (its raw contents then
+    empty, so that every output keeps its index among the raw contents). `written`: a
+    result the kernel wrote into its region already."""
+    results = dict(zip((t.name for t in model.outputs), result if isinstance(result, tuple) else (result,)))
+    response = pb.ModelInferResponse(model_name=model.name, model_version=VERSION, id=request.id)
+    payloads = []
+    for name, placed in outputs:
+        arr, _ = _codec.wire_array(results[name], name)
+        out = response.outputs.add(name=name, datatype=_DATATYPE_OF[arr.dtype], shape=arr.shape)
+        data = _codec.array_bytes(arr)
+        if placed is not None:
+            region, offset, size = placed
+            field_name = f"outputs.{name}.{_REGION}"
+            if data.nbytes > size:
+                raise errors.invalid(f"outputs.{name}.{_BYTE_SIZE}", f"the result takes {data.nbytes} bytes, "
+                                                                     f"more than the {size} given")
+            if results[name] is not written:
+                regions(field_name, region, offset, data.nbytes)[:] = data
+            out.parameters[_REGION].string_param = region
+            out.parameters[_BYTE_SIZE].int64_param = data.nbytes
+            if offset:
+                out.parameters[_OFFSET].int64_param = offset
+            data = memoryview(b"")
+        payloads += _codec.bytes_field(_RAW_OUTPUTS, data)
+    return b"".join([response.SerializeToString(), *payloads])
+
+
+# ---------------------------------------------------------------------------------------
+# Sessions as models: RepositoryModelLoad
+
+_CONFIG = "config"
+_FILE = "file:"
+
+
+def npy_tensor(key: str, data: bytes) -> _codec.WireTensor:
+    """A .npy file's array as a WireTensor over its bytes, without trusting its header
+    (the size is checked against the bytes there are, later, by the codec)."""
+    stream = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(stream)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+            np.lib.format.read_array_header_2_0
+        shape, fortran_order, dtype = read_header(stream)
+    except Exception:  # ValueError and the like, in NumPy's words
+        raise errors.invalid(key, "expected the bytes of a .npy file (numpy.save)") from None
+    if fortran_order and len(shape) > 1:
+        raise errors.invalid(key, "expected an array in C order (numpy.save of a C-contiguous array)")
+    try:
+        _, code = _codec.wire_array(np.empty(0, dtype), key)
+    except WireError as exc:
+        raise errors.from_wire(exc) from None
+    return _codec.WireTensor(list(shape), code, 0, memoryview(data)[stream.tell():])
+
+
+def load_request(request) -> _codec.Decoded:
+    """A RepositoryModelLoadRequest as the CreateQuantizedInnerProduct request."""
+    op = _wire.CREATE_SESSION
+    model = Model(request.model_name, op, (), (), {name: "" for name, (kind, _) in op.request_plan.items()
+                                                   if kind not in (_wire.TENSOR, _wire.TENSORS)})
+    arguments: dict[str, Any] = {}
+    tensors: dict[str, Any] = {}
+    tensor_names = op.request_codec.numbers
+    for key, p in request.parameters.items():
+        value = _parameter_value(key, p)
+        if key == _CONFIG:
+            if not isinstance(value, str):
+                raise errors.invalid(key, f"expected a string_param holding a JSON object, got {_choice_name(value)}")
+            try:
+                config = json.loads(value)
+            except ValueError:
+                raise errors.invalid(key, "expected a JSON object, got text that is not JSON") from None
+            if not isinstance(config, dict):
+                raise errors.invalid(key, f"expected a JSON object, got {type(config).__name__}")
+            arguments.update(config)
+        elif key.startswith(_FILE):
+            name = key[len(_FILE):].removesuffix(".npy")
+            if name not in tensor_names:
+                raise errors.invalid(key, f"expected the files {', '.join(_FILE + n for n in tensor_names)}")
+            if not isinstance(value, bytes):
+                raise errors.invalid(key, f"expected a bytes_param, got {_choice_name(value)}")
+            tensors[name] = npy_tensor(key, value)
+        else:
+            raise errors.invalid(key, f"unknown parameter `{key}`: expected `config` and `file:<tensor>`")
+    return _codec.Decoded(request_message(model, arguments), tensors)
+
+
+# ---------------------------------------------------------------------------------------
+# The service
+
+def reflection_file():
+    """The messages and service as reflection describes them: under package `inference`,
+    the name clients call (see reflection.py)."""
+    package, _, _ = SERVICE_NAME.rpartition(".")
+    return renamed(pb.DESCRIPTOR, "inference/grpc_service.proto", package)
+
+
+def deserializer(message_class, raw_field: int | None = None) -> Callable[[bytes], Incoming]:
+    """Parse a request; with `raw_field`, that bytes field stays in the received bytes
+    (views, no copy) and lands in `Decoded.tensors["raw"]`."""
+    name = f"inference.{message_class.DESCRIPTOR.name}"
+
+    def decode(raw: bytes) -> Incoming:
+        try:
+            if raw_field is not None and len(raw) > _codec.SMALL_MESSAGE:
+                rest, raws = _codec.split_field(raw, raw_field)
+                message = message_class.FromString(rest)
+            else:
+                message = message_class.FromString(raw)
+                raws = list(getattr(message, "raw_input_contents", ()))
+            return Incoming(_codec.Decoded(message, {"raw": raws}, len(raw)), None, len(raw))
+        except Exception:  # DecodeError, or WireError from split_field
+            return Incoming(None, WireError("message", f"the request is not a valid {name} message in the "
+                                                       "protobuf binary encoding"), len(raw))
+    return decode
+
+
+class KServe:
+    """The behaviors of inference.GRPCInferenceService over a tensorops Service."""
+
+    def __init__(self, service: Service, shm: SharedMemory):
+        self.service = service
+        self.shm = shm
+        self.models = {name: operation_model(entry) for name, entry in service.table.items()}
+        # The behaviors of the operations, returning the result arrays (not a message).
+        self._compute = {name: service.operation(entry, encode=lambda result, fmt: result)
+                         for name, entry in service.table.items()}
+        self.sessions: dict[tuple[str, str], Model] = {}  # (owner, model name) -> session model
+        self.ready = True
+
+    # ---- models
+    def model(self, name: str, version: str, identity: str) -> Model:
+        if version not in ("", VERSION):
+            raise errors.not_found(f"model {name} has no version {version!r} (its only version is {VERSION})",
+                                   field="model_version")
+        model = self.models.get(name) or self.sessions.get((identity, name))
+        if model is None:
+            raise errors.not_found(f"no model named {name!r}: the models are the operations "
+                                   f"({', '.join(self.models)}) and the sessions loaded with RepositoryModelLoad",
+                                   field="model_name")
+        return model
+
+    async def _run(self, model: Model, decoded: _codec.Decoded, call: CallState, nbytes: int, extra: dict):
+        if model.entry is not None:
+            return await self._compute[model.name](decoded, call, nbytes, extra)
+        try:
+            return await self.service.forward(model.session_id, decoded, call)
+        except errors.Failure as failure:
+            if failure.code is grpc.StatusCode.NOT_FOUND:
+                self.sessions.pop((call.identity, model.name), None)
+                raise errors.not_found(f"model {model.name}: its session expired, was evicted or released, or "
+                                       "the server restarted; load it again", field="model_name") from None
+            raise
+
+    # ---- inference
+    async def infer(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+        request = decoded.message
+        model = self.model(request.model_name, request.model_version, call.identity)
+        start = time.perf_counter_ns()
+        ok = False
+        shared_bytes = 0
+        with contextlib.ExitStack() as held:
+            def regions(field_name: str, region: str, offset: int, size: int) -> memoryview:
+                nonlocal shared_bytes
+                view = held.enter_context(self.shm.use(call.identity, region, offset, size, field_name))
+                shared_bytes += size
+                return view
+            try:
+                outputs = requested_outputs(model, request)
+                request_in = infer_request(model, request, decoded.tensors["raw"], regions)
+                extra = {}
+                out = self._output_in_region(model, request_in, outputs, regions)
+                if out is not None:
+                    extra["out"] = out
+                # the bytes in shared memory count for where the call runs (loop or worker)
+                result = await self._run(model, request_in, call, nbytes + shared_bytes, extra)
+                response = infer_response(model, request, outputs, result, regions, written=out)
+                ok = True
+                return response
+            finally:
+                model.stats.record(ok, time.perf_counter_ns() - start)
+
+    @staticmethod
+    def _output_in_region(model: Model, decoded: _codec.Decoded, outputs: tuple, regions: Regions):
+        """The array in its shared-memory region that the kernel writes the result into
+        (tensorops_native's `out=`), when the operation takes one (its result has the shape
+        and dtype of its first input) and the request places its one output there; None
+        otherwise (the result is then copied into the region)."""
+        entry = model.entry
+        if entry is None or "out" not in entry.parameters or len(outputs) != 1 or outputs[0][1] is None:
+            return None
+        first = decoded.tensors.get(model.inputs[0].name)
+        if isinstance(first, list):  # eltwise's operands
+            first = first[0] if first else None
+        dtype = _WIRE_DTYPES.get(first.dtype) if first is not None else None
+        if dtype is None or min(first.shape, default=0) < 0:
+            return None  # the operation refuses the input, naming it
+        nbytes = math.prod(first.shape) * dtype.itemsize
+        region, offset, size = outputs[0][1]
+        if nbytes > size:
+            return None  # refused after the call, with the result's size
+        out = np.frombuffer(regions(f"outputs.{outputs[0][0]}.{_REGION}", region, offset, nbytes), dtype)
+        return out.reshape(first.shape) if out.flags.aligned else None
+
+    async def stream_infer(self, instrumented: Instrumented, context: grpc.aio.ServicerContext) -> None:
+        """ModelStreamInfer: each request of the stream answered in order; a request that
+        fails gets its error in `error_message`, and the stream goes on."""
+        try:
+            identity = instrumented.auth.identify(context)
+        except errors.Failure as failure:
+            await context.abort_with_status(failure.status())
+            return
+        while True:
+            incoming = await context.read()
+            if incoming is grpc.aio.EOF:
+                return
+            response, status = await instrumented.call(context, incoming, identity)
+            if status is None:
+                message = _codec.bytes_field(pb.ModelStreamInferResponse.DESCRIPTOR.fields_by_name[
+                    "infer_response"].number, memoryview(response))
+                await context.write(b"".join(message))
+            else:
+                await context.write(pb.ModelStreamInferResponse(
+                    error_message=f"{status.code.name}: {status.details}").SerializeToString())
+
+    # ---- health and metadata
+    async def model_ready(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+        request = decoded.message
+        try:
+            model = self.model(request.name, request.version, call.identity)
+        except errors.Failure:
+            return pb.ModelReadyResponse(ready=False).SerializeToString()
+        ready = model.entry is not None or self._session_alive(model, call.identity)
+        return pb.ModelReadyResponse(ready=ready).SerializeToString()
+
+    def _session_alive(self, model: Model, identity: str) -> bool:
+        return any(s.id == model.session_id for s in self.service.store.snapshot(identity))
+
+    async def server_metadata(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+        extensions = EXTENSIONS + (("system_shared_memory",) if self.shm.allowed else ())
+        return pb.ServerMetadataResponse(name=PLATFORM, version=tensorops_native.__version__,
+                                         extensions=extensions).SerializeToString()
+
+    async def model_metadata(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+        request = decoded.message
+        model = self.model(request.name, request.version, call.identity)
+        Tensor = pb.ModelMetadataResponse.TensorMetadata
+
+        def describe(t: TensorInfo, stacked: bool = False):
+            dims = (-1,) if t.spec.dims is None else t.spec.dims
+            return Tensor(name=t.name, datatype=t.spec.datatypes[0], shape=((-1,) + dims) if stacked else dims)
+        codec = model.op.request_codec
+        return pb.ModelMetadataResponse(
+            name=model.name, versions=[VERSION], platform=PLATFORM,
+            inputs=[describe(t, t.name in codec.repeated) for t in model.inputs],
+            outputs=[describe(t) for t in model.outputs]).SerializeToString()
+
+    async def model_config(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+        request = decoded.message
+        model = self.model(request.name, request.version, call.identity)
+        codec = model.op.request_codec
+        config = pb.ModelConfig(name=model.name, platform=PLATFORM, backend=PLATFORM, max_batch_size=0)
+        for t in model.inputs:
+            dims = (-1,) if t.spec.dims is None else t.spec.dims
+            if t.name in codec.repeated:
+                dims = (-1,) + dims
+            layout = pb.ModelInput.FORMAT_NONE
+            config.input.add(name=t.name, data_type=_CONFIG_TYPES[t.spec.datatypes[0]], format=layout, dims=dims,
+                             optional=t.optional)
+            config.parameters[f"input {t.name}"].string_value = self._tensor_words(t, t.name in codec.repeated)
+        for t in model.outputs:
+            dims = (-1,) if t.spec.dims is None else t.spec.dims
+            config.output.add(name=t.name, data_type=_CONFIG_TYPES[t.spec.datatypes[0]], dims=dims)
+            config.parameters[f"output {t.name}"].string_value = self._tensor_words(t)
+        for name, words in model.parameters.items():
+            config.parameters[name].string_value = words
+        return pb.ModelConfigResponse(config=config).SerializeToString()
+
+    @staticmethod
+    def _tensor_words(t: TensorInfo, stacked: bool = False) -> str:
+        dims = t.spec.dims
+        rank = "any number of dimensions" if dims is None else f"{len(dims)} dimension{'s' * (len(dims) != 1)}"
+        words = f"{' or '.join(t.spec.datatypes)}; {rank}"
+        if stacked:
+            words += "; the operands stacked along a new first dimension"
+        return words + ("; optional" if t.optional else "")
+
+    async def model_statistics(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+        request = decoded.message
+        if request.name:
+            models = [self.model(request.name, request.version, call.identity)]
+        else:
+            models = list(self.models.values()) + [m for (owner, _), m in self.sessions.items()
+                                                   if owner == call.identity]
+        response = pb.ModelStatisticsResponse()
+        for model in models:
+            s = model.stats
+            stats = response.model_stats.add(name=model.name, version=VERSION, last_inference=s.last_inference_ms,
+                                             inference_count=s.success_count, execution_count=s.success_count)
+            stats.inference_stats.success.count, stats.inference_stats.success.ns = s.success_count, s.success_ns
+            stats.inference_stats.fail.count, stats.inference_stats.fail.ns = s.fail_count, s.fail_ns
+        return response.SerializeToString()
+
+    # ---- repository: sessions as models
+    async def repository_index(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+        response = pb.RepositoryIndexResponse()
+        for name in self.models:
+            response.models.add(name=name, version=VERSION, state="READY")
+        live = {s.id for s in self.service.store.snapshot(call.identity)}
+        for (owner, name), model in list(self.sessions.items()):
+            if owner != call.identity:
+                continue
+            if model.session_id in live:
+                response.models.add(name=name, version=VERSION, state="READY")
+            elif not decoded.message.ready:
+                response.models.add(name=name, version=VERSION, state="UNAVAILABLE",
+                                    reason="the session expired, was evicted or released")
+        return response.SerializeToString()
+
+    async def load(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+        request = decoded.message
+        name = request.model_name
+        if not name:
+            raise errors.invalid("model_name", "required: the name the session will be called by")
+        if name in self.models:
+            raise errors.invalid("model_name", f"{name!r} is an operation; choose another name for the session")
+        session = await self.service.open_session(load_request(request), call)
+        live = {s.id for s in self.service.store.snapshot(call.identity)}
+        for key in [k for k, m in self.sessions.items() if k[0] == call.identity and m.session_id not in live]:
+            del self.sessions[key]  # sessions gone meanwhile
+        previous = self.sessions.get((call.identity, name))
+        self.sessions[(call.identity, name)] = session_model(name, session.id, *session.shape)
+        if previous is not None and previous.session_id in live:  # a reload replaces the session
+            self.service.store.release(previous.session_id, call.identity)
+        return b""
+
+    async def unload(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+        name = decoded.message.model_name
+        if name in self.models:
+            raise errors.invalid("model_name", f"{name!r} is an operation: only sessions are loaded and unloaded")
+        model = self.sessions.pop((call.identity, name), None)
+        if model is None:
+            raise errors.not_found(f"no session model named {name!r}", field="model_name")
+        try:
+            self.service.store.release(model.session_id, call.identity)
+        except errors.Failure:
+            pass  # it expired or was evicted meanwhile: unloaded all the same
+        return b""
+
+    # ---- system shared memory
+    async def shm_register(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+        r = decoded.message
+        self.shm.register(call.identity, r.name, r.key, r.offset, r.byte_size)
+        return b""
+
+    async def shm_status(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in self.shm.status(call.identity, decoded.message.name):
+            response.regions[region.name].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(
+                name=region.name, key=region.key, offset=region.offset, byte_size=region.byte_size))
+        return response.SerializeToString()
+
+    async def shm_unregister(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+        self.shm.unregister(call.identity, decoded.message.name)
+        return b""
+
+    # ---- the handler table
+    def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
+        s = self.service
+        behaviors = {
+            "ModelReady": ("kserve_model_ready", self.model_ready, pb.ModelReadyRequest),
+            "ServerMetadata": ("kserve_server_metadata", self.server_metadata, pb.ServerMetadataRequest),
+            "ModelMetadata": ("kserve_model_metadata", self.model_metadata, pb.ModelMetadataRequest),
+            "ModelInfer": ("kserve_model_infer", self.infer, pb.ModelInferRequest),
+            "ModelConfig": ("kserve_model_config", self.model_config, pb.ModelConfigRequest),
+            "ModelStatistics": ("kserve_model_statistics", self.model_statistics, pb.ModelStatisticsRequest),
+            "RepositoryIndex": ("kserve_repository_index", self.repository_index, pb.RepositoryIndexRequest),
+            "RepositoryModelLoad": ("kserve_repository_model_load", self.load, pb.RepositoryModelLoadRequest),
+            "RepositoryModelUnload": ("kserve_repository_model_unload", self.unload,
+                                      pb.RepositoryModelUnloadRequest),
+            "SystemSharedMemoryRegister": ("kserve_shared_memory_register", self.shm_register,
+                                           pb.SystemSharedMemoryRegisterRequest),
+            "SystemSharedMemoryStatus": ("kserve_shared_memory_status", self.shm_status,
+                                         pb.SystemSharedMemoryStatusRequest),
+            "SystemSharedMemoryUnregister": ("kserve_shared_memory_unregister", self.shm_unregister,
+                                             pb.SystemSharedMemoryUnregisterRequest),
+        }
+        handlers = {}
+        for rpc, (label, behavior, message_class) in behaviors.items():
+            instrumented = Instrumented(label, behavior, s.metrics, s.admission, s.auth, s.config.max_message_bytes)
+            raw = _RAW_INPUTS if message_class is pb.ModelInferRequest else None
+            handlers[rpc] = grpc.stream_unary_rpc_method_handler(
+                instrumented.handle, request_deserializer=deserializer(message_class, raw))
+        streaming = Instrumented("kserve_model_stream_infer", self.infer, s.metrics, s.admission, s.auth,
+                                 s.config.max_message_bytes)
+        async def stream(requests, context):
+            await self.stream_infer(streaming, context)
+        handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+            stream,
+            request_deserializer=deserializer(pb.ModelInferRequest, _RAW_INPUTS))
+        # Liveness and readiness: like the health service, outside admission and auth.
+        handlers["ServerLive"] = grpc.unary_unary_rpc_method_handler(
+            self._live, request_deserializer=pb.ServerLiveRequest.FromString,
+            response_serializer=pb.ServerLiveResponse.SerializeToString)
+        handlers["ServerReady"] = grpc.unary_unary_rpc_method_handler(
+            self._ready, request_deserializer=pb.ServerReadyRequest.FromString,
+            response_serializer=pb.ServerReadyResponse.SerializeToString)
+        return handlers
+
+    async def _live(self, request, context) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def _ready(self, request, context) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.ready)
