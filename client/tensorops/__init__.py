@@ -8,7 +8,7 @@
 in-process through tensorops_native. Failures raise TensorOpsError subclasses, one per
 gRPC status code (InvalidArgumentError names the offending field).
 """
-from ._client import Client, QuantizedInnerProductSession, SessionClosedError
+from ._client import SESSION_KEY_HEADER, Client, QuantizedInnerProductSession, SessionClosedError
 from ._errors import (
     CancelledError,
     DeadlineExceededError,
@@ -29,6 +29,6 @@ from ._memory import retain_freed_buffers
 __all__ = [
     "CancelledError", "Client", "DeadlineExceededError", "FieldViolation", "InternalError",
     "InvalidArgumentError", "LocalClient", "NotFoundError", "PermissionDeniedError",
-    "QuantizedInnerProductSession", "ResourceExhaustedError", "SessionClosedError", "TensorOpsError",
-    "UnauthenticatedError", "UnavailableError", "UnimplementedError", "retain_freed_buffers",
+    "QuantizedInnerProductSession", "ResourceExhaustedError", "SESSION_KEY_HEADER", "SessionClosedError",
+    "TensorOpsError", "UnauthenticatedError", "UnavailableError", "UnimplementedError", "retain_freed_buffers",
 ]

@@ -1,9 +1,13 @@
 """The blocking client and its quantized inner-product session."""
 from __future__ import annotations
 
+import copy
+import ipaddress
 import json
+import os
+import secrets
 import threading
-from typing import Any
+from typing import Any, Union
 
 import grpc
 
@@ -15,10 +19,37 @@ from .v1 import tensorops_pb2
 
 DEFAULT_TARGET = "localhost:50051"
 
+# Metadata sent with every call of a quantized inner-product session: a random key chosen
+# by the client when it opens the session, the same for the session's whole life (and its
+# re-creations). Balancers hash on it so that a session's calls reach the replica holding
+# it; the server ignores it (the session id it hands out stays the only handle).
+SESSION_KEY_HEADER = "x-tensorops-session-key"
 
-def retry_service_config(max_attempts: int) -> str:
-    """gRPC service config retrying UNAVAILABLE (server restarting, draining, unreachable)
-    with exponential backoff. Every operation is a pure function, so a retry is safe."""
+# The client-side load-balancing policies a Client accepts (gRPC names).
+LOAD_BALANCING_POLICIES = ("round_robin", "pick_first")
+
+
+def default_load_balancing(target: str) -> str:
+    """round_robin for a target that names several servers: a list of addresses
+    ("ipv4:a:p,b:p") or an explicit DNS name ("dns:///name:port", whose name may resolve to
+    many); pick_first otherwise. pick_first reconnects at the next call after a lone server
+    restarts, where round_robin would wait out its reconnection backoff."""
+    if "," in target or target.startswith("dns:"):
+        return "round_robin"
+    return "pick_first"
+
+PEM = Union[bytes, str, "os.PathLike[str]"]
+
+
+def retry_service_config(max_attempts: int, load_balancing: str = "round_robin", shuffle: bool = False) -> str:
+    """gRPC service config: the load-balancing policy over the addresses the target
+    resolves to (`shuffle`: pick_first tries them in random order), and retries of
+    UNAVAILABLE (server restarting, draining, unreachable) with exponential backoff.
+    Every operation is a pure function, so a retry is safe."""
+    if load_balancing not in LOAD_BALANCING_POLICIES:
+        raise ValueError(f"load_balancing: expected one of {', '.join(LOAD_BALANCING_POLICIES)}, "
+                         f"got {load_balancing!r}")
+    policy = {"shuffleAddressList": True} if shuffle and load_balancing == "pick_first" else {}
     method_config: dict[str, Any] = {"name": [{"service": _wire.SERVICE_NAME}]}
     if max_attempts > 1:
         method_config["retryPolicy"] = {
@@ -28,15 +59,16 @@ def retry_service_config(max_attempts: int) -> str:
             "backoffMultiplier": 2,
             "retryableStatusCodes": ["UNAVAILABLE"],
         }
-    return json.dumps({"methodConfig": [method_config]})
+    return json.dumps({"loadBalancingConfig": [{load_balancing: policy}], "methodConfig": [method_config]})
 
 
-def channel_options(max_message_bytes: int, max_attempts: int, options=()) -> list[tuple[str, Any]]:
+def channel_options(max_message_bytes: int, max_attempts: int, options=(), load_balancing: str = "round_robin",
+                    shuffle: bool = False) -> list[tuple[str, Any]]:
     base = [
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.enable_retries", 1 if max_attempts > 1 else 0),
-        ("grpc.service_config", retry_service_config(max_attempts)),
+        ("grpc.service_config", retry_service_config(max_attempts, load_balancing, shuffle)),
         # A retry resends the request from this buffer; let it hold the largest message.
         ("grpc.per_rpc_retry_buffer_size", max_message_bytes),
     ]
@@ -49,6 +81,87 @@ def merge_metadata(default, call) -> tuple | None:
     return merged or None
 
 
+def read_pem(name: str, value: PEM | None) -> bytes | None:
+    """PEM bytes as given, or read from a path (str or os.PathLike); a str that holds PEM
+    text itself (starts with "-----BEGIN") is taken as it is."""
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str) and value.lstrip().startswith("-----BEGIN"):
+        return value.encode("ascii")
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name}: expected PEM bytes or a file path, got {type(value).__name__}")
+    try:
+        with open(value, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise ValueError(f"{name}: cannot read {os.fspath(value)!r}: {exc.strerror or exc}") from None
+
+
+def channel_credentials(credentials: grpc.ChannelCredentials | None, root_certificates: PEM | None = None,
+                        certificate_chain: PEM | None = None,
+                        private_key: PEM | None = None) -> grpc.ChannelCredentials | None:
+    """The credentials of the channel: `credentials` as given, or TLS from the PEM
+    arguments, or None (a plaintext channel)."""
+    pems = {"root_certificates": root_certificates, "certificate_chain": certificate_chain,
+            "private_key": private_key}
+    given = [name for name, value in pems.items() if value is not None]
+    if not given:
+        return credentials
+    if credentials is not None:
+        raise ValueError(f"credentials: give either a ready grpc.ChannelCredentials or {', '.join(given)}, not both")
+    if (certificate_chain is None) != (private_key is None):
+        missing = "private_key" if private_key is None else "certificate_chain"
+        raise ValueError(f"{missing}: a client certificate needs both certificate_chain and private_key")
+    return grpc.ssl_channel_credentials(**{name: read_pem(name, value) for name, value in pems.items()})
+
+
+def is_loopback_target(target: str) -> bool:
+    """Whether a gRPC target can only reach this machine: a unix socket, localhost, or
+    addresses in 127.0.0.0/8 or ::1 (with or without the dns:, ipv4:, ipv6: schemes)."""
+    if target.startswith(("unix:", "unix-abstract:")):
+        return True
+    for scheme in ("dns:", "ipv4:", "ipv6:"):
+        if target.startswith(scheme):
+            target = target[len(scheme):]
+            if target.startswith("//"):  # dns://authority/host:port
+                target = target[2:].partition("/")[2]
+            break
+    return bool(target) and all(_is_loopback_host(address) for address in target.split(","))
+
+
+def _is_loopback_host(address: str) -> bool:
+    if address.startswith("["):
+        host = address[1:].partition("]")[0]
+    elif address.count(":") == 1:
+        host = address.partition(":")[0]
+    else:
+        host = address  # no port, or a bare IPv6 address
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def token_metadata(token: str | None, target: str, secure: bool, allow_insecure_token: bool) -> tuple:
+    """The authorization header for `token`; ValueError if it would travel in the clear
+    to anything but this machine."""
+    if token is None:
+        return ()
+    if not isinstance(token, str) or not token:
+        raise ValueError("token: expected a non-empty str")
+    if not secure:
+        if not allow_insecure_token:
+            raise ValueError(f"token: refusing to send a bearer token over the plaintext channel to {target!r}; "
+                             "use TLS (root_certificates= or credentials=), or allow_insecure_token=True for a "
+                             "loopback target")
+        if not is_loopback_target(target):
+            raise ValueError(f"token: allow_insecure_token=True only allows loopback targets (127.0.0.0/8, ::1, "
+                             f"localhost, unix:), not {target!r}; use TLS")
+    return (("authorization", f"Bearer {token}"),)
+
+
 def encode(op: _wire.Operation, arguments: dict) -> _wire.Request:
     try:
         return _wire.build_request(op, arguments)
@@ -57,17 +170,70 @@ def encode(op: _wire.Operation, arguments: dict) -> _wire.Request:
 
 
 class ClientBase(Operations):
-    """What the blocking and the asyncio clients share: configuration and encoding."""
+    """What the blocking and the asyncio clients share: configuration, the channel
+    credentials and encoding.
+
+    Transport security (all keyword arguments):
+      root_certificates, certificate_chain, private_key: PEM bytes, or a path to a PEM
+        file. Any of them makes the channel TLS: root_certificates are the CAs the
+        server's certificate must chain to (default: the system's), certificate_chain
+        and private_key (together) the client certificate for mutual TLS.
+      credentials: a ready grpc.ChannelCredentials instead (not with the PEM arguments).
+      server_name_override: the name checked in the server's certificate instead of the
+        target's host (the channel option grpc.ssl_target_name_override); for tests.
+      token: a bearer token sent with every call ("authorization: Bearer <token>"). It is
+        refused (ValueError at construction) on a plaintext channel, unless
+        allow_insecure_token=True and the target is a loopback address (127.0.0.0/8,
+        ::1, localhost or a unix: socket), where it never leaves the machine.
+    With none of them the channel is plaintext.
+
+    Several servers: the target may list addresses ("ipv4:10.0.0.1:50051,10.0.0.2:50051")
+    or be a DNS name that resolves to several ("dns:///tensorops-headless:50051").
+      load_balancing: "round_robin" keeps a connection to every address and spreads the
+        calls over the ready ones, one call at a time; "pick_first" uses one connection,
+        to the first address that answers. Default: round_robin for a list of addresses
+        or a dns: target, pick_first otherwise (a plain "host:port" is resolved through
+        DNS as well: write "dns:///host:port" or pass load_balancing="round_robin" when
+        the name stands for several servers, as a headless Service does). A session
+        holds state on one server, so under round_robin each session opens a channel of
+        its own that keeps to one server, picked at random (closed with the session)."""
 
     def __init__(self, target: str = DEFAULT_TARGET, *, timeout: float | None = None, metadata=None,
-                 credentials: grpc.ChannelCredentials | None = None,
-                 max_message_bytes: int = _wire.DEFAULT_MAX_MESSAGE_BYTES, max_attempts: int = 4, options=()):
+                 credentials: grpc.ChannelCredentials | None = None, root_certificates: PEM | None = None,
+                 certificate_chain: PEM | None = None, private_key: PEM | None = None,
+                 server_name_override: str | None = None, token: str | None = None,
+                 allow_insecure_token: bool = False,
+                 max_message_bytes: int = _wire.DEFAULT_MAX_MESSAGE_BYTES, max_attempts: int = 4, options=(),
+                 load_balancing: str | None = None):
         self.target = target
         self.timeout = timeout
-        self.metadata = tuple(metadata or ())
-        self._options = channel_options(max_message_bytes, max_attempts, options)
-        self._credentials = credentials
+        self._credentials = channel_credentials(credentials, root_certificates, certificate_chain, private_key)
+        self.metadata = tuple(metadata or ()) + token_metadata(token, target, self._credentials is not None,
+                                                              allow_insecure_token)
+        if server_name_override is not None:
+            options = [*options, ("grpc.ssl_target_name_override", server_name_override)]
+        self.load_balancing = load_balancing or default_load_balancing(target)
+        self._options = channel_options(max_message_bytes, max_attempts, options, self.load_balancing)
+        self._session_options = None
+        if self.load_balancing == "round_robin":
+            self._session_options = channel_options(max_message_bytes, max_attempts, options, "pick_first",
+                                                    shuffle=True)
         self._callables: dict[str, Any] = {}
+
+    def _open_channel(self, options):
+        raise NotImplementedError
+
+    def _session_transport(self):
+        """What a session's calls go through: the client itself, or, when the client
+        spreads calls over several servers, a copy of it whose channel keeps to one server
+        (picked at random), since the session lives on the server that created it."""
+        if self._session_options is None:
+            return self
+        pinned = copy.copy(self)
+        pinned._callables = {}
+        pinned._session_options = None
+        pinned._channel = self._open_channel(self._session_options)
+        return pinned
 
     def _method(self, path: str):
         fn = self._callables.get(path)
@@ -83,14 +249,21 @@ class ClientBase(Operations):
 class Client(ClientBase):
     """Blocking client: `Client("localhost:50051")`, one method per operation (NumPy in,
     NumPy out), per-call `timeout` and `metadata`, errors as TensorOpsError subclasses.
-    Thread-safe; use it as a context manager or call close()."""
+    Thread-safe; use it as a context manager or call close().
+
+    TLS: `Client("host:50051", root_certificates="ca.pem")`; mutual TLS adds
+    `certificate_chain=` and `private_key=`; `token=` sends a bearer token (never over
+    plaintext, but see allow_insecure_token). All keyword arguments are described on
+    ClientBase."""
 
     def __init__(self, target: str = DEFAULT_TARGET, **kwargs):
         super().__init__(target, **kwargs)
+        self._channel = self._open_channel(self._options)
+
+    def _open_channel(self, options):
         if self._credentials is None:
-            self._channel = grpc.insecure_channel(target, options=self._options)
-        else:
-            self._channel = grpc.secure_channel(target, self._credentials, options=self._options)
+            return grpc.insecure_channel(self.target, options=options)
+        return grpc.secure_channel(self.target, self._credentials, options=options)
 
     def close(self) -> None:
         self._channel.close()
@@ -131,6 +304,7 @@ def server_info(msg) -> dict:
     return {
         "version": msg.version, "isa": msg.isa, "cpu_features": list(msg.cpu_features),
         "kernels": dict(msg.kernels), "operations": list(msg.operations), "workers": msg.workers,
+        "instance": msg.instance,
         "limits": {"max_message_bytes": limits.max_message_bytes, "max_tensor_bytes": limits.max_tensor_bytes,
                    "max_ndim": limits.max_ndim, "max_sessions": limits.max_sessions,
                    "max_session_bytes": limits.max_session_bytes,
@@ -149,13 +323,25 @@ class SessionClosedError(TensorOpsError):
 class SessionBase:
     """State shared by the blocking and asyncio sessions. The server's session id is the
     only handle; the parameters are kept (as the encoded create request) so the session
-    can be re-created when the server no longer has it."""
+    can be re-created when the server no longer has it. Every call of the session carries
+    its routing key (SESSION_KEY_HEADER), so that a balancer sends them all, re-creations
+    included, to one replica."""
 
     def __init__(self, client, create_request: bytes):
-        self._client = client
+        self._owner = client
+        self._client = client._session_transport()  # what the session's calls go through
         self._create_request = create_request
         self._info = None
         self._closed = False
+        self._routing_key = secrets.token_hex(16)
+
+    @property
+    def routing_key(self) -> str:
+        """The random key sent as SESSION_KEY_HEADER with each call of this session."""
+        return self._routing_key
+
+    def _metadata(self, metadata) -> tuple:
+        return ((SESSION_KEY_HEADER, self._routing_key),) + tuple(metadata or ())
 
     @property
     def session_id(self) -> str:
@@ -205,10 +391,19 @@ class QuantizedInnerProductSession(SessionBase):
     def __init__(self, client: Client, create_request: bytes, timeout=None, metadata=None):
         super().__init__(client, create_request)
         self._lock = threading.Lock()
-        self._create(timeout, metadata)
+        try:
+            self._create(timeout, metadata)
+        except BaseException:
+            self._close_transport()
+            raise
+
+    def _close_transport(self) -> None:
+        if self._client is not self._owner:
+            self._client.close()
 
     def _create(self, timeout, metadata) -> None:
-        raw = self._client._invoke(_wire.CREATE_SESSION.path, self._create_request, timeout, metadata)
+        raw = self._client._invoke(_wire.CREATE_SESSION.path, self._create_request, timeout,
+                                   self._metadata(metadata))
         self._info = tensorops_pb2.SessionInfo.FromString(raw)
 
     def _recreate(self, lost_id: str, timeout, metadata) -> None:
@@ -232,7 +427,7 @@ class QuantizedInnerProductSession(SessionBase):
 
         def call():
             request = self._forward_request(a)
-            raw = self._client._invoke(op.path, request.data, timeout, metadata)
+            raw = self._client._invoke(op.path, request.data, timeout, self._metadata(metadata))
             return _wire.decode_response(op, raw)
         return self._retrying(call, timeout, metadata)
 
@@ -240,7 +435,8 @@ class QuantizedInnerProductSession(SessionBase):
         """The server's description of the session (sizes, use count, idle time)."""
         def call():
             raw = self._client._invoke(_wire.method_path("DescribeSession"),
-                                       self._describe_request(self._info.session_id, m), timeout, metadata)
+                                       self._describe_request(self._info.session_id, m), timeout,
+                                       self._metadata(metadata))
             return session_info(tensorops_pb2.SessionInfo.FromString(raw))
         return self._retrying(call, timeout, metadata)
 
@@ -255,9 +451,11 @@ class QuantizedInnerProductSession(SessionBase):
         self._closed = True
         request = tensorops_pb2.ReleaseSessionRequest(session_id=self._info.session_id).SerializeToString()
         try:
-            self._client._invoke(_wire.method_path("ReleaseSession"), request, timeout, metadata)
+            self._client._invoke(_wire.method_path("ReleaseSession"), request, timeout, self._metadata(metadata))
         except NotFoundError:
             pass
+        finally:
+            self._close_transport()
 
     def __enter__(self):
         return self

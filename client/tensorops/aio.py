@@ -20,14 +20,18 @@ __all__ = ["Client", "QuantizedInnerProductSession"]
 
 class Client(ClientBase):
     """asyncio client. Create it inside a running event loop; every operation method
-    returns an awaitable. `await c.quantized_inner_product(b, ...)` opens a session."""
+    returns an awaitable. `await c.quantized_inner_product(b, ...)` opens a session.
+    Takes the keyword arguments of tensorops.Client (TLS, mutual TLS, token: see
+    ClientBase)."""
 
     def __init__(self, target: str = DEFAULT_TARGET, **kwargs):
         super().__init__(target, **kwargs)
+        self._channel = self._open_channel(self._options)
+
+    def _open_channel(self, options):
         if self._credentials is None:
-            self._channel = grpc.aio.insecure_channel(target, options=self._options)
-        else:
-            self._channel = grpc.aio.secure_channel(target, self._credentials, options=self._options)
+            return grpc.aio.insecure_channel(self.target, options=options)
+        return grpc.aio.secure_channel(self.target, self._credentials, options=options)
 
     async def close(self) -> None:
         await self._channel.close()
@@ -52,7 +56,11 @@ class Client(ClientBase):
 
     async def _open_session(self, arguments: dict, timeout, metadata) -> "QuantizedInnerProductSession":
         session = QuantizedInnerProductSession(self, encode(_wire.CREATE_SESSION, arguments).data)
-        await session._create(timeout, metadata)
+        try:
+            await session._create(timeout, metadata)
+        except BaseException:
+            await session._close_transport()
+            raise
         return session
 
     async def info(self, *, timeout=None, metadata=None) -> dict:
@@ -73,7 +81,8 @@ class QuantizedInnerProductSession(SessionBase):
         self._lock = asyncio.Lock()
 
     async def _create(self, timeout=None, metadata=None) -> None:
-        raw = await self._client._invoke(_wire.CREATE_SESSION.path, self._create_request, timeout, metadata)
+        raw = await self._client._invoke(_wire.CREATE_SESSION.path, self._create_request, timeout,
+                                         self._metadata(metadata))
         self._info = tensorops_pb2.SessionInfo.FromString(raw)
 
     async def _retrying(self, call, timeout, metadata):
@@ -93,14 +102,15 @@ class QuantizedInnerProductSession(SessionBase):
 
         async def call():
             request = self._forward_request(a)
-            raw = await self._client._invoke(op.path, request.data, timeout, metadata)
+            raw = await self._client._invoke(op.path, request.data, timeout, self._metadata(metadata))
             return _wire.decode_response(op, raw)
         return await self._retrying(call, timeout, metadata)
 
     async def describe(self, m: int | None = None, *, timeout=None, metadata=None) -> dict:
         async def call():
             raw = await self._client._invoke(_wire.method_path("DescribeSession"),
-                                             self._describe_request(self._info.session_id, m), timeout, metadata)
+                                             self._describe_request(self._info.session_id, m), timeout,
+                                             self._metadata(metadata))
             return session_info(tensorops_pb2.SessionInfo.FromString(raw))
         return await self._retrying(call, timeout, metadata)
 
@@ -113,9 +123,16 @@ class QuantizedInnerProductSession(SessionBase):
         self._closed = True
         request = tensorops_pb2.ReleaseSessionRequest(session_id=self._info.session_id).SerializeToString()
         try:
-            await self._client._invoke(_wire.method_path("ReleaseSession"), request, timeout, metadata)
+            await self._client._invoke(_wire.method_path("ReleaseSession"), request, timeout,
+                                       self._metadata(metadata))
         except NotFoundError:
             pass
+        finally:
+            await self._close_transport()
+
+    async def _close_transport(self) -> None:
+        if self._client is not self._owner:
+            await self._client.close()
 
     async def __aenter__(self):
         return self

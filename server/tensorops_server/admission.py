@@ -32,6 +32,7 @@ class Admission:
         self.max_concurrent = max_concurrent
         self.max_inflight_bytes = max_inflight_bytes
         self._pending: dict[_Waiting, _Waiting] = {}  # oldest first
+        self._sweeper: asyncio.Task | None = None
         self.running = 0
         self.inflight_bytes = 0
 
@@ -42,14 +43,19 @@ class Admission:
     async def receive(self, context: grpc.aio.ServicerContext):
         """The call's request message, read within the read timeout."""
         if len(self._pending) >= self.max_pending:
-            self._pending.pop(next(iter(self._pending))).evict()
-        waiting = _Waiting()
+            self._pending.pop(next(iter(self._pending))).evict("place")
+        loop = asyncio.get_running_loop()
+        waiting = _Waiting(asyncio.current_task(), loop.time())
         self._pending[waiting] = waiting
+        if self._sweeper is None:
+            self._sweeper = loop.create_task(self._sweep())
         try:
-            async with asyncio.timeout(self.read_timeout) as waiting.timeout:
-                request = await context.read()
-        except TimeoutError:
-            if waiting.evicted:
+            request = await context.read()
+        except asyncio.CancelledError:
+            if waiting.evicted is None:  # the call itself was cancelled
+                raise
+            waiting.task.uncancel()
+            if waiting.evicted == "place":
                 raise errors.exhausted(f"{self.max_pending} other requests were arriving (the server's limit) "
                                        "and this one had waited longest") from None
             raise errors.Failure(grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -59,6 +65,26 @@ class Admission:
         if request is grpc.aio.EOF:
             raise errors.invalid("request", "the call carried no request message")
         return request
+
+    async def _sweep(self) -> None:
+        """Cut off the calls whose request has taken longer than the read timeout. (One
+        task for all calls: a timer per call would cost more than the rest of a small
+        call's admission.)"""
+        loop = asyncio.get_running_loop()
+        interval = min(1.0, self.read_timeout / 4)
+        while True:
+            await asyncio.sleep(interval)
+            expired = loop.time() - self.read_timeout
+            while self._pending:
+                oldest = next(iter(self._pending))
+                if oldest.since > expired:
+                    break
+                self._pending.pop(oldest).evict("timeout")
+
+    def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
 
     def admit(self, nbytes: int) -> int:
         """Take a slot for a call of `nbytes`; returns the bytes charged (give them back
@@ -82,13 +108,13 @@ class Admission:
 class _Waiting:
     """A call whose request is arriving."""
 
-    __slots__ = ("timeout", "evicted")
+    __slots__ = ("task", "since", "evicted")
 
-    def __init__(self):
-        self.timeout: asyncio.Timeout | None = None
-        self.evicted = False
+    def __init__(self, task: asyncio.Task, since: float):
+        self.task = task
+        self.since = since
+        self.evicted: str | None = None  # why it lost its place: "place" or "timeout"
 
-    def evict(self) -> None:
-        self.evicted = True
-        if self.timeout is not None:
-            self.timeout.reschedule(asyncio.get_running_loop().time())  # its read ends now
+    def evict(self, reason: str) -> None:
+        self.evicted = reason
+        self.task.cancel()  # its read ends now

@@ -1,4 +1,5 @@
-"""`tensorops-server`: run the service until SIGTERM or SIGINT, then drain and exit 0."""
+"""`tensorops-server`: run the service until SIGTERM or SIGINT, then drain and exit 0.
+SIGHUP re-reads the TLS files at the next connection."""
 from __future__ import annotations
 
 import logging
@@ -21,6 +22,8 @@ def main(argv=None) -> int:
     log.debug("malloc tuned", extra=logs.fields(retain_freed_buffers=retained))
     try:
         server = TensorOpsServer(config)
+        if hasattr(signal, "SIGHUP"):  # before "serving"; only counts a request, served at the next TLS handshake
+            signal.signal(signal.SIGHUP, lambda _signum, _frame: server.tls and server.tls.request_reload())
         server.start()
     except OSError as exc:
         log.error("cannot start", extra=logs.fields(error=str(exc)))
@@ -36,8 +39,9 @@ def main(argv=None) -> int:
         signal.signal(signum, on_signal)
     while not stop.wait(0.5):
         pass
-    log.info("draining", extra=logs.fields(signal=received[0], grace_seconds=config.grace))
-    server.stop()
+    log.info("draining", extra=logs.fields(signal=received[0], drain_delay_seconds=config.drain_delay,
+                                           grace_seconds=config.grace))
+    server.stop(drain_delay=config.drain_delay)
     log.info("stopped")
     logging.shutdown()
     # A kernel still running on a worker thread (its call was cancelled at the end of the

@@ -39,11 +39,18 @@ class Config:
     max_session_bytes_per_caller: int = 256 << 20
     session_ttl: float = 600.0
     grace: float = 10.0
+    drain_delay: float = 2.0          # seconds NOT_SERVING is reported, still serving, before the drain starts
+    max_connection_age: float = 300.0  # seconds before a client connection is asked to reconnect (0: never)
+    max_connection_age_grace: float = 30.0  # seconds the calls of such a connection get to finish (0: no limit)
+    instance_name: str = ""           # GetServerInfo's instance; empty: the host name
     auth_tokens: str = ""             # comma-separated bearer tokens (prefer the environment variable)
     auth_token_file: str = ""         # one token per line, re-read when it changes
     reflection: bool = True
     log_level: str = "info"
     log_format: str = "json"
+    tls_cert: str = ""                # PEM certificate chain; with tls_key: TLS on the gRPC port
+    tls_key: str = ""                 # PEM private key of tls_cert
+    tls_client_ca: str = ""           # PEM CA bundle: clients must present a certificate it signed (mTLS)
 
     @property
     def address(self) -> str:
@@ -81,8 +88,20 @@ _HELP = {
     "auth_token_file": "file of bearer tokens, one per line, re-read when it changes (rotation)",
     "reflection": "serve gRPC reflection (true/false)",
     "grace": "seconds in-flight calls get to finish on SIGTERM/SIGINT",
+    "drain_delay": "seconds between SIGTERM/SIGINT and the drain during which the health service reports "
+                   "NOT_SERVING while calls are still served, so that balancers and orchestrators stop "
+                   "routing here first (0: drain at once)",
+    "max_connection_age": "seconds after which a client connection is sent GOAWAY (with 10%% jitter) so that "
+                          "clients reconnect and spread over replicas added meanwhile (0: never)",
+    "max_connection_age_grace": "seconds the calls of a connection past its age get to finish before it is "
+                                "closed (0: no limit)",
+    "instance_name": "name of this server process reported by GetServerInfo (default: the host name)",
     "log_level": "one of " + ", ".join(LOG_LEVELS),
     "log_format": "json (one object per line) or text",
+    "tls_cert": "PEM certificate chain file: serve TLS (needs --tls-key); the files are re-read when they "
+                "change, checked at each new connection, or on SIGHUP",
+    "tls_key": "PEM private key file of --tls-cert (unencrypted)",
+    "tls_client_ca": "PEM CA bundle file: require mutual TLS, clients must present a certificate it signed",
 }
 
 
@@ -144,8 +163,11 @@ _TYPES = {
     "max_sessions": _positive(int), "max_session_bytes": _positive(int),
     "max_sessions_per_caller": _positive(int), "max_session_bytes_per_caller": _positive(int),
     "auth_tokens": str, "auth_token_file": str, "reflection": _bool,
-    "session_ttl": _positive(float), "grace": _non_negative(float),
+    "session_ttl": _positive(float), "grace": _non_negative(float), "drain_delay": _non_negative(float),
+    "max_connection_age": _non_negative(float), "max_connection_age_grace": _non_negative(float),
+    "instance_name": str,
     "log_level": _choice(LOG_LEVELS), "log_format": _choice(("json", "text")),
+    "tls_cert": str, "tls_key": str, "tls_client_ca": str,
 }
 
 

@@ -17,7 +17,7 @@ from grpc_reflection.v1alpha import reflection
 import tensorops_native
 from tensorops import _wire
 
-from . import optable
+from . import optable, tls
 from .auth import Authenticator
 from .config import Config
 from .execution import Executor
@@ -41,7 +41,8 @@ class TensorOpsServer:
                                   on_evict=lambda reason: self.metrics.evictions.labels(reason).inc())
         self.metrics.watch_sessions(self.store)
         self.executor = Executor(config.workers, config.inline_bytes)
-        self.auth = Authenticator(config.auth_tokens, config.auth_token_file)
+        self.auth = Authenticator(config.auth_tokens, config.auth_token_file,
+                                  certificates=bool(config.tls_client_ca))
         self.service = Service(config, self.metrics, self.store, self.table, self.executor, self.auth, qip_class)
         self._sweeper = Sweeper(self.store, interval=min(config.session_ttl / 4, 10.0))
         self._loop = asyncio.new_event_loop()
@@ -50,6 +51,7 @@ class TensorOpsServer:
         self.health: HealthServicer | None = None
         self.port: int | None = None
         self.metrics_port: int | None = None
+        self.tls: tls.CertificateFiles | None = None  # request_reload() on SIGHUP
 
     # ---- lifecycle, called from any thread but the loop's
     def start(self) -> None:
@@ -72,12 +74,14 @@ class TensorOpsServer:
             host=self.config.host, port=self.port, metrics_port=self.metrics_port, workers=self.config.workers,
             isa=tensorops_native.isa(), operations=list(self.table), version=tensorops_native.__version__))
 
-    def stop(self, grace: float | None = None) -> None:
-        """Stop taking calls, let the calls in flight finish within `grace` seconds (then
-        cancel them), and release everything."""
+    def stop(self, grace: float | None = None, drain_delay: float = 0.0) -> None:
+        """Report NOT_SERVING on the health service, keep serving for `drain_delay` seconds
+        (so that balancers polling the health service stop routing here before the port
+        refuses calls), then stop taking calls, let the calls in flight finish within
+        `grace` seconds (then cancel them), and release everything."""
         grace = self.config.grace if grace is None else grace
         if self.grpc_server is not None:
-            self._on_loop(self._stop(grace))
+            self._on_loop(self._stop(grace, drain_delay))
         self._sweeper.stop()
         self.store.close_all()
         self.metrics.stop()
@@ -101,7 +105,8 @@ class TensorOpsServer:
                      ("grpc.max_send_message_length", c.max_message_bytes),
                      ("grpc.so_reuseport", 0),
                      # streams one connection may open at once (HTTP/2 SETTINGS)
-                     ("grpc.max_concurrent_streams", 2 * c.max_pending_requests)])
+                     ("grpc.max_concurrent_streams", 2 * c.max_pending_requests),
+                     *connection_age_options(c)])
         server.add_registered_method_handlers(_wire.SERVICE_NAME, self.service.handlers())
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
@@ -109,8 +114,12 @@ class TensorOpsServer:
             reflection.enable_server_reflection(
                 (_wire.SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                  reflection.SERVICE_NAME), server)
+        self.tls = tls.from_config(c)  # TLSConfigError (an OSError) when the files are not usable
         try:
-            self.port = server.add_insecure_port(c.address)
+            if self.tls is None:
+                self.port = server.add_insecure_port(c.address)
+            else:
+                self.port = server.add_secure_port(c.address, self.tls.credentials())
         except RuntimeError as exc:  # grpc's "Failed to bind to address"
             raise OSError(f"cannot listen on {c.address}: {exc}") from None
         if not self.port:
@@ -120,7 +129,28 @@ class TensorOpsServer:
         for service in ("", _wire.SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
 
-    async def _stop(self, grace: float) -> None:
+    async def _stop(self, grace: float, drain_delay: float) -> None:
+        # NOT_SERVING first, while the port still answers: grpc's stop() refuses new calls,
+        # health checks included, at once, and a balancer must see NOT_SERVING (or a
+        # refused check) for the whole drain rather than route calls into a closing port.
+        # The delay is part of the grace period: SIGTERM to exit never takes more than the
+        # grace (plus the time a cancelled kernel needs to notice).
         await self.health.enter_graceful_shutdown()
-        await self.grpc_server.stop(grace)
+        delay = min(drain_delay, grace)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await self.grpc_server.stop(grace - delay)
         await self.service.batcher.wait_idle()
+        self.service.admission.close()
+
+
+def connection_age_options(c: Config) -> list[tuple[str, int]]:
+    """gRPC's server-side connection age (GOAWAY after the age, with +-10% jitter, then a
+    grace period for the calls in flight): long-lived HTTP/2 connections of clients and
+    balancers are re-established now and then, so replicas added later get their share."""
+    options = []
+    if c.max_connection_age > 0:
+        options.append(("grpc.max_connection_age_ms", max(1, round(c.max_connection_age * 1000))))
+        if c.max_connection_age_grace > 0:
+            options.append(("grpc.max_connection_age_grace_ms", max(1, round(c.max_connection_age_grace * 1000))))
+    return options

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import socket
 import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
@@ -281,6 +282,7 @@ class Service:
         return tensorops_pb2.ServerInfo(
             version=native["version"], isa=native["isa"], cpu_features=native["cpu_features"],
             kernels=native["kernels"], limits=limits, operations=list(self.table), workers=c.workers,
+            instance=c.instance_name or socket.gethostname(),
         ).SerializeToString()
 
     # ---- the handler table

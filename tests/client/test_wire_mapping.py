@@ -7,7 +7,7 @@ import pytest
 
 import tensorops
 from tensorops import _codec, _errors, _wire
-from tensorops._client import channel_options, encode, retry_service_config
+from tensorops._client import channel_options, default_load_balancing, encode, retry_service_config
 from tensorops.v1 import tensorops_pb2 as pb
 
 
@@ -82,6 +82,28 @@ def test_channel_options_retry_unavailable_and_match_message_limits():
     assert policy["retryPolicy"]["maxAttempts"] == 4
     assert "retryPolicy" not in json.loads(retry_service_config(1))["methodConfig"][0]
     assert dict(channel_options(10, 4, [("grpc.max_send_message_length", 5)]))["grpc.max_send_message_length"] == 5
+
+
+@pytest.mark.parametrize("target,policy", [
+    ("localhost:50051", "pick_first"), ("127.0.0.1:5", "pick_first"), ("ipv4:127.0.0.1:5", "pick_first"),
+    ("ipv4:127.0.0.1:5,127.0.0.1:6", "round_robin"), ("dns:///tensorops-headless:50051", "round_robin"),
+    ("dns:tensorops:50051", "round_robin"), ("unix:/tmp/s", "pick_first"),
+])
+def test_load_balancing_follows_the_target(target, policy):
+    import json
+    assert default_load_balancing(target) == policy
+    config = json.loads(dict(channel_options(10, 4, load_balancing=policy))["grpc.service_config"])
+    assert config["loadBalancingConfig"] == [{policy: {}}]
+    assert config["methodConfig"][0]["retryPolicy"]["maxAttempts"] == 4  # retries kept
+    with tensorops.Client(target) as c, tensorops.Client(target, load_balancing="round_robin") as rr:
+        assert (c.load_balancing, rr.load_balancing) == (policy, "round_robin")
+        # under round_robin a session gets a channel of its own that keeps to one server
+        session_config = dict(c._session_options or ()).get("grpc.service_config")
+        assert (session_config is not None) == (policy == "round_robin")
+        if session_config is not None:
+            assert json.loads(session_config)["loadBalancingConfig"] == [{"pick_first": {"shuffleAddressList": True}}]
+    with pytest.raises(ValueError, match="load_balancing"):
+        tensorops.Client(target, load_balancing="ring_hash")
 
 
 class FakeRpcError(grpc.RpcError):

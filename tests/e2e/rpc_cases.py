@@ -106,6 +106,17 @@ def qip_params(rng, n: int) -> dict:
                 c_scale=0.6, c_zero=3, bias=rng.integers(-2000, 2000, n, dtype=np.int32))
 
 
+def qip_problem(seed: int, m: int, k: int, n: int):
+    """(b, params, a, expected): a quantized inner-product session's arguments, one input
+    and the in-process result for it."""
+    rng = np.random.default_rng(seed)
+    b = rng.integers(-128, 128, (k, n), dtype=np.int8)
+    a = rng.integers(0, 256, (m, k), dtype=np.uint8)
+    p = qip_params(rng, n)
+    with tn.QuantizedInnerProduct(b, **p) as local:
+        return b, p, a, local.forward(a)
+
+
 def same(expected, got) -> bool:
     """Bit-for-bit equality of results (arrays or tuples of arrays)."""
     if isinstance(expected, tuple):

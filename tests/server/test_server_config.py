@@ -52,3 +52,19 @@ def test_console_script_help():
     out = subprocess.run([sys.executable, "-m", "tensorops_server", "--help"], capture_output=True, text=True,
                          check=True).stdout
     assert "TENSOROPS_" in out and "--metrics-port" in out
+
+
+def test_deployment_settings():
+    from tensorops_server.server import connection_age_options
+
+    c = config.load([], environ={})
+    assert (c.drain_delay, c.max_connection_age, c.max_connection_age_grace, c.instance_name) == (2.0, 300.0, 30.0, "")
+    assert connection_age_options(c) == [("grpc.max_connection_age_ms", 300_000),
+                                         ("grpc.max_connection_age_grace_ms", 30_000)]
+    c = config.load(["--max-connection-age", "0.5", "--instance-name", "r1"],
+                    environ={"TENSOROPS_MAX_CONNECTION_AGE_GRACE": "0", "TENSOROPS_DRAIN_DELAY": "0"})
+    assert (c.drain_delay, c.instance_name) == (0.0, "r1")
+    assert connection_age_options(c) == [("grpc.max_connection_age_ms", 500)]  # grace 0: no limit
+    assert connection_age_options(config.load(["--max-connection-age", "0"], environ={})) == []  # never
+    with pytest.raises(SystemExit):
+        config.load(["--drain-delay", "-1"], environ={})
