@@ -93,8 +93,11 @@ def in_row_blocks(call: CallState, fn: Callable[[Any], Any], a, rows: int):
     return np.concatenate(blocks)
 
 
-def check_result_size(field: str, rows: int, columns: int, limit: int) -> None:
-    """Refuse, before anything is allocated, a uint8 result larger than `limit` bytes."""
-    if rows * columns > limit:
-        raise errors.exhausted(f"the result of {rows} x {columns} = {rows * columns} bytes would exceed the "
-                               f"limit of {limit} bytes", field=field)
+def check_result_size(field: str, rows: int, columns: int, limit: int, itemsize: int = 1) -> None:
+    """Refuse, before anything is allocated, a result of rows x columns values of
+    `itemsize` bytes that would be larger than `limit` bytes."""
+    nbytes = rows * columns * itemsize
+    if nbytes > limit:
+        values = f"{rows} x {columns}" + (f" values of {itemsize} bytes" if itemsize > 1 else "")
+        raise errors.exhausted(f"the result of {values} = {nbytes} bytes would exceed the limit of {limit} bytes",
+                               field=field)

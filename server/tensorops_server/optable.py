@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Any, Callable
 
+import numpy as np
+
 import tensorops_native
 from tensorops import _codec, _wire
 from tensorops.v1 import tensor_pb2
@@ -38,6 +40,11 @@ class Entry:
     native: Callable[..., Any]
     # Extra conversion of the arguments for operations the generic rules do not cover.
     adapt: Callable[[dict], dict] | None = field(default=None, compare=False)
+    # For an operation whose result can be larger than its request: the result's size as
+    # (field named, rows, columns, bytes per value), computed from the arguments so that
+    # the server refuses a result over its limit before allocating it (None when the
+    # operation will refuse the arguments itself).
+    result_size: Callable[[dict], tuple[str, int, int, int] | None] | None = field(default=None, compare=False)
 
     @property
     def name(self) -> str:
@@ -140,6 +147,16 @@ def _normalize_arguments(kwargs: dict) -> dict:
     return kwargs
 
 
+def _channel_sum_result(kwargs: dict) -> tuple[str, int, int, int] | None:
+    """channel_sum's result is (batch, channels) float32 whatever the spatial size: an
+    empty x of shape (2**24, 4, 0) has no bytes and a 256 MiB result."""
+    x = kwargs.get("x")
+    if not isinstance(x, np.ndarray) or x.ndim < 2:
+        return None
+    channels = x.shape[-1] if kwargs.get("format") == "nhwc" else x.shape[1]
+    return "x", x.shape[0], channels, 4
+
+
 def _entry(name: str, native_name: str | None = None, **kwargs) -> Entry | None:
     native = getattr(tensorops_native, native_name or name, None)
     return None if native is None else Entry(_wire.OPERATIONS[name], native, **kwargs)
@@ -152,7 +169,7 @@ def build_table() -> dict[str, Entry]:
         _entry("layer_norm_channels"),
         _entry("layer_norm_spatial"),
         _entry("channel_norm"),
-        _entry("channel_sum"),
+        _entry("channel_sum", result_size=_channel_sum_result),
         _entry("eltwise"),
         _entry("lrn_cross_channels"),
         _entry("shuffle"),

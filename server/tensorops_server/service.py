@@ -206,6 +206,10 @@ class Service:
 
         def compute(decoded: _codec.Decoded, call: CallState) -> bytes:
             kwargs, fmt = entry.arguments(decoded, self.config.max_tensor_bytes)
+            size = entry.result_size(kwargs) if entry.result_size is not None else None
+            if size is not None:
+                field, rows, columns, itemsize = size
+                check_result_size(field, rows, columns, self.result_limit, itemsize)
             if always_offload:
                 result = self._run_quantized_inner_product(timer, call, entry.native, kwargs)
             else:

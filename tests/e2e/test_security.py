@@ -21,7 +21,7 @@ import tensorops
 import tensorops_native as tn
 from tensorops import _wire
 from tensorops.v1 import tensorops_pb2 as pb
-from rpc_cases import qip_params
+from rpc_cases import BF16, qip_params, same
 from rpc_server import metric_value
 
 LAYER_NORM = _wire.OPERATIONS["layer_norm_channels"]
@@ -30,12 +30,13 @@ LAYER_NORM = _wire.OPERATIONS["layer_norm_channels"]
 SLOW_KERNELS = {"TENSOROPS_ISA": "scalar"}
 
 
-def resident_bytes(pid: int) -> int:
+def resident_bytes(pid: int, field: str = "VmRSS") -> int:
+    """Resident memory of a process; field="VmHWM" gives its peak so far."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
+    raise RuntimeError(f"no {field}")
 
 
 def health_latency(target: str, timeout: float = 5.0) -> float:
@@ -172,6 +173,24 @@ def test_amplifying_products_are_refused_before_any_allocation(server):
     grown = resident_bytes(server.proc.pid) - before
     print(f"\namplification refused in {refused_in * 1e3:.1f} ms; server memory grew {grown / 2**20:.1f} MiB")
     assert grown < 64 << 20  # the 1 GiB result was never allocated
+
+
+def test_an_empty_image_cannot_make_a_huge_channel_sum(start_server):
+    """channel_sum's result is (batch, channels) float32 whatever the spatial size: an x of
+    shape (2**24, 4, 0) is 12 request bytes and a 256 MiB result. (Found by the live fuzzer:
+    the server allocated, filled and serialized the result before refusing the response.)"""
+    srv = start_server("--max-tensor-bytes", str(1 << 20), "--max-message-bytes", str(4 << 20))
+    before = resident_bytes(srv.proc.pid, "VmHWM")
+    with tensorops.Client(srv.target, timeout=30) as c:
+        for shape, fmt in (((1 << 24, 4, 0), "nchw"), ((1 << 24, 0, 4), "nhwc"), ((4, 1 << 24, 0, 9), "nchw")):
+            with pytest.raises(tensorops.ResourceExhaustedError) as err:
+                c.channel_sum(np.empty(shape, BF16), format=fmt)
+            assert err.value.field == "x" and "would exceed" in str(err.value), err.value
+        small = np.empty((3, 0, 5), BF16)  # an empty x within the limit: zeros, as in-process
+        assert same(c.channel_sum(small, format="nhwc"), tn.channel_sum(small, format="nhwc"))
+    grown = resident_bytes(srv.proc.pid, "VmHWM") - before
+    print(f"\nempty-image channel sums refused; server peak memory grew {grown / 2**20:.1f} MiB")
+    assert grown < 64 << 20  # no result was allocated
 
 
 def test_a_long_product_stops_at_its_deadline(start_server):
