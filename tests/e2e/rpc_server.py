@@ -95,3 +95,11 @@ def metric_value(text: str, name: str, **labels) -> float:
             return float(value)
     return 0.0
 
+
+def resident_bytes(pid: int, field: str = "VmRSS") -> int:
+    """Resident memory of a process; field="VmHWM" gives its peak so far."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field}")

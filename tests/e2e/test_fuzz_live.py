@@ -2,7 +2,7 @@
 requests for every RPC of tensorops.v1.TensorOps.
 
 Three families of examples, all against one server process with small limits (so each
-example is cheap):
+example is cheap) that requires a bearer token:
 
 - requests: random arguments of every stateless operation, encoded by the client's
   `_wire.build_request`, some then mutated field by field through the protobuf descriptors
@@ -10,9 +10,13 @@ example is cheap):
   fields, nested messages; known and unknown values, NaN, infinities, huge numbers);
 - sessions: a hypothesis state machine creating, using, describing, listing and
   releasing quantized inner-product sessions (valid and mutated requests, known and
-  unknown ids), with a model of the server's least-recently-used eviction;
+  unknown ids), with a model of the server's least-recently-used eviction, and another
+  caller (another token) or one without a valid token trying the same sessions;
 - garbage: random bytes, and truncated, bit-flipped, duplicated and spliced valid
   requests, through a raw channel, for every RPC.
+
+One call in ten carries another authorization header than the campaign's token: none, a
+wrong or malformed one (UNAUTHENTICATED whatever the bytes), or another valid token.
 
 Every answer is OK or INVALID_ARGUMENT / RESOURCE_EXHAUSTED / NOT_FOUND / UNAUTHENTICATED
 within the per-call timeout, with details under 1100 characters. Beyond that the status
@@ -20,7 +24,8 @@ is predicted: the test decodes the bytes it sent with the codec, turns them into
 native function's arguments by the wire contract (see tensorops_server.optable) and runs
 tensorops_native in-process. The server must fail where that fails (same code, same
 field) and succeed where it succeeds, with a result equal bit for bit. After the run the
-server is alive, SERVING, holds no session and counted no INTERNAL or UNKNOWN.
+server is alive, SERVING, holds no session, counted no INTERNAL or UNKNOWN, logged no
+error, and its memory never peaked above PEAK_MEMORY_BOUND.
 
 TENSOROPS_FUZZ_EXAMPLES (default 3000) is the total number of examples; raise it for a
 long campaign (docs/fuzz-and-soak.md).
@@ -47,7 +52,7 @@ import tensorops_native as tn
 from tensorops import _codec, _errors, _wire
 from tensorops.v1 import tensor_pb2
 from tensorops.v1 import tensorops_pb2 as pb
-from rpc_server import ServerProcess, metric_value
+from rpc_server import ServerProcess, metric_value, resident_bytes
 
 # float64 arguments beyond float32 become infinities in-process and on the server alike
 pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning"),
@@ -61,6 +66,7 @@ MAX_MESSAGE = 4 << 20
 RESULT_LIMIT = min(MAX_TENSOR, MAX_MESSAGE - 1024)  # the largest result a call may produce
 MAX_SESSIONS = 4        # small: session churn exercises eviction
 CALL_TIMEOUT = 10.0     # seconds; DEADLINE_EXCEEDED is a failure (a hang)
+PEAK_MEMORY_BOUND = 256 << 20  # the server's resident memory at its peak (see the last test)
 MAX_DETAILS = 1100      # characters of an error message
 
 TOTAL_EXAMPLES = int(os.environ.get("TENSOROPS_FUZZ_EXAMPLES", "3000"))
@@ -71,10 +77,26 @@ BUDGET = {"requests": max(100, TOTAL_EXAMPLES * 50 // 100),
           "sessions": max(10, TOTAL_EXAMPLES * 20 // 100 // SESSION_STEPS),
           "garbage": max(100, TOTAL_EXAMPLES * 30 // 100)}
 
+# The server requires a bearer token. Most calls carry the campaign's own; the others a
+# header drawn from AUTH_HEADERS: another valid token (another caller: it sees none of the
+# campaign's sessions), the same token spelled otherwise, or no, a wrong or a malformed one.
+TOKEN, OTHER_TOKEN = "fuzz-token-0123456789", "other-token-9876543210"
+AUTH_HEADERS = [None, f"Bearer {OTHER_TOKEN}", f"bearer {TOKEN}", f"BEARER  {TOKEN}", "Bearer wrong-token",
+                f"Bearer {TOKEN}x", f"Bearer {TOKEN[:-1]}", "Bearer ", TOKEN, f"Basic {TOKEN}", f"Token {TOKEN}"]
+
+
+def authorized(header: str | None) -> bool:
+    """The documented rule: `authorization: Bearer <token>` (the scheme in any case), the
+    token one of the server's."""
+    return (header is not None and header[:7].lower() == "bearer "
+            and header[7:].strip() in (TOKEN, OTHER_TOKEN))
+
+
 ALLOWED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
            grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAUTHENTICATED}
-OK, INVALID, EXHAUSTED, NOT_FOUND = (grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT,
-                                     grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND)
+OK, INVALID, EXHAUSTED, NOT_FOUND, UNAUTHENTICATED = (
+    grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAUTHENTICATED)
 
 
 def fuzz_settings(examples: int, **kwargs) -> settings:
@@ -111,15 +133,17 @@ class Campaign:
         self.by_rpc: Counter = Counter()  # (rpc, code name) -> calls
         self.death: str | None = None
 
-    def call(self, family: str, rpc: str, raw: bytes) -> Answer:
-        """Send raw bytes; check the properties every answer has."""
+    def call(self, family: str, rpc: str, raw: bytes, auth: str | None = f"Bearer {TOKEN}") -> Answer:
+        """Send raw bytes with `authorization: <auth>` (none if None); check the properties
+        every answer has."""
         if self.death:
             raise ServerDied(self.death)
         method = self._methods.get(rpc)
         if method is None:
             method = self._methods[rpc] = self.channel.unary_unary(_wire.method_path(rpc))
         try:
-            answer = Answer(OK, "", None, method(raw, timeout=CALL_TIMEOUT))
+            metadata = None if auth is None else (("authorization", auth),)
+            answer = Answer(OK, "", None, method(raw, timeout=CALL_TIMEOUT, metadata=metadata))
         except grpc.RpcError as exc:
             answer = Answer(exc.code(), exc.details() or "", _errors.from_rpc_error(exc).field, None)
         self.tally[family, answer.code.name] += 1
@@ -159,7 +183,8 @@ class Campaign:
 def campaign(tmp_path_factory):
     server = ServerProcess(tmp_path_factory.mktemp("fuzz") / "server.log",
                            "--max-tensor-bytes", str(MAX_TENSOR), "--max-message-bytes", str(MAX_MESSAGE),
-                           "--max-sessions", str(MAX_SESSIONS)).start()
+                           "--max-sessions", str(MAX_SESSIONS),
+                           env={"TENSOROPS_AUTH_TOKENS": f"{TOKEN},{OTHER_TOKEN}"}).start()
     c = Campaign(server)
     try:
         yield c
@@ -271,6 +296,18 @@ def result_check(kwargs: dict, n: int, rows_field: str = "a") -> Expect | None:
     return None
 
 
+def channel_sum_check(kwargs: dict) -> Expect | None:
+    """channel_sum's (batch, channels) float32 result can be far larger than its request (an
+    empty x of a large batch and channel count): refused above the limit before anything
+    else. (In-process, such a call would take gigabytes.)"""
+    x = kwargs.get("x")
+    if isinstance(x, np.ndarray) and x.ndim >= 2:
+        channels = x.shape[-1] if kwargs.get("format") == "nhwc" else x.shape[1]
+        if x.shape[0] * channels * 4 > RESULT_LIMIT:
+            return Expect(EXHAUSTED, "x")
+    return None
+
+
 def predict(op: _wire.Operation, raw: bytes, fn, args: dict | None = None) -> Expect:
     """What the server must answer to `raw`. With `args` (the Python arguments `raw` was
     built from), the native function runs on those, as a caller in-process would."""
@@ -285,6 +322,8 @@ def predict(op: _wire.Operation, raw: bytes, fn, args: dict | None = None) -> Ex
             too_large = result_check(kwargs, b.shape[0] if kwargs.get("trans_b") else b.shape[1])
             if too_large:
                 return too_large
+    if op.name == "channel_sum" and (too_large := channel_sum_check(kwargs)):
+        return too_large
     if args is not None:
         kwargs = {k: v for k, v in args.items() if not (v is None and k in defaults)}
     return run_native(fn, **kwargs)
@@ -331,9 +370,8 @@ SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, 1.2e-38, 3.4e38, 
 SPECIAL_DOUBLES = [0.0, -0.0, 1e-5, 1e-3, 0.5, 1.0, -1.0, -1e-5, math.nan, math.inf, -math.inf, 1e39, 3.4e38,
                    5e-324, 1e-45, 1e300, -1e300]
 SPECIAL_INTS = [0, 1, 2, 3, 7, -1, -2, 255, 256, 2**31 - 1, 2**31, 2**40, 2**62, 2**63 - 1, -2**63]
-# Dimensions of malformed shapes: none between 2**20 and 2**40, so that a result sized by
-# them fails its allocation at once (MemoryError) instead of taking gigabytes
-WILD_DIMS = [0, 1, 2, 3, 4, 5, 7, 8, 16, -1, -7, -2**63, 2**40, 2**40 + 1, 2**62, 2**63 - 1]
+# Dimensions of malformed shapes (an empty tensor may have huge dimensions)
+WILD_DIMS = [0, 1, 2, 3, 4, 5, 7, 8, 16, -1, -7, -2**63, 2**20, 2**24, 2**31, 2**32 + 1, 2**40, 2**62, 2**63 - 1]
 ITEMSIZE = {1: 4, 2: 2, 3: 2, 4: 1, 5: 1, 6: 4, 7: 8, 8: 8}
 
 def mostly(good, bad, one_in: int = 10):
@@ -761,6 +799,18 @@ def mutate(draw, message_class, raw: bytes) -> bytes:
     return message.SerializeToString()
 
 
+AUTH = mostly(st.just(f"Bearer {TOKEN}"), st.sampled_from(AUTH_HEADERS))
+
+
+def unauthenticated(answer: Answer, auth: str | None) -> bool:
+    """Whether `auth` is no valid credential, the answer then checked: such a call ends
+    UNAUTHENTICATED whatever its request bytes."""
+    if authorized(auth):
+        return False
+    check(answer, Expect(UNAUTHENTICATED))
+    return True
+
+
 def encode(op: _wire.Operation, args: dict) -> _wire.Request:
     try:
         return _wire.build_request(op, args)
@@ -783,14 +833,17 @@ def test_random_requests_of_every_operation(campaign):
         mutated = data.draw(st.integers(0, 9), label="mutate") < 4
         if mutated:
             raw = mutate(data.draw, op.request_class, raw)
-        answer = campaign.call("requests", op.rpc, raw)
+        auth = data.draw(AUTH, label="authorization")
+        answer = campaign.call("requests", op.rpc, raw, auth)
+        if unauthenticated(answer, auth):
+            return
         expect = predict(op, raw, fn, None if mutated else args)
         check(answer, expect, lambda body: _wire.decode_response(op, body, request.bf16_bits and not mutated))
 
     run()
     seen = campaign.codes("requests")
     print(f"\nrequests: {dict(seen)}")
-    assert seen["OK"] >= 5 and seen["INVALID_ARGUMENT"] >= 5, seen
+    assert seen["OK"] >= 5 and seen["INVALID_ARGUMENT"] >= 5 and seen["UNAUTHENTICATED"] >= 1, seen
     if BUDGET["requests"] >= 1000:  # enough examples for every operation to succeed and fail
         for op in _wire.OPERATIONS.values():
             assert campaign.by_rpc[op.rpc, "OK"] and campaign.by_rpc[op.rpc, "INVALID_ARGUMENT"], \
@@ -818,6 +871,10 @@ def valid_session_arguments(draw):
                 a_zero=draw(st.integers(0, 255)), c_scale=draw(st.sampled_from([0.5, 0.1, 1.0])),
                 c_zero=draw(st.integers(0, 255)), max_m=draw(st.one_of(st.none(), st.integers(1, 64))),
                 bias=draw(st.one_of(st.none(), st.just(rng.integers(-2000, 2000, n, dtype=np.int32)))))
+
+
+# Headers of callers other than the campaign's: another caller, or none at all
+INTRUDERS = [h for h in AUTH_HEADERS if not (authorized(h) and h[7:].strip() == TOKEN)]
 
 
 class SessionCalls(RuleBasedStateMachine):
@@ -961,6 +1018,33 @@ class SessionCalls(RuleBasedStateMachine):
             check(answer, Expect(NOT_FOUND, "session_id"))
 
     @rule(data=st.data())
+    def intrude(self, data):
+        """Another caller (the other token), or one without a valid token, on the sessions:
+        to the former they do not exist, the latter is refused; they stay as they were (the
+        next listing checks their order and forward counts)."""
+        auth = data.draw(st.sampled_from(INTRUDERS), label="authorization")
+        rpc = data.draw(st.sampled_from(["QuantizedInnerProductForward", "DescribeSession", "ReleaseSession",
+                                         "ListSessions"]), label="rpc")
+        sid = self.session_id(data)
+        if rpc == "QuantizedInnerProductForward":
+            context = self.live[sid]["context"] if sid in self.live else None
+            k = context.k if context is not None else 8
+            raw = encode(_wire.FORWARD_SESSION, {"session_id": sid, "a": np.ones((1, k), np.uint8)}).data
+        elif rpc == "DescribeSession":
+            raw = pb.DescribeSessionRequest(session_id=sid).SerializeToString()
+        elif rpc == "ReleaseSession":
+            raw = pb.ReleaseSessionRequest(session_id=sid).SerializeToString()
+        else:
+            raw = b""
+        answer = self.campaign.call("sessions", rpc, raw, auth)
+        if unauthenticated(answer, auth):
+            return
+        if rpc == "ListSessions":
+            assert answer.code is OK and pb.ListSessionsResponse.FromString(answer.data).sessions == [], answer
+        else:
+            check(answer, Expect(NOT_FOUND, "session_id"))
+
+    @rule(data=st.data())
     def look(self, data):
         if data.draw(st.booleans(), label="list"):
             self.list_sessions()
@@ -1001,6 +1085,7 @@ def test_random_session_calls(campaign):
     seen = campaign.codes("sessions")
     print(f"\nsessions: {dict(seen)}")
     assert seen["OK"] >= 5 and seen["NOT_FOUND"] >= 1 and seen["INVALID_ARGUMENT"] >= 1, seen
+    assert seen["UNAUTHENTICATED"] >= 1, seen
 
 
 # ---------------------------------------------------------------------------------------
@@ -1076,9 +1161,12 @@ def test_garbage_and_mutated_bytes(campaign):
     def run(data):
         rpc = data.draw(st.sampled_from(RPCS), label="rpc")
         raw = data.draw(garbled(data.draw(valid_request(rpc), label="valid")), label="bytes")
-        answer = campaign.call("garbage", rpc, raw)
+        auth = data.draw(AUTH, label="authorization")
+        answer = campaign.call("garbage", rpc, raw, auth)
         op = OPERATION_OF_RPC.get(rpc)
-        if op is not None:
+        if unauthenticated(answer, auth):
+            pass
+        elif op is not None:
             check(answer, predict(op, raw, getattr(tn, op.name)), lambda body: _wire.decode_response(op, body))
         elif answer.code is OK:  # an answer the client can read; a session made is released
             response = _wire.message_class(_wire.SERVICE.methods_by_name[rpc].output_type)
@@ -1088,7 +1176,7 @@ def test_garbage_and_mutated_bytes(campaign):
                 parsed = response.FromString(answer.data)
                 if rpc == "CreateQuantizedInnerProduct":
                     release = pb.ReleaseSessionRequest(session_id=parsed.session_id).SerializeToString()
-                    assert campaign.call("garbage", "ReleaseSession", release).code is OK
+                    assert campaign.call("garbage", "ReleaseSession", release, auth).code is OK
 
     run()
     seen = campaign.codes("garbage")
@@ -1097,36 +1185,13 @@ def test_garbage_and_mutated_bytes(campaign):
 
 
 # ---------------------------------------------------------------------------------------
-# A defect outside what the generators explore: WILD_DIMS has no dimension between 2**20
-# and 2**40 because of it (a campaign would take gigabytes of the machine's memory)
-
-def peak_resident(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
-
-
-@pytest.mark.xfail(strict=True, reason="server defect: channel_sum allocates, fills and serializes its whole "
-                                       "result before the response size is checked (output amplification)")
-def test_a_tiny_request_cannot_make_a_huge_result(start_server):
-    srv = start_server("--max-tensor-bytes", str(MAX_TENSOR), "--max-message-bytes", str(MAX_MESSAGE))
-    # 12 bytes: an empty BF16 x of shape (2**24, 4, 0), whose result is (2**24, 4) fp32 = 256 MiB
-    request = pb.ChannelSumRequest(x=tensor_pb2.Tensor(shape=[1 << 24, 4, 0], dtype=tensor_pb2.DATA_TYPE_BF16))
-    before = peak_resident(srv.proc.pid)
-    with grpc.insecure_channel(srv.target) as channel:
-        with pytest.raises(grpc.RpcError) as err:
-            channel.unary_unary(_wire.method_path("ChannelSum"))(request.SerializeToString(), timeout=CALL_TIMEOUT)
-    assert err.value.code() is EXHAUSTED
-    grown = peak_resident(srv.proc.pid) - before
-    assert grown < 64 << 20, f"refusing the call took {grown >> 20} MiB of server memory"
-
-
-# ---------------------------------------------------------------------------------------
 # After the campaign
 
 def test_the_server_survived_the_campaign(campaign, capsys):
-    with capsys.disabled():  # shown without -s too
-        print("\n" + campaign.summary())
     server = campaign.server
+    peak = resident_bytes(server.proc.pid, "VmHWM")
+    with capsys.disabled():  # shown without -s too
+        print(f"\n{campaign.summary()}; server peak memory {peak / 2**20:.0f} MiB")
     assert campaign.death is None, campaign.death
     assert server.proc.poll() is None, "the server process exited"
     health = health_pb2_grpc.HealthStub(campaign.channel)
@@ -1141,3 +1206,7 @@ def test_the_server_survived_the_campaign(campaign, capsys):
     assert not unexpected, unexpected
     errors = [e for e in server.events() if e.get("level") in ("error", "critical")]
     assert not errors, errors[:3]
+    # Requests of at most 4 MiB, results of at most 1 MiB, 4 workers: whatever the shapes
+    # claim, no call may make the server allocate more than a few times that (a result
+    # sized by the dimensions of an empty tensor took hundreds of MiB)
+    assert peak < PEAK_MEMORY_BOUND, f"the server's memory peaked at {peak / 2**20:.0f} MiB"

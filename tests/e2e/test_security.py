@@ -22,21 +22,12 @@ import tensorops_native as tn
 from tensorops import _wire
 from tensorops.v1 import tensorops_pb2 as pb
 from rpc_cases import BF16, qip_params, same
-from rpc_server import metric_value
+from rpc_server import metric_value, resident_bytes
 
 LAYER_NORM = _wire.OPERATIONS["layer_norm_channels"]
 # The scalar kernels make a product of 8192 x 2048 x 2048 take seconds (AMX would take
 # milliseconds): long work without a huge request.
 SLOW_KERNELS = {"TENSOROPS_ISA": "scalar"}
-
-
-def resident_bytes(pid: int, field: str = "VmRSS") -> int:
-    """Resident memory of a process; field="VmHWM" gives its peak so far."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(f"{field}:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field}")
 
 
 def health_latency(target: str, timeout: float = 5.0) -> float:

@@ -20,8 +20,7 @@ import numpy as np
 
 import tensorops
 import tensorops_native as tn
-from rpc_server import metric_value
-from test_security import resident_bytes
+from rpc_server import metric_value, resident_bytes
 
 SECONDS = float(os.environ.get("TENSOROPS_SOAK_SECONDS", "60"))
 THREADS = 4
