@@ -1,10 +1,12 @@
-"""A bounded soak run: 4 client threads call one real server for TENSOROPS_SOAK_SECONDS
-(60 by default), mixing operations of 1 KB - 1 MB with results checked bit for bit
-against tensorops_native in-process, quantized inner-product sessions created, used and
-released (more than the server keeps, so some are evicted and re-created by the client),
-and calls that must fail (a wrong dtype). The server's resident memory is sampled every
-second: after the warm-up it must not keep growing. At the end the server holds no
-session and stops cleanly.
+"""A bounded soak run: 4 client threads, two callers (tokens) with two threads each, call
+one real server for TENSOROPS_SOAK_SECONDS (60 by default), mixing operations of 1 KB -
+1 MB with results checked bit for bit against tensorops_native in-process, quantized
+inner-product sessions created, used, described, listed and released (more than the
+server lets a caller keep, so some are evicted and re-created by the client), and calls
+that must fail (a wrong dtype, no token). The server's resident memory is sampled every
+second: after the warm-up it must not keep growing. At the end neither caller has a
+session, the metrics count none and no INTERNAL or UNKNOWN answer, and the server stops
+cleanly.
 
 docs/fuzz-and-soak.md tells how to run it longer and what it checks.
 """
@@ -15,34 +17,33 @@ import threading
 import time
 from collections import Counter
 
+import grpc
 import ml_dtypes
 import numpy as np
 
 import tensorops
 import tensorops_native as tn
+from rpc_cases import qip_params, same
 from rpc_server import metric_value, resident_bytes
 
 SECONDS = float(os.environ.get("TENSOROPS_SOAK_SECONDS", "60"))
-THREADS = 4
-MAX_SESSIONS = 8          # the server's cap (least recently used evicted)
-SESSIONS_PER_THREAD = 3   # 4 x 3 = 12 wanted: some sessions are evicted and re-created
+TOKENS = ("soak-alpha-token", "soak-beta-token")
+THREADS = 4               # thread i calls as TOKENS[i % 2]
+MAX_SESSIONS = 8          # the server's cap
+PER_CALLER = 3            # the server's cap per caller (its own least recently used evicted)
+SESSIONS_PER_THREAD = 2   # 2 threads x 2 = 4 wanted per caller against 3: evictions, re-creations
 WARM_UP = 0.2             # the first 20% of the run: memory may grow (allocator pools, caches)
 CALL_TIMEOUT = 30.0
-# Resident memory of the server may rise by at most this much from the second third of
-# the run to the last one. What it holds in steady state does not grow with time: with 4
-# clients at most 4 calls are in flight, each holding its request and result (< 3 MB),
-# plus at most 8 small sessions, and glibc keeps freed blocks for reuse (the server raises
-# its trim threshold to 4 x 32 MiB per heap: retain_freed_buffers), so after the warm-up
-# the heaps have reached their high-water mark and the RSS plateaus, moving by a few MiB.
-# 64 MiB is far above that noise and far below what a leak costs over the run: one lost
-# 1 MB buffer per thousand calls, or one lost request per call of the smallest kind
-# (1 KB x several thousand calls per second), passes it within a minute.
+# Resident memory of the server may rise by at most this much from the peak of the second
+# third of the run to the peak of the last third. What the server holds in steady state
+# does not grow with time: 4 clients have at most 4 calls in flight, each holding its
+# request and result (< 3 MB), plus at most 8 small sessions (< 1 MB each), and glibc keeps
+# freed blocks for reuse (the server raises its trim threshold: retain_freed_buffers), so
+# once warm the heaps sit at their high-water mark and the RSS moves by a few MiB. 64 MiB
+# is far above that noise and below what a leak costs over a minute: losing one 1 MB
+# buffer per hundred calls, or 10 KB per call (several thousand calls a minute), passes it.
 RSS_GROWTH_BOUND = 64 << 20
 BF16 = ml_dtypes.bfloat16
-
-
-def same(expected: np.ndarray, got: np.ndarray) -> bool:
-    return expected.dtype == got.dtype and expected.shape == got.shape and expected.tobytes() == got.tobytes()
 
 
 class Soak:
@@ -50,14 +51,18 @@ class Soak:
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.calls: Counter = Counter()            # kind -> calls that returned the right result
-        self.expected_errors: Counter = Counter()  # kind -> calls that failed as they must
-        self.problems: list[str] = []              # wrong results and unexpected errors
+        self.calls: Counter = Counter()     # kind -> calls that returned the right result
+        self.errors: Counter = Counter()    # status code -> failed calls (expected or not)
+        self.problems: list[str] = []       # wrong results and unexpected errors
         self.recreated = 0
 
     def count(self, kind: str, n: int = 1) -> None:
         with self.lock:
             self.calls[kind] += n
+
+    def failed(self, code: grpc.StatusCode) -> None:
+        with self.lock:
+            self.errors[code.name] += 1
 
     def problem(self, kind: str, what: str) -> None:
         with self.lock:
@@ -110,16 +115,21 @@ def stateless_call(rng, kind: str):
 STATELESS = ("layer_norm_channels", "softmax", "unary", "eltwise", "normalize")
 
 
-def wrong_dtype_call(rng):
-    """(remote call, the field the server must name) of a call with a wrong dtype."""
+def failing_call(rng, anonymous: tensorops.Client):
+    """(remote call, the status and field it must fail with) of a call that must fail: a
+    wrong dtype, or no token (on a client without one)."""
     x = rng.standard_normal(int(rng.integers(1, 4096)))
-    choice = int(rng.integers(3))
+    choice = int(rng.integers(4))
     if choice == 0:
-        return (lambda cl: cl.softmax(x)), "x"                          # float64
+        return (lambda cl: cl.softmax(x)), grpc.StatusCode.INVALID_ARGUMENT, "x"   # float64
     if choice == 1:
-        return (lambda cl: cl.unary(x.astype(np.int32), "abs")), "x"
-    scale = np.ones(4, np.int8).astype(BF16)
-    return (lambda cl: cl.layer_norm_channels(np.ones((1, 4, 2), np.float32), scale, scale)), "scale"
+        return (lambda cl: cl.unary(x.astype(np.int32), "abs")), grpc.StatusCode.INVALID_ARGUMENT, "x"
+    if choice == 2:
+        scale = np.ones(4, np.int8).astype(BF16)
+        return (lambda cl: cl.layer_norm_channels(np.ones((1, 4, 2), np.float32), scale, scale)), \
+            grpc.StatusCode.INVALID_ARGUMENT, "scale"
+    x32 = x.astype(np.float32)
+    return (lambda cl: anonymous.softmax(x32)), grpc.StatusCode.UNAUTHENTICATED, None
 
 
 class Sessions:
@@ -134,13 +144,12 @@ class Sessions:
         if len(self.open) < SESSIONS_PER_THREAD and (not self.open or rng.random() < 0.4):
             k, n = int(rng.choice([16, 64, 256, 1024])), int(rng.choice([8, 32, 128]))
             b = rng.integers(-128, 128, (k, n), dtype=np.int8)
-            params = dict(b_scale=rng.uniform(0.001, 0.02, n).astype(np.float32), a_scale=0.05,
-                          a_zero=int(rng.integers(256)), c_scale=0.5, c_zero=int(rng.integers(256)),
-                          bias=rng.integers(-2000, 2000, n, dtype=np.int32))
+            params = qip_params(rng, n)
             self.open.append((self.client.quantized_inner_product(b, **params, timeout=CALL_TIMEOUT),
                               tn.QuantizedInnerProduct(b, **params), k))
             self.soak.count("session create")
-        session, local, k = self.open[int(rng.integers(len(self.open)))]
+        i = int(rng.integers(len(self.open)))
+        session, local, k = self.open[i]
         recreated = session.recreated
         for _ in range(int(rng.integers(1, 5))):
             a = rng.integers(0, 256, (int(rng.integers(1, 65)), k), dtype=np.uint8)
@@ -149,14 +158,20 @@ class Sessions:
                 self.soak.count("session forward")
             else:
                 self.soak.problem("session forward", f"wrong result for a of shape {a.shape}")
+        if rng.random() < 0.2:
+            described = session.describe(timeout=CALL_TIMEOUT)
+            if (described["n"], described["k"]) == (local.n, local.k):
+                self.soak.count("session describe")
+            else:
+                self.soak.problem("session describe", f"{described} for n={local.n}, k={local.k}")
         with self.soak.lock:
             self.soak.recreated += session.recreated - recreated
         if rng.random() < 0.3:
-            self.close(self.open.index((session, local, k)))
+            self.close(i)
 
     def close(self, i: int) -> None:
         session, local, _ = self.open.pop(i)
-        session.close(timeout=CALL_TIMEOUT)
+        session.close(timeout=CALL_TIMEOUT)  # an evicted session counts as released
         local.close()
         self.soak.count("session release")
 
@@ -165,29 +180,33 @@ class Sessions:
             self.close(0)
 
 
-def client_thread(target: str, soak: Soak, seed: int, deadline: float) -> None:
+def client_thread(target: str, token: str, soak: Soak, seed: int, deadline: float) -> None:
     rng = np.random.default_rng(seed)
-    with tensorops.Client(target, timeout=CALL_TIMEOUT) as client:
+    with tensorops.Client(target, timeout=CALL_TIMEOUT, token=token, allow_insecure_token=True) as client, \
+            tensorops.Client(target, timeout=CALL_TIMEOUT, max_attempts=1) as anonymous:
         sessions = Sessions(client, soak, rng)
         try:
             while time.monotonic() < deadline:
                 draw = rng.random()
-                kind = STATELESS[int(rng.integers(len(STATELESS)))] if draw < 0.75 else \
-                    "session" if draw < 0.95 else "wrong dtype"
+                kind = STATELESS[int(rng.integers(len(STATELESS)))] if draw < 0.72 else \
+                    "session" if draw < 0.92 else "list sessions" if draw < 0.95 else "must fail"
                 try:
                     if kind == "session":
                         sessions.step()
-                    elif kind == "wrong dtype":
-                        call, field = wrong_dtype_call(rng)
+                    elif kind == "list sessions":  # its own only: the other caller's would pass the cap
+                        listed = client.list_sessions()
+                        soak.count(kind)
+                        if len(listed) > PER_CALLER:
+                            soak.problem(kind, f"{len(listed)} sessions listed, more than the cap {PER_CALLER}")
+                    elif kind == "must fail":
+                        call, code, field = failing_call(rng, anonymous)
                         try:
                             call(client)
                             soak.problem(kind, "the call succeeded")
-                        except tensorops.InvalidArgumentError as exc:
-                            if exc.field == field:
-                                with soak.lock:
-                                    soak.expected_errors["wrong dtype -> INVALID_ARGUMENT"] += 1
-                            else:
-                                soak.problem(kind, f"names {exc.field}, not {field}: {exc}")
+                        except tensorops.TensorOpsError as exc:
+                            soak.failed(exc.code)
+                            if exc.code is not code or exc.field != field:
+                                soak.problem(kind, f"{exc} (field {exc.field}); expected {code.name}, {field}")
                     else:
                         call, expected = stateless_call(rng, kind)
                         got = call(client)
@@ -195,6 +214,9 @@ def client_thread(target: str, soak: Soak, seed: int, deadline: float) -> None:
                             soak.count(kind)
                         else:
                             soak.problem(kind, f"wrong result of shape {got.shape}")
+                except tensorops.TensorOpsError as exc:
+                    soak.failed(exc.code)
+                    soak.problem(kind, str(exc))
                 except Exception as exc:  # noqa: BLE001 - every other failure is a problem
                     soak.problem(kind, f"{type(exc).__name__}: {exc}")
         finally:
@@ -205,14 +227,15 @@ def client_thread(target: str, soak: Soak, seed: int, deadline: float) -> None:
 
 
 def test_soak(start_server, capsys):
-    srv = start_server("--max-sessions", str(MAX_SESSIONS))
+    srv = start_server("--max-sessions", str(MAX_SESSIONS), "--max-sessions-per-caller", str(PER_CALLER),
+                       env={"TENSOROPS_AUTH_TOKENS": ",".join(TOKENS)})
     pid = srv.proc.pid
     soak = Soak()
     samples: list[tuple[float, int]] = []  # (seconds since the start, resident bytes)
     start = time.monotonic()
     deadline = start + SECONDS
-    threads = [threading.Thread(target=client_thread, args=(srv.target, soak, seed, deadline))
-               for seed in range(THREADS)]
+    threads = [threading.Thread(target=client_thread, args=(srv.target, TOKENS[i % 2], soak, i, deadline))
+               for i in range(THREADS)]
     for t in threads:
         t.start()
     while any(t.is_alive() for t in threads):
@@ -221,27 +244,34 @@ def test_soak(start_server, capsys):
     for t in threads:
         t.join()
     samples.append((time.monotonic() - start, resident_bytes(pid)))
+    listed = {}
+    for token in TOKENS:
+        with tensorops.Client(srv.target, timeout=CALL_TIMEOUT, token=token, allow_insecure_token=True) as c:
+            listed[token] = c.list_sessions()
     text = srv.metrics_text()
 
     # Memory after the warm-up: the peak of the last third against the peak of the second.
-    settled = [(t, rss) for t, rss in samples if t >= WARM_UP * SECONDS]
-    middle = [rss for t, rss in settled if SECONDS / 3 <= t < 2 * SECONDS / 3]
-    last = [rss for t, rss in settled if t >= 2 * SECONDS / 3]
+    middle = [rss for t, rss in samples if max(WARM_UP, 1 / 3) * SECONDS <= t < 2 * SECONDS / 3]
+    last = [rss for t, rss in samples if t >= 2 * SECONDS / 3]
     rss = [r for _, r in samples]
     mib = 1 << 20
     evicted = metric_value(text, "tensorops_session_evictions_total", reason="capacity")
+    unexpected_codes = [line for line in text.splitlines() if line.startswith("tensorops_errors_total")
+                        and any(f'code="{c}"' in line for c in ("INTERNAL", "UNKNOWN", "DEADLINE_EXCEEDED"))]
     with capsys.disabled():  # shown without -s too
-        print(f"\nsoak {SECONDS:g} s, {THREADS} threads: calls {dict(sorted(soak.calls.items()))}; "
-              f"expected errors {dict(soak.expected_errors)}; problems {len(soak.problems)}; "
-              f"sessions evicted {evicted:g}, re-created {soak.recreated}; server RSS first "
-              f"{rss[0] / mib:.0f} MiB, peak {max(rss) / mib:.0f} MiB, last {rss[-1] / mib:.0f} MiB "
-              f"(second third peak {max(middle) / mib:.0f} MiB, last third peak {max(last) / mib:.0f} MiB)")
+        print(f"\nsoak {SECONDS:g} s, {THREADS} threads: {sum(soak.calls.values())} calls "
+              f"{dict(sorted(soak.calls.items()))}; errors by code {dict(soak.errors)}; problems "
+              f"{len(soak.problems)}; sessions evicted {evicted:g}, re-created {soak.recreated}; server RSS "
+              f"start {rss[0] / mib:.0f} MiB, peak {max(rss) / mib:.0f} MiB, end {rss[-1] / mib:.0f} MiB "
+              f"(peak of the second third {max(middle) / mib:.0f} MiB, of the last third {max(last) / mib:.0f} MiB)")
 
     assert not soak.problems, soak.problems
     assert all(soak.calls[kind] > 0 for kind in (*STATELESS, "session create", "session forward")), soak.calls
-    assert soak.expected_errors, "no wrong-dtype call was made"
+    assert soak.errors["INVALID_ARGUMENT"] and soak.errors["UNAUTHENTICATED"], soak.errors
+    assert set(soak.errors) <= {"INVALID_ARGUMENT", "UNAUTHENTICATED"}, soak.errors
     assert max(last) - max(middle) <= RSS_GROWTH_BOUND, \
         f"server memory grew {(max(last) - max(middle)) / mib:.1f} MiB after the warm-up: {samples}"
-    assert metric_value(text, "tensorops_sessions_active") == 0  # every session released
-    assert metric_value(text, "tensorops_errors_total", operation="softmax", code="INTERNAL") == 0
+    assert listed == {token: [] for token in TOKENS}, listed  # every session released
+    assert metric_value(text, "tensorops_sessions_active") == 0
+    assert not unexpected_codes, unexpected_codes
     assert srv.stop() == 0
