@@ -184,6 +184,26 @@ def test_an_empty_image_cannot_make_a_huge_channel_sum(start_server):
     assert grown < 64 << 20  # no result was allocated
 
 
+def test_failed_calls_free_their_requests_at_once(start_server):
+    """A failed call must not keep its request alive. The exception a kernel raised, the
+    future that carried it to the event loop and grpc's abort made reference cycles with
+    the frames that held the request, freed only by Python's cyclic collector: invalid
+    8 MiB requests sent back to back made the server hold hundreds of MiB. (Found by the
+    live fuzzer, whose server's memory kept growing with the campaign.)"""
+    srv = start_server("--max-message-bytes", str(16 << 20), "--max-tensor-bytes", str(16 << 20))
+    x = np.zeros((2048, 1024), np.float32)  # 8 MiB, offloaded to a worker; axis 5 is out of range
+    with tensorops.Client(srv.target, timeout=30) as c:
+        for i in range(200):
+            if i == 20:  # warm: the heaps hold their working set
+                warm = resident_bytes(srv.proc.pid)
+            with pytest.raises(tensorops.InvalidArgumentError) as err:
+                c.softmax(x, axis=5)
+            assert err.value.field == "axis"
+    grown = resident_bytes(srv.proc.pid, "VmHWM") - warm
+    print(f"\n200 failed 8 MiB calls: server peak memory {grown / 2**20:.0f} MiB above the warm level")
+    assert grown < 96 << 20  # a few requests' worth (received, decoded, retained by malloc), not dozens
+
+
 def test_a_long_product_stops_at_its_deadline(start_server):
     srv = start_server("--workers", "1", env=SLOW_KERNELS)
     rng = np.random.default_rng(1)
