@@ -13,7 +13,7 @@ PORT ?= 50051
 METRICS_PORT ?= 9100
 SERVE_FLAGS ?=
 
-.PHONY: test test-native serve proto promtool bench bench-rpc clean
+.PHONY: test test-native test-sanitize fuzz-codec serve proto promtool bench bench-rpc clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,62 @@ test: $(VENV)/.test-installed promtool
 		echo "== native suite at TENSOROPS_ISA=$$isa =="; \
 		TENSOROPS_ISA=$$isa $(PY) -m pytest -q tests/native || exit 1; \
 	done
+
+# The native suite once per ISA level with the extension built under AddressSanitizer and
+# UndefinedBehaviorSanitizer (TENSOROPS_SANITIZE=1, see native/build_ffi.py), in its own
+# virtual environment so that .venv keeps the fast build. The interpreter is not
+# instrumented, so the sanitizer runtimes are preloaded. Python leaks by design (leak
+# detection off); a huge allocation fails with MemoryError as it does without ASan; any
+# finding aborts the run. test_huge_broadcast_view_fails_cleanly is left to `make test`: it
+# runs under a 4 GiB address-space limit, too small for ASan's shadow memory.
+# docs/security-testing.md has the details.
+SANITIZE_VENV ?= .venv-sanitize
+SANITIZE_TESTS ?= tests/native -k 'not test_huge_broadcast_view_fails_cleanly'
+SANITIZE_ENV = LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1 \
+	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+# A read one element past a NumPy array, which ASan must report: proves the extension in use
+# is the instrumented one.
+SANITIZE_PROBE = import numpy as np, tensorops_native._native as n; a = np.ones(1000, np.float32); \
+	n.lib.TnSynetUnaryOperation32f(n.ffi.from_buffer('float[]', a), 1001, 0, n.ffi.from_buffer('float[]', a.copy()))
+
+$(SANITIZE_VENV)/bin/python:
+	$(PYTHON) -m venv $(SANITIZE_VENV)
+	echo '*' > $(SANITIZE_VENV)/.gitignore
+	$(SANITIZE_VENV)/bin/python -m pip install -q --upgrade pip
+
+# Built from a fresh copy of the sources, so that no object or wheel of the normal build
+# (build/, native/build/, pip's cache) can stand in for the sanitized one. The native suite
+# needs pytest and nothing else of the test extras (Envoy, TLS, hypothesis).
+$(SANITIZE_VENV)/.installed: $(SANITIZE_VENV)/bin/python $(SOURCES)
+	rm -rf $(SANITIZE_VENV)/src && mkdir -p $(SANITIZE_VENV)/src
+	tar -cf - --exclude=build --exclude='*.egg-info' --exclude=__pycache__ --exclude='*.so' \
+		pyproject.toml setup.py README.md native client server proto | tar -xf - -C $(SANITIZE_VENV)/src
+	TENSOROPS_SANITIZE=1 $(SANITIZE_VENV)/bin/python -m pip install -q --no-cache-dir '$(SANITIZE_VENV)/src' 'pytest>=8'
+	touch $@
+
+test-sanitize: $(SANITIZE_VENV)/.installed
+	@$(SANITIZE_ENV) ASAN_OPTIONS=detect_leaks=0 TENSOROPS_ISA=scalar $(SANITIZE_VENV)/bin/python -c "$(SANITIZE_PROBE)" 2>&1 \
+		| grep -q 'AddressSanitizer: heap-buffer-overflow' \
+		|| { echo "test-sanitize: ASan did not catch an out-of-bounds read: the extension is not instrumented"; exit 1; }
+	@for isa in $(ISA_LEVELS); do \
+		echo "== native suite under ASan+UBSan at TENSOROPS_ISA=$$isa =="; \
+		$(SANITIZE_ENV) TENSOROPS_ISA=$$isa $(SANITIZE_VENV)/bin/python -m pytest -q -p no:cacheprovider \
+			$(SANITIZE_TESTS) || exit 1; \
+	done
+
+# Coverage-guided fuzzing of the wire decoder (tests/fuzz/fuzz_codec.py, atheris from PyPI)
+# for FUZZ_SECONDS. The corpus grows in FUZZ_DIR/corpus from one run to the next; a crashing
+# input is written to FUZZ_DIR/crash-*. FUZZ_FLAGS: more libFuzzer flags (-jobs=2, ...).
+FUZZ_SECONDS ?= 60
+FUZZ_DIR ?= build/fuzz-codec
+FUZZ_FLAGS ?=
+
+fuzz-codec: $(VENV)/.test-installed
+	@$(PY) -c "import atheris" 2>/dev/null || $(PY) -m pip install -q atheris
+	$(PY) tests/fuzz/fuzz_codec.py --seeds $(FUZZ_DIR)/corpus
+	$(PY) tests/fuzz/fuzz_codec.py $(FUZZ_DIR)/corpus -max_total_time=$(FUZZ_SECONDS) \
+		-artifact_prefix=$(FUZZ_DIR)/ $(FUZZ_FLAGS)
 
 # The gRPC server on localhost, metrics on http://$(HOST):$(METRICS_PORT)/metrics.
 serve: $(VENV)/.installed
@@ -70,4 +126,4 @@ bench-rpc: $(VENV)/.installed
 	$(PY) bench/rpc.py
 
 clean:
-	rm -rf $(VENV) build native/build *.egg-info
+	rm -rf $(VENV) $(SANITIZE_VENV) build native/build *.egg-info

@@ -591,9 +591,10 @@ def main() -> None:
     p.add_argument("--only", default=",".join(PARTS), help="comma list of the parts to run: " + ", ".join(PARTS))
     p.add_argument("--workers", type=int, default=max(4, 2 * (os.cpu_count() or 1)))
     p.add_argument("--quick", action="store_true", help="few repeats, short cells, one run: to check it runs")
-    p.add_argument("--plain-malloc", action="store_true",
-                   help="leave glibc malloc as it is in this (client) process; by default it gets the "
-                        "server's setting, tensorops.retain_freed_buffers(), for the echo and tensorops alike")
+    p.add_argument("--retain-freed-buffers", action="store_true",
+                   help="give this (client) process the server's malloc setting, "
+                        "tensorops.retain_freed_buffers(), for the echo and tensorops alike; by default the "
+                        "client runs as a user's would, with glibc malloc untouched")
     p.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--serve-echo-aio", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -619,7 +620,7 @@ def main() -> None:
     client_counts = [int(n) for n in args.clients.split(",")]
     import tensorops
     import tensorops_native as tn
-    retained = False if args.plain_malloc else tensorops.retain_freed_buffers()
+    retained = tensorops.retain_freed_buffers() if args.retain_freed_buffers else False
     print(f"# tensorops RPC benchmark: ISA {tn.isa()}, {os.cpu_count()} CPUs, server workers {args.workers}, "
           f"client malloc {'retaining freed buffers' if retained else 'default'}, {runs} "
           f"run{'s' if runs > 1 else ''}")

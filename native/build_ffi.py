@@ -4,7 +4,12 @@ The cdef is read from native/include/tensorops.h, the single declaration of the 
 with preprocessor lines and the C++ guard dropped. Every .c file under native/src is
 compiled; ISA flags are applied per file by the `#pragma GCC target` in the vmath_<isa>.h
 header each variant includes, never to the whole build.
+
+TENSOROPS_SANITIZE=1 builds the extension under AddressSanitizer and UndefinedBehaviorSanitizer
+(`make test-sanitize`); the interpreter then needs the ASan runtime preloaded. Unset (the
+default), the build is unchanged.
 """
+import os
 import pathlib
 import re
 
@@ -12,6 +17,10 @@ import cffi
 
 NATIVE = pathlib.Path(__file__).resolve().parent
 HEADER = NATIVE / "include" / "tensorops.h"
+# Any UB finding aborts (no recovery), so that a test run cannot pass with one; -g gives
+# the reports file and line numbers.
+SANITIZE_FLAGS = (["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer", "-g"]
+                  if os.environ.get("TENSOROPS_SANITIZE") == "1" else [])
 
 
 def header_cdef(text: str) -> str:
@@ -40,7 +49,8 @@ ffibuilder.set_source(
         "-fno-math-errno",
         "-Wall",
         "-Wno-unused-function",
-    ],
+    ] + SANITIZE_FLAGS,
+    extra_link_args=SANITIZE_FLAGS,
     libraries=["m"],
 )
 

@@ -175,6 +175,16 @@ _PADS = {size: b"" if size == 0 else _tag(_T_PAD, _LEN) + _varint(size - 2) + by
          for size in range(2 * ALIGNMENT + 2) if size != 1}
 
 
+# What the protobuf runtime (upb) refuses, the in-place decoder refuses too, so that both
+# paths decode every message the same way: a varint longer than 10 bytes (bits past the
+# 64th are dropped, as protobuf does), a field key longer than 5 bytes or above 32 bits, a
+# field number 0 (except within a group: protobuf skips groups without looking), a length
+# longer than 5 bytes, wire types 6 and 7, an end-group key without its start, and messages
+# and groups nested deeper than _MAX_DEPTH.
+_SGROUP, _EGROUP = 3, 4
+_MAX_DEPTH = 100
+
+
 def _read_varint(buf, pos: int, end: int) -> tuple[int, int]:
     if pos < end and buf[pos] < 0x80:  # the common case: one byte
         return buf[pos], pos + 1
@@ -191,37 +201,105 @@ def _read_varint(buf, pos: int, end: int) -> tuple[int, int]:
 
 
 def _signed(value: int) -> int:
+    """A varint as int64."""
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def _fields(buf, pos: int, end: int):
-    """(number, wire type, start of the field, start of its value, end of the field)."""
-    while pos < end:
+def _int32(value: int) -> int:
+    """A varint as int32 (and enum): protobuf keeps the low 32 bits."""
+    return ((value & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000
+
+
+def _read_key(buf, pos: int, end: int) -> tuple[int, int, int]:
+    """(field number, wire type, position after the key)."""
+    key = buf[pos]
+    if key < 0x80:
+        pos += 1
+    else:
         start = pos
         key, pos = _read_varint(buf, pos, end)
-        wire_type = key & 7
-        if wire_type == _LEN:
-            length, value = _read_varint(buf, pos, end)
-            pos = value + length
-        elif wire_type == _VARINT:
-            value = pos
-            while pos < end and buf[pos] >= 0x80:
-                pos += 1
-            pos += 1
-        elif wire_type == _I64:
-            value, pos = pos, pos + 8
-        elif wire_type == _I32:
-            value, pos = pos, pos + 4
-        else:
-            raise WireError("message", f"unsupported wire type {wire_type}")
-        if pos > end:
+        if pos - start > 5 or key > 0xFFFFFFFF:
+            raise WireError("message", "malformed field key")
+    return key >> 3, key & 7, pos
+
+
+def _skip_value(buf, pos: int, end: int, wire_type: int) -> tuple[int, int]:
+    """(start of the value, end of the field) of a field other than a group."""
+    if wire_type == _LEN:
+        length, value = _read_varint(buf, pos, end)
+        if value - pos > 5 or length >= 0x7FFFFFFF:
+            raise WireError("message", "malformed length")
+        stop = value + length
+    elif wire_type == _VARINT:
+        value, stop = pos, _read_varint(buf, pos, end)[1]
+    elif wire_type == _I64:
+        value, stop = pos, pos + 8
+    elif wire_type == _I32:
+        value, stop = pos, pos + 4
+    elif wire_type == _EGROUP:
+        raise WireError("message", "end of a group that was not started")
+    else:
+        raise WireError("message", f"unsupported wire type {wire_type}")
+    if stop > end:
+        raise WireError("message", "truncated message")
+    return value, stop
+
+
+def _skip_group(buf, pos: int, end: int, number: int, depth: int) -> int:
+    """The end of the group `number` whose fields start at pos (groups nest: at most
+    `depth` deep)."""
+    open_groups = [number]
+    while open_groups:
+        if len(open_groups) > depth:
+            raise WireError("message", "groups nested too deep")
+        if pos >= end:
             raise WireError("message", "truncated message")
-        yield key >> 3, wire_type, start, value, pos
+        number, wire_type, pos = _read_key(buf, pos, end)
+        if wire_type == _SGROUP:
+            open_groups.append(number)
+        elif wire_type == _EGROUP:
+            if open_groups.pop() != number:
+                raise WireError("message", "mismatched end of group")
+        else:
+            pos = _skip_value(buf, pos, end, wire_type)[1]
+    return pos
+
+
+def _fields(buf, pos: int, end: int, depth: int = _MAX_DEPTH):
+    """(number, wire type, start of the field, start of its value, end of the field) of
+    each field of a message in which protobuf allows `depth` more levels of nesting; an
+    unknown group is one field."""
+    while pos < end:
+        start = pos
+        key = buf[pos]
+        if 8 <= key < 0x80:  # the common case: a one-byte key
+            number, wire_type, pos = key >> 3, key & 7, pos + 1
+        else:
+            number, wire_type, pos = _read_key(buf, pos, end)
+            if not number:
+                raise WireError("message", "field number 0")
+        # The common cases inline (a call costs more than the rest of the loop): a length
+        # or a varint value of one byte.
+        if wire_type == _LEN and pos < end and buf[pos] < 0x80:
+            value = pos + 1
+            pos = value + buf[pos]
+            if pos > end:
+                raise WireError("message", "truncated message")
+        elif wire_type == _VARINT and pos < end and buf[pos] < 0x80:
+            value = pos
+            pos += 1
+        elif wire_type == _SGROUP:
+            value, pos = pos, _skip_group(buf, pos, end, number, depth)
+        else:
+            value, pos = _skip_value(buf, pos, end, wire_type)
+        yield number, wire_type, start, value, pos
 
 
 def _parse_tensor(view: memoryview, pos: int, end: int, into: WireTensor | None = None) -> WireTensor:
     t = into or WireTensor()  # a repeated occurrence of a singular field merges, as in protobuf
-    for number, wire_type, _, value, stop in _fields(view, pos, end):
+    # Fields of another wire type than their declared one are unknown fields to protobuf:
+    # skipped here.
+    for number, wire_type, _, value, stop in _fields(view, pos, end, _MAX_DEPTH - 1):
         if number == _T_DATA and wire_type == _LEN:
             t.data = view[value:stop]
         elif number == _T_SHAPE:
@@ -233,9 +311,9 @@ def _parse_tensor(view: memoryview, pos: int, end: int, into: WireTensor | None 
             elif wire_type == _VARINT:
                 t.shape.append(_signed(_read_varint(view, value, stop)[0]))
         elif number == _T_DTYPE and wire_type == _VARINT:
-            t.dtype = _signed(_read_varint(view, value, stop)[0])
+            t.dtype = _int32(_read_varint(view, value, stop)[0])
         elif number == _T_FORMAT and wire_type == _VARINT:
-            t.format = _signed(_read_varint(view, value, stop)[0])
+            t.format = _int32(_read_varint(view, value, stop)[0])
     return t
 
 
@@ -305,8 +383,14 @@ class MessageCodec:
         self.singular = tuple(name for name, rep in self.tensor_fields.values() if not rep)
 
     def decode(self, raw: bytes) -> Decoded:
-        if len(raw) <= SMALL_MESSAGE:
-            return self._decode_small(raw)
+        return self.decode_with_protobuf(raw) if len(raw) <= SMALL_MESSAGE else self.decode_in_place(raw)
+
+    def decode_in_place(self, raw: bytes) -> Decoded:
+        """The large-message path: Tensor fields read from the wire format, their payloads
+        views of `raw`; the other fields parsed by the protobuf runtime. Decodes every input
+        exactly as decode_with_protobuf does, and refuses what it refuses."""
+        if not self.tensor_fields:  # nothing to read in place (and protobuf's rules for
+            return self.decode_with_protobuf(raw)  # messages without fields differ)
         view = memoryview(raw)
         tensors: dict[str, Any] = {name: [] for name in self.repeated}
         rest = []
@@ -328,7 +412,9 @@ class MessageCodec:
         except Exception as exc:  # google.protobuf.message.DecodeError
             raise WireError("message", f"cannot parse {self.message_class.DESCRIPTOR.name}: {exc}") from None
 
-    def _decode_small(self, raw: bytes) -> Decoded:
+    def decode_with_protobuf(self, raw: bytes) -> Decoded:
+        """The small-message path: the whole message parsed by the protobuf runtime
+        (`message` then holds the Tensor fields too)."""
         message = self._parse(raw)
         tensors: dict[str, Any] = {}
         for name in self.singular:
