@@ -842,7 +842,9 @@ def test_random_requests_of_every_operation(campaign):
 
     run()
     seen = campaign.codes("requests")
-    print(f"\nrequests: {dict(seen)}")
+    print(f"\nrequests: {dict(seen)}; OK / INVALID_ARGUMENT by operation: "
+          + ", ".join(f"{op.name} {campaign.by_rpc[op.rpc, 'OK']}/{campaign.by_rpc[op.rpc, 'INVALID_ARGUMENT']}"
+                      for op in _wire.OPERATIONS.values()))
     assert seen["OK"] >= 5 and seen["INVALID_ARGUMENT"] >= 5 and seen["UNAUTHENTICATED"] >= 1, seen
     if BUDGET["requests"] >= 1000:  # enough examples for every operation to succeed and fail
         for op in _wire.OPERATIONS.values():
