@@ -60,6 +60,11 @@ class Executor:
         except asyncio.CancelledError:
             call.cancelled = True
             raise
+        finally:
+            # An exception fn raised references this frame (its traceback), and the future
+            # references the exception: without this, that cycle would keep the call's
+            # arguments (the request's buffers) until the cyclic collector runs.
+            del future
 
     async def run(self, nbytes: int, call: CallState, fn: Callable[..., Any], *args) -> Any:
         if nbytes <= self.inline_bytes:

@@ -138,3 +138,12 @@ def start_server(tmp_path):
     yield start
     for proc in started:
         proc.kill()
+
+
+def resident_bytes(pid: int, field: str = "VmRSS") -> int:
+    """Resident memory of a process; field="VmHWM" gives its peak so far."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field}")

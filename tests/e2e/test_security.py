@@ -4,7 +4,6 @@ under load; token authentication and per-caller session isolation; the status re
 for every call; clean startup failures; SIGTERM while a long kernel runs."""
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -21,21 +20,13 @@ import tensorops
 import tensorops_native as tn
 from tensorops import _wire
 from tensorops.v1 import tensorops_pb2 as pb
-from rpc_cases import qip_params
-from rpc_server import LIST_SERVICES, metric_value, reflection_call
+from rpc_cases import BF16, qip_params, same
+from rpc_server import LIST_SERVICES, metric_value, reflection_call, resident_bytes
 
 LAYER_NORM = _wire.OPERATIONS["layer_norm_channels"]
 # The scalar kernels make a product of 8192 x 2048 x 2048 take seconds (AMX would take
 # milliseconds): long work without a huge request.
 SLOW_KERNELS = {"TENSOROPS_ISA": "scalar"}
-
-
-def resident_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
 
 
 def health_latency(target: str, timeout: float = 5.0) -> float:
@@ -172,6 +163,44 @@ def test_amplifying_products_are_refused_before_any_allocation(server):
     grown = resident_bytes(server.proc.pid) - before
     print(f"\namplification refused in {refused_in * 1e3:.1f} ms; server memory grew {grown / 2**20:.1f} MiB")
     assert grown < 64 << 20  # the 1 GiB result was never allocated
+
+
+def test_an_empty_image_cannot_make_a_huge_channel_sum(start_server):
+    """channel_sum's result is (batch, channels) float32 whatever the spatial size: an x of
+    shape (2**24, 4, 0) is 12 request bytes and a 256 MiB result. (Found by the live fuzzer:
+    the server allocated, filled and serialized the result before refusing the response.)"""
+    srv = start_server("--max-tensor-bytes", str(1 << 20), "--max-message-bytes", str(4 << 20))
+    before = resident_bytes(srv.proc.pid, "VmHWM")
+    with tensorops.Client(srv.target, timeout=30) as c:
+        for shape, fmt in (((1 << 24, 4, 0), "nchw"), ((1 << 24, 0, 4), "nhwc"), ((4, 1 << 24, 0, 9), "nchw")):
+            with pytest.raises(tensorops.ResourceExhaustedError) as err:
+                c.channel_sum(np.empty(shape, BF16), format=fmt)
+            assert err.value.field == "x" and "would exceed" in str(err.value), err.value
+        small = np.empty((3, 0, 5), BF16)  # an empty x within the limit: zeros, as in-process
+        assert same(c.channel_sum(small, format="nhwc"), tn.channel_sum(small, format="nhwc"))
+    grown = resident_bytes(srv.proc.pid, "VmHWM") - before
+    print(f"\nempty-image channel sums refused; server peak memory grew {grown / 2**20:.1f} MiB")
+    assert grown < 64 << 20  # no result was allocated
+
+
+def test_failed_calls_free_their_requests_at_once(start_server):
+    """A failed call must not keep its request alive. The exception a kernel raised, the
+    future that carried it to the event loop and grpc's abort made reference cycles with
+    the frames that held the request, freed only by Python's cyclic collector: invalid
+    8 MiB requests sent back to back made the server hold hundreds of MiB. (Found by the
+    live fuzzer, whose server's memory kept growing with the campaign.)"""
+    srv = start_server("--max-message-bytes", str(16 << 20), "--max-tensor-bytes", str(16 << 20))
+    x = np.zeros((2048, 1024), np.float32)  # 8 MiB, offloaded to a worker; axis 5 is out of range
+    with tensorops.Client(srv.target, timeout=30) as c:
+        for i in range(200):
+            if i == 20:  # warm: the heaps hold their working set
+                warm = resident_bytes(srv.proc.pid)
+            with pytest.raises(tensorops.InvalidArgumentError) as err:
+                c.softmax(x, axis=5)
+            assert err.value.field == "axis"
+    grown = resident_bytes(srv.proc.pid, "VmHWM") - warm
+    print(f"\n200 failed 8 MiB calls: server peak memory {grown / 2**20:.0f} MiB above the warm level")
+    assert grown < 96 << 20  # a few requests' worth (received, decoded, retained by malloc), not dozens
 
 
 def test_a_long_product_stops_at_its_deadline(start_server):
