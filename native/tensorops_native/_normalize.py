@@ -433,13 +433,20 @@ def _fast_key(x, scale, bias, axes, num_groups, eps, normalize_variance, activat
     if activation is not None and type(activation) is not str:
         if type(activation) not in (tuple, list):
             return None
-        activation = tuple(activation)
         for v in activation:
             if type(v) not in (str, float, int):
                 return None
+        activation = tuple(map(_exact, activation))
     if compute_dtype is not None and type(compute_dtype) is not str:
         return None
-    return (x.dtype, x.shape, t is int, axes, num_groups, eps, normalize_variance, activation, compute_dtype, *shapes)
+    return (x.dtype, x.shape, t is int, axes, num_groups, _exact(eps), normalize_variance, activation, compute_dtype,
+            *shapes)
+
+
+def _exact(v):
+    """A key part that tells -0.0 from 0.0 (equal, with one hash, as dict keys; an
+    activation parameter of either sign gives results of different signs)."""
+    return (v, math.copysign(1.0, v)) if type(v) is float and v == 0.0 else v
 
 
 def _validate(x, scale, bias, axes, num_groups, eps, normalize_variance, activation, compute_dtype):

@@ -359,6 +359,18 @@ def test_activation_defaults_and_parameters(rng):
     assert_same_bits(tn.normalize(x, axes=[1], activation="identity"), tn.normalize(x, axes=[1]))
 
 
+def test_results_do_not_depend_on_earlier_calls():
+    """Validated calls are reused by their arguments, where 0.0 and -0.0 are one key; but a
+    negative value times a slope of +0.0 is -0.0, and times -0.0 is +0.0. (Found by the
+    live fuzzer: the server, with another history of calls, answered other bits.)"""
+    x = np.array([[-1.0, -2.0, 3.0, 0.5]], np.float32)  # normalized: the first two are negative
+    for name in ("leaky_relu", "elu"):
+        for first, second in ((0.0, -0.0), (-0.0, 0.0)):
+            tn.normalize(x, axes=[1], activation=(name, first))
+            y = tn.normalize(x, axes=[1], activation=(name, second))
+            assert np.all(y[0, :2] == 0) and np.all(np.signbit(y[0, :2]) != np.signbit(second)), (name, second, y)
+
+
 def test_normalize_variance_false_subtracts_the_mean(rng):
     x = rng.normal(3.0, 2.0, (5, 40)).astype(np.float32)
     s = rng.uniform(0.5, 1.5, 40).astype(np.float32)
