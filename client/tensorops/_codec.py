@@ -36,7 +36,7 @@ ALIGNMENT = 16
 # above it, its copies of the payload cost more.
 SMALL_MESSAGE = 32 * 1024
 
-# Wire dtype <-> NumPy dtype. uint16 arrays travel as BF16 (API.md: uint16 holds BF16 bits).
+# Wire dtype <-> NumPy dtype. uint16 arrays travel as BF16 (a uint16 array holds BF16 bits; docs/protocol.md).
 _WIRE_DTYPES = {
     tensor_pb2.DATA_TYPE_FP32: np.dtype(np.float32),
     tensor_pb2.DATA_TYPE_BF16: np.dtype(ml_dtypes.bfloat16),

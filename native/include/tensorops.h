@@ -164,7 +164,7 @@ void TnSynetTiledScale2D32fBatch(const float * src, size_t batch, size_t channel
  * C = requantize(A x B) for A UINT8 (M x K), B INT8 (K x N, or N x K when transB) and
  * C UINT8 (M x N), through a context: Init once with the sizes and types, SetParams once
  * with the quantization parameters (and B when constB), then Forward many times, then
- * TnRelease. Semantics are KERNELS.md's: exact int32 accumulation on every ISA level,
+ * TnRelease. Semantics (docs/kernels.md): exact int32 accumulation on every ISA level,
  *   bias'[j] = (bias[j] or 0) - aZero * sum_k B[k][j],  norm[j] = (aScale * bScale[j]) / cScale
  *   C[i][j]  = clamp(rne(float(sum_k A[i][k] * B[k][j] + bias'[j]) * norm[j]) + cZero, 0, 255)
  * with norm in fp32 and rne() rounding to nearest, ties to even (the default MXCSR mode).
@@ -235,8 +235,8 @@ void TnRelease(void * context);
 
 /* ---- Generic normalization (TensorRT / DirectML) ----------------------------------- */
 
-/* Fused activations, applied after scale and bias (DirectML DML_ACTIVATION_*: the order of
- * API.md). Parameters in TnNormalization.activationParams, in DirectML's order. */
+/* Fused activations, applied after scale and bias (DirectML DML_ACTIVATION_*, in the order of
+ * the Activation enum of proto/tensorops/v1). Parameters in TnNormalization.activationParams, in DirectML's order. */
 typedef enum {
     TnActivationIdentity = 0,
     TnActivationLinear = 1,              /* alpha * y + beta */

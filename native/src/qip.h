@@ -2,7 +2,7 @@
  * Quantized inner product (seed 004): the context shared by qip.c (creation, parameters,
  * packing, dispatch) and the per-ISA drivers in qip_scalar.c, qip_avx2.c, qip_avx512.c.
  *
- * What every algorithm computes (KERNELS.md, "Quantized inner product"):
+ * What every algorithm computes (docs/kernels.md):
  *   acc[i][j]  = sum_k A[i][k] * B[k][j]                  exact, int32
  *   bias'[j]   = (bias[j] or 0) - aZero * sum_k B[k][j]   int32 (computed in int64)
  *   norm[j]    = (aScale * bScale[j]) / cScale            fp32, in that order

@@ -3,7 +3,7 @@ that the same cases run with canary-guarded memory (test_c_memory.py) and with m
 by inaccessible pages (test_guard_pages.py, via guard_page_probe.py).
 
 A Case names the kernel, its input arrays, its outputs (shape, dtype), the argument list in
-C order, the scratch size KERNELS.md allows (None: no buf argument), and how to get the
+C order, the documented scratch size (None: no buf argument), and how to get the
 expected outputs through the Python API, which the C results must equal bit for bit.
 Argument tokens: "in:<name>", "out:<name>", "buf", "list:<name>,<name>..." (a pointer
 array), or a plain value (int; None for NULL).

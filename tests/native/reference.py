@@ -1,5 +1,5 @@
 """Float64 NumPy references of the seed functions, written from the seeds' pseudo-code
-(/work/shared/seeds 000 and 003) and KERNELS.md, never from the C kernels.
+(the Simd Synet specification) and docs/kernels.md, never from the C kernels.
 
 One function per seed function, named after it. Image tensors are passed in the canonical
 float64 layout (batch, channels, spatial) produced by `to_bcs`; `from_bcs` turns a result
@@ -17,7 +17,7 @@ import numpy as np
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F32_MAX = float(np.finfo(np.float32).max)
 
-# Enumerations of KERNELS.md.
+# Enumerations of docs/kernels.md.
 ELTWISE_PRODUCT, ELTWISE_SUM, ELTWISE_MAX, ELTWISE_MIN = 0, 1, 2, 3
 UNARY_NAMES = ("abs", "ceil", "cos", "erf", "exp", "floor", "log", "neg", "not", "rcp",
                "round", "rsqrt", "sign", "sin", "sqrt", "tanh", "zero")
@@ -215,7 +215,7 @@ def onnx_lrn(x_nchw, size, alpha, beta, bias):
 
 
 def synet_shuffle_layer_forward(x0, x1, channels0, channels1, type_):
-    """SimdSynetShuffleLayerForward on (batch, channels, spatial) arrays (KERNELS.md):
+    """SimdSynetShuffleLayerForward on (batch, channels, spatial) arrays (docs/kernels.md):
     type 0 splits S = concat(x0, x1) into its even (output 0) and odd (output 1) channels;
     type 1 interleaves, D[2c] = x0[c], D[2c+1] = x1[c], and splits D into channels0 and
     channels1 channels. Returns (y0, y1); any dtype (a pure copy)."""
@@ -281,7 +281,7 @@ def unary_bitwise_f32(x, op: str) -> np.ndarray:
 
 
 def synet_unary_operation_32f(x, op: str) -> np.ndarray:
-    """SimdSynetUnaryOperation32f as exact float64 math on the fp32 input (KERNELS.md
+    """SimdSynetUnaryOperation32f as exact float64 math on the fp32 input (docs/kernels.md
     table). NOT returns the fp32 whose bits are inverted; the exact ops (ABS, NEG, NOT,
     ZERO, CEIL, FLOOR, ROUND, SQRT, RCP, SIGN) give values that round to fp32 exactly as
     IEEE fp32 arithmetic does (sqrt and division are correctly rounded after a float64

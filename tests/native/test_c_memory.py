@@ -1,6 +1,6 @@
 """Direct C calls (tensorops_native._native) of every kernel with canary-guarded memory:
 
-- scratch: with buf = NULL and with a caller buffer of exactly the size KERNELS.md states
+- scratch: with buf = NULL and with a caller buffer of exactly the size docs/kernels.md states
   (spatial floats for L2 in NCHW without acrossSpatial and for V2 in NCHW; channels for V3
   in NHWC, V4 and 16bV2; none otherwise), filled with garbage and followed by canaries
   that must survive;

@@ -2,9 +2,9 @@
 avx2, avx512; a level this CPU lacks is skipped with the reason):
 
 - BF16 outputs (layer_norm_channels, softmax) are identical bit for bit, NaNs included
-  (KERNELS.md: every level produces bit-identical BF16 outputs);
+  (docs/kernels.md: every level produces bit-identical BF16 outputs);
 - unary results: bit-identical for the exact ops, within each other's accuracy bounds
-  (twice the KERNELS.md bound, same NaN and infinity positions) for the others.
+  (twice the docs/kernels.md bound, same NaN and infinity positions) for the others.
 """
 import numpy as np
 import pytest

@@ -4,7 +4,7 @@ fp32 inputs, sizes around the vector widths and tails.
 Tolerances (u = 2^-24): product: each of the count - 1 multiplications rounds once,
 rtol = count * u. Sum: each product and addition rounds once (an FMA rounds less), so the
 absolute error is below 2 * count * u * sum_i |w_i * x_i|. Max and min are exact (one of the
-inputs), and propagate NaN (KERNELS.md).
+inputs), and propagate NaN (docs/kernels.md).
 """
 import numpy as np
 import pytest

@@ -124,7 +124,7 @@ def _softplus(z):
     return np.logaddexp(0.0, z)
 
 
-# DirectML's fused activations in float64, from their definitions (API.md's list).
+# DirectML's fused activations in float64, from their definitions (the Activation enum's list).
 ACT64 = {
     "identity": lambda y: y,
     "linear": lambda y, a, b: a * y + b,

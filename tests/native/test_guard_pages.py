@@ -24,6 +24,6 @@ def test_kernel_stays_inside_its_tensors(isolated, kernel):
     if proc.returncode < 0:
         name = signal.Signals(-proc.returncode).name
         pytest.fail(f"{kernel} crashed with {name} in case '{lines[-1] if lines else '?'}': it accessed memory "
-                    f"outside its tensors (or its scratch beyond the KERNELS.md size)\n{proc.stderr[-2000:]}")
+                    f"outside its tensors (or its scratch beyond the documented size)\n{proc.stderr[-2000:]}")
     mismatches = [line for line in lines if line.startswith("MISMATCH")]
     assert proc.returncode == 0 and lines and lines[-1] == "OK", "\n".join(mismatches[:10]) or proc.stderr[-3000:]

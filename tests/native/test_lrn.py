@@ -1,6 +1,6 @@
 """lrn_cross_channels (seed 003: LrnLayerCrossChannels), y = x * (k0 + k1 * S)^k2, S the sum of
 squares over the clipped channel window: channels 1..67, half 0, 1, 2, 5, both formats, and
-the ONNX LRN mapping of KERNELS.md.
+the ONNX LRN mapping of docs/kernels.md.
 
 Tolerance: S sums at most 2 * half + 1 squares (relative error < 11u + sum_rtol), the base
 k0 + k1 * S adds 2u, and the power (exp of k2 * log of the base in fp32) adds its argument's
@@ -65,7 +65,7 @@ def test_lrn_window_wider_than_tensor(rng, fmt, channels, half):
 @pytest.mark.parametrize("size,alpha,beta,bias", [(1, 1e-4, 0.75, 1.0), (3, 0.5, 0.75, 2.0),
                                                   (5, 1e-4, 0.75, 1.0), (5, 2.0, 0.5, 1.0), (11, 0.3, 1.0, 0.5)])
 def test_lrn_onnx_mapping(rng, fmt, size, alpha, beta, bias):
-    """ONNX LRN (size, alpha, beta, bias) through the KERNELS.md mapping half = (size-1)/2,
+    """ONNX LRN (size, alpha, beta, bias) through the docs/kernels.md mapping half = (size-1)/2,
     k = (bias, alpha / size, -beta), against ONNX's own formula."""
     require("SynetLrnLayerCrossChannels")
     shape = image_shape(2, 17, 16, fmt)

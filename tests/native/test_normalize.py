@@ -250,7 +250,7 @@ def test_layer_norm_channels_uint16_bits_give_uint16(rng, fmt, channels, spatial
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_layer_norm_channels_bf16_denormal_and_tiny_outputs(rng, fmt):
-    """Outputs down in the denormal range must stay denormal BF16 (KERNELS.md: denormals are
+    """Outputs down in the denormal range must stay denormal BF16 (docs/kernels.md: denormals are
     kept): shift tiny, scale tiny."""
     require("SynetNormalizeLayerForward16bV2")
     shape = image_shape(1, 16, 5, fmt)

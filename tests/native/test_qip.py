@@ -1,5 +1,5 @@
 """Quantized inner product (seed 004): bit-exact against an integer NumPy reference of the
-KERNELS.md formula, for every algorithm the active ISA level can run (the suite runs once
+docs/kernels.md formula, for every algorithm the active ISA level can run (the suite runs once
 per TENSOROPS_ISA level), plus extremes, concurrency, buffers and validation."""
 import concurrent.futures
 import functools
@@ -38,7 +38,7 @@ ALGORITHM_PARAMS = [pytest.param(a, marks=pytest.mark.skipif(a not in RUNNABLE, 
 
 
 def reference(a, b_kn, b_scale, a_scale, a_zero, c_scale, c_zero, bias=None):
-    """KERNELS.md formula: exact integer sums, bias' in int64, then the fp32 pipeline
+    """docs/kernels.md formula: exact integer sums, bias' in int64, then the fp32 pipeline
     (int32 -> float32 rounding, one float32 multiply by norm, round half to even)."""
     # float64 products and sums of these integers are exact (|sum| < 2**31 << 2**53).
     acc = (a.astype(np.float64) @ b_kn.astype(np.float64)).astype(np.int64)

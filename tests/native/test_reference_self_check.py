@@ -144,7 +144,7 @@ def test_eltwise_reference_matches_seed_loops(rng, op):
     srcs[2][3] = np.nan
     w = rng.normal(size=4)
     dst = [0.0] * 9
-    # Max / Min written out, NaN-propagating as KERNELS.md requires
+    # Max / Min written out, NaN-propagating as docs/kernels.md requires
     fns = {0: lambda a, b: a * b, 2: lambda a, b: a if (a != a or a > b) else b,
            3: lambda a, b: a if (a != a or a < b) else b}
     for j in range(9):

@@ -1,10 +1,10 @@
 """softmax (seed 003: Softmax32f, Softmax16b) against the float64 reference: every count of
 the channel list, with the softmax axis first, in the middle and last, inner == 1 and
-inner > 1, count == 1, and the special rows of KERNELS.md.
+inner > 1, count == 1, and the special rows of docs/kernels.md.
 
 Tolerance per element (fp32, u = 2^-24): the kernel computes exp(fl(x - max)), and fl(x -
 max) carries an absolute error up to u * |x - max|, which exp turns into that relative
-error; exp itself is within 4e-7 (KERNELS.md), the division adds u, and the row sum an
+error; exp itself is within 4e-7 (docs/kernels.md), the division adds u, and the row sum an
 error of sum_rtol(count). rtol = 16u + u * |x - max| + sum_rtol(count); atol = 8 fp32
 denormal steps (results that underflow into the denormal range lose relative accuracy).
 BF16: bit-exact against the exact result rounded to fp32 then BF16, except where that
@@ -115,7 +115,7 @@ def test_softmax_shift_invariance_on_huge_values(dtype):
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 @pytest.mark.parametrize("count,inner", [(1, 1), (1, 16), (7, 1), (16, 1), (33, 5), (17, 17)])
 def test_softmax_special_rows(rng, dtype, count, inner):
-    """KERNELS.md: all -inf rows give NaN; rows with +inf or NaN give NaN; -inf entries of
+    """docs/kernels.md: all -inf rows give NaN; rows with +inf or NaN give NaN; -inf entries of
     an otherwise finite row give 0; other rows are unaffected."""
     x = (rng.normal(size=(6, count, inner)) * 3).astype(np.float32)
     pos = rng.integers(0, count, size=inner)

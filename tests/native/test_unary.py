@@ -1,5 +1,5 @@
 """unary (seed 003: UnaryOperation32f), all 17 operations, against the accuracy rules of
-KERNELS.md measured over more than a million inputs per op (random bit patterns, log-uniform
+docs/kernels.md measured over more than a million inputs per op (random bit patterns, log-uniform
 magnitudes over the whole fp32 range, the op's meaningful ranges) plus the special values
 (+0, -0, +inf, -inf, NaN, 1e-45, FLT_MAX, -FLT_MAX, ties of rounding...), float64 NumPy
 (math.erf for ERF) as the reference. The rules and the input mix live in tn_testing.
@@ -84,7 +84,7 @@ SPECIAL_CASES = [
 
 @pytest.mark.parametrize("op,x,expected", SPECIAL_CASES, ids=[f"{o}({x})" for o, x, _ in SPECIAL_CASES])
 def test_unary_special_values(op, x, expected):
-    """Exact where KERNELS.md makes them exact: the exact ops, infinities, NaN, and the
+    """Exact where docs/kernels.md makes them exact: the exact ops, infinities, NaN, and the
     saturated values of the approximate ops at +-inf and +-FLT_MAX; elsewhere the
     approximate ops are held to their accuracy bound."""
     require(KERNEL)
@@ -112,7 +112,7 @@ def test_unary_exp_underflows_through_denormals():
 
 @pytest.mark.parametrize("op", ["sin", "cos"])
 def test_unary_sin_cos_stay_in_range_for_huge_inputs(rng, op):
-    """Beyond |x| = 1e5 KERNELS.md sets no accuracy bound, but a sine of a finite number is
+    """Beyond |x| = 1e5 docs/kernels.md sets no accuracy bound, but a sine of a finite number is
     still a number in [-1, 1] (not NaN, not garbage)."""
     require(KERNEL)
     x = (np.exp2(rng.uniform(16.6, 128.0, 1 << 16)) * rng.choice([-1.0, 1.0], 1 << 16)).astype(np.float32)

@@ -1,6 +1,6 @@
 """Helpers of the native test suite: shape grids, tolerance checks with readable failure
 reports, BF16 "bit-exact where the math allows" checks, the unary accuracy rules of
-KERNELS.md, and direct C calls with canary-guarded memory.
+docs/kernels.md, and direct C calls with canary-guarded memory.
 
 Tolerances: u = 2^-24 is the unit roundoff of fp32. A float64 reference differs from an
 fp32 kernel only by the kernel's own rounding, so every bound below is a multiple of u or of
@@ -187,7 +187,7 @@ def params(rng, channels):
     return scale, shift
 
 
-# ---- unary accuracy rules (KERNELS.md) -----------------------------------------------------
+# ---- unary accuracy rules (docs/kernels.md) -----------------------------------------------------
 
 UNARY_OPS = ref.UNARY_NAMES
 BITWISE_OPS = ("abs", "neg", "not", "zero")            # compared bit for bit, NaN included
@@ -228,7 +228,7 @@ def unary_checked_mask(op, x):
 
 
 def unary_violations(op, x, y):
-    """Boolean mask of the elements of y = unary(x, op) that break the KERNELS.md rule,
+    """Boolean mask of the elements of y = unary(x, op) that break the docs/kernels.md rule,
     and the float64 reference used."""
     x = np.asarray(x, np.float32)
     y = np.asarray(y, np.float32)
@@ -262,7 +262,7 @@ def assert_unary_accurate(op, x, y, what=None):
         y32 = np.asarray(y, np.float32).ravel()
         lines = [f"  x={x32[i]!r} (0x{int(x32[i:i+1].view(np.uint32)[0]):08x}): got {y32[i]!r} "
                  f"(0x{int(y32[i:i+1].view(np.uint32)[0]):08x}), reference {r.ravel()[i]!r}" for i in idx[:6]]
-        pytest.fail(f"{what or op}: {idx.size} of {x32.size} results break the KERNELS.md bound:\n" + "\n".join(lines))
+        pytest.fail(f"{what or op}: {idx.size} of {x32.size} results break the docs/kernels.md bound:\n" + "\n".join(lines))
 
 
 def unary_inputs(op, rng, n=1 << 20):
@@ -383,7 +383,7 @@ def c_call(kernel: str, *args):
 
 
 def scratch_floats(kernel: str, fmt: str, channels: int, spatial: int, across: bool = False) -> int:
-    """The largest scratch a kernel may need (KERNELS.md and the seeds): spatial floats for
+    """The largest scratch a kernel may need (docs/kernels.md and the seeds): spatial floats for
     L2 in NCHW without acrossSpatial and for V2 in NCHW; channels for V3 in NHWC, V4 and
     16bV2; none otherwise."""
     if kernel == "SynetNormalizeLayerForward":
