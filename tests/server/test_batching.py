@@ -17,7 +17,7 @@ from tensorops import _wire
 from tensorops.v1 import tensorops_pb2 as pb
 
 from fake_qip import FakeQuantizedInnerProduct as Fake
-from test_sessions_service import K, N, params
+from test_sessions_service import K, N, params, serve  # noqa: F401 - serve is a fixture (real servers with the fake kernel)
 
 FORWARD = _wire.FORWARD_SESSION
 
@@ -205,20 +205,6 @@ def test_blocking_clients_are_batched_too(serve, rng):
     assert all(np.array_equal(got, reference.forward(a)) for a, got in zip(inputs, results))
     kernel_calls, merged = batches(srv)
     assert merged == 16 and kernel_calls < 16
-
-
-@pytest.fixture
-def serve():
-    from test_sessions_service import Running
-    running = []
-
-    def start(**overrides):
-        r = Running(**overrides)
-        running.append(r)
-        return r
-    yield start
-    for r in running:
-        r.stop()
 
 
 @pytest.fixture
