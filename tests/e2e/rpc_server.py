@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -147,3 +148,31 @@ def resident_bytes(pid: int, field: str = "VmRSS") -> int:
             if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError(f"no {field}")
+
+
+class LongCall:
+    """An eltwise call of many empty inputs on a thread of its own: decoding and checks keep
+    a worker busy for a while without any kernel. Started, it waits until the server counts
+    it in flight; `result`, `errors` and `finished_at` tell how it ended after join()."""
+
+    def __init__(self, srv, items: int):
+        import numpy as np
+        import tensorops
+        self.result, self.errors, self.finished_at = [], [], None
+
+        def call():
+            try:
+                with tensorops.Client(srv.target, timeout=60, max_attempts=1) as c:
+                    self.result.append(c.eltwise([np.zeros(0, np.float32)] * items, "sum"))
+                    self.finished_at = time.monotonic()
+            except Exception as exc:  # noqa: BLE001 - the test reads self.errors
+                self.errors.append(exc)
+        self.thread = threading.Thread(target=call)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while metric_value(srv.metrics_text(), "tensorops_requests_in_flight", operation="eltwise") < 1:
+            assert time.monotonic() < deadline, "the call never started"
+            time.sleep(0.005)
+
+    def join(self, timeout: float = 60) -> None:
+        self.thread.join(timeout)

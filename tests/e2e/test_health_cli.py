@@ -7,15 +7,12 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import trustme
 
-import tensorops
-from rpc_server import metric_value
+from rpc_server import LongCall
 
 HEALTH = shutil.which("tensorops-health", path=str(Path(sys.executable).parent)) or "tensorops-health"
 
@@ -74,30 +71,17 @@ def test_draining_server_is_not_healthy(start_server):
     orchestrator stop sending traffic) and the call in flight completes."""
     srv = start_server("--grace", "30", "--workers", "2")
     assert health("--address", srv.target).returncode == 0
-    result, errors = [], []
-
-    def call():
-        try:
-            with tensorops.Client(srv.target, timeout=60, max_attempts=1) as c:
-                result.append(c.eltwise([np.zeros(0, np.float32)] * 150_000, "sum"))
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-    thread = threading.Thread(target=call)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while metric_value(srv.metrics_text(), "tensorops_requests_in_flight", operation="eltwise") < 1:
-        assert time.monotonic() < deadline, "the call never started"
-        time.sleep(0.005)
+    long_call = LongCall(srv, 150_000)
     srv.signal()
     deadline = time.monotonic() + 10
     while "draining" not in [e.get("event") for e in srv.events()]:
         assert time.monotonic() < deadline
         time.sleep(0.01)
     r = health("--address", srv.target, "--timeout", "2")
-    thread.join(60)
+    long_call.join()
     assert r.returncode == 1, r
     assert "SERVING" not in r.stdout.replace("NOT_SERVING", ""), r
-    assert errors == [] and len(result) == 1
+    assert long_call.errors == [] and len(long_call.result) == 1
     assert srv.wait(30) == 0
 
 

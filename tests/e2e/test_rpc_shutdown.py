@@ -2,40 +2,25 @@
 from __future__ import annotations
 
 import signal
-import threading
 import time
 
 import numpy as np
 import pytest
 
 import tensorops
-from rpc_server import metric_value
+from rpc_server import LongCall
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_call_in_flight_completes_and_exit_is_clean(start_server, signum):
     srv = start_server("--grace", "30", "--workers", "2")
-    result, errors, done = [], [], []
-    n = 120_000  # many empty inputs: a worker stays busy on decoding and checks, no kernel needed
-
-    def call():
-        try:
-            with tensorops.Client(srv.target, timeout=60, max_attempts=1) as c:
-                result.append(c.eltwise([np.zeros(0, np.float32)] * n, "sum"))
-                done.append(time.monotonic())
-        except Exception as exc:
-            errors.append(exc)
-    thread = threading.Thread(target=call)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while metric_value(srv.metrics_text(), "tensorops_requests_in_flight", operation="eltwise") < 1:
-        assert time.monotonic() < deadline, "the call never started"
-        time.sleep(0.005)
+    # many empty inputs: a worker stays busy on decoding and checks, no kernel needed
+    long_call = LongCall(srv, 120_000)
     signalled = time.monotonic()
     srv.signal(signum)
-    thread.join(60)
-    assert errors == [] and len(result) == 1 and result[0].shape == (0,)
-    assert done[0] > signalled  # the call was still running when the signal arrived
+    long_call.join()
+    assert long_call.errors == [] and len(long_call.result) == 1 and long_call.result[0].shape == (0,)
+    assert long_call.finished_at > signalled  # the call was still running when the signal arrived
     assert srv.wait(30) == 0
     events = [e["event"] for e in srv.events()]
     assert events[-2:] == ["draining", "stopped"]
