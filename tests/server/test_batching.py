@@ -54,18 +54,22 @@ def run(target, fn):
     return asyncio.run(main())
 
 
-def test_concurrent_forwards_are_merged_and_bit_identical(serve, rng):
-    srv = serve(batch_window_us=50_000)  # every forward sent at once lands in one batch window
+def concurrent_forwards(srv, rng, rows):
+    """Forwards of `rows` rows each, sent at once on one new session: (inputs, results, the
+    in-process reference)."""
     b = rng.integers(-128, 128, (K, N), dtype=np.int8)
     p = params(rng)
-    rows = [1, 3, 1, 2, 5, 1, 1, 4, 2, 1, 1, 3, 1, 1, 2, 1]
     inputs = [rng.integers(0, 256, (m, K), dtype=np.uint8) for m in rows]
 
     async def calls(c):
         s = await c.quantized_inner_product(b, **p)
         return await asyncio.gather(*(s.forward(a) for a in inputs))
-    results = run(srv.target, calls)
-    reference = Fake(b, **p)
+    return inputs, run(srv.target, calls), Fake(b, **p)
+
+
+def test_concurrent_forwards_are_merged_and_bit_identical(serve, rng):
+    srv = serve(batch_window_us=50_000)  # every forward sent at once lands in one batch window
+    inputs, results, reference = concurrent_forwards(srv, rng, [1, 3, 1, 2, 5, 1, 1, 4, 2, 1, 1, 3, 1, 1, 2, 1])
     for a, got in zip(inputs, results):
         assert got.shape == (a.shape[0], N)
         assert np.array_equal(got, reference.forward(a))
@@ -75,16 +79,7 @@ def test_concurrent_forwards_are_merged_and_bit_identical(serve, rng):
 
 def test_the_row_cap_splits_batches_and_a_larger_request_runs_alone(serve, rng):
     srv = serve(batch_window_us=50_000, max_batch_rows=8)
-    b = rng.integers(-128, 128, (K, N), dtype=np.int8)
-    p = params(rng)
-    rows = [3, 3, 3, 2, 20, 1, 5]  # 20 rows: above the cap, alone
-    inputs = [rng.integers(0, 256, (m, K), dtype=np.uint8) for m in rows]
-
-    async def calls(c):
-        s = await c.quantized_inner_product(b, **p)
-        return await asyncio.gather(*(s.forward(a) for a in inputs))
-    results = run(srv.target, calls)
-    reference = Fake(b, **p)
+    inputs, results, reference = concurrent_forwards(srv, rng, [3, 3, 3, 2, 20, 1, 5])  # 20 rows: above the cap, alone
     assert all(np.array_equal(got, reference.forward(a)) for a, got in zip(inputs, results))
     registry = srv.server.metrics.registry
     # every kernel call but the lone 20-row one held at most 8 rows
