@@ -1,9 +1,10 @@
 """cffi build script (API mode) for tensorops_native._native.
 
 The cdef is read from native/include/tensorops.h, the single declaration of the C API,
-with preprocessor lines and the C++ guard dropped. Every .c file under native/src is
-compiled; ISA flags are applied per file by the `#pragma GCC target` in the vmath_<isa>.h
-header each variant includes, never to the whole build.
+with preprocessor lines and the C++ guard dropped. Every .c file under native/src (and its
+family folders) is compiled; ISA flags are applied per file by the `#pragma GCC target` in
+the level header each variant includes first (simd/avx512.h, simd/avx2.h, or the older
+vmath_<isa>.h), never to the whole build.
 
 TENSOROPS_SANITIZE=1 builds the extension under AddressSanitizer and UndefinedBehaviorSanitizer
 (`make test-sanitize`); the interpreter then needs the ASan runtime preloaded. Unset (the
@@ -35,10 +36,10 @@ ffibuilder.set_source(
     '#include "tensorops.h"',
     # Relative paths keep the build reproducible from the project root (setuptools runs
     # this script from there).
-    sources=sorted(str(p.relative_to(NATIVE.parent)) for p in (NATIVE / "src").glob("*.c")),
+    sources=sorted(str(p.relative_to(NATIVE.parent)) for p in (NATIVE / "src").rglob("*.c")),
     include_dirs=[str(NATIVE / "include"), str(NATIVE / "src")],
     # Headers hold shared inline math: a change to one must rebuild every object.
-    depends=sorted(str(p.relative_to(NATIVE.parent)) for p in NATIVE.glob("*/*.h")),
+    depends=sorted(str(p.relative_to(NATIVE.parent)) for p in NATIVE.rglob("*.h")),
     extra_compile_args=[
         "-O3",
         "-std=gnu11",
