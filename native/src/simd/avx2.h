@@ -287,6 +287,16 @@ V_INLINE vfloat v_ldexp(vfloat y, vfloat n)
     return v_mul(v_mul(y, p1), p2);
 }
 
+/* x = m * 2^e, m in [1, 2): denormals are first scaled by 2^23 (exact). */
+V_INLINE vfloat v_frexp(vfloat x, vfloat * e)
+{
+    vmask tiny = v_lt(x, v_set1(FLT_MIN));
+    vfloat xs = v_select(tiny, v_mul(x, v_set1(8388608.0f)), x);
+    vint u = v_as_int(xs);
+    *e = v_add(vi_to_float(vi_sub(vi_srl(u, 23), vi_set1(127))), v_keep(tiny, v_set1(-23.0f)));
+    return vi_as_float(vi_or(vi_and(u, vi_set1(0x007fffff)), vi_set1(0x3f800000)));
+}
+
 V_INLINE vfloat v_lut8(const float * table, vint i)
 {
     __m256 t = _mm256_loadu_ps(table);

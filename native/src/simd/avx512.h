@@ -136,6 +136,14 @@ V_INLINE vfloat v_trunc(vfloat a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO
 /* y * 2^n for integral n in [-252, 254], rounded once (denormal results included). */
 V_INLINE vfloat v_ldexp(vfloat y, vfloat n) { return _mm512_scalef_ps(y, n); }
 
+/* x = m * 2^e with m in [1, 2), exact, for positive finite x (denormals included); *e gets
+ * e as a float. Other lanes: unspecified (callers patch them). */
+V_INLINE vfloat v_frexp(vfloat x, vfloat * e)
+{
+    *e = _mm512_getexp_ps(x);
+    return _mm512_getmant_ps(x, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_zero);
+}
+
 /* ---- Floats: compare and select ------------------------------------------------------ */
 
 V_INLINE vmask v_lt(vfloat a, vfloat b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
@@ -220,10 +228,10 @@ V_INLINE vfloat vi_to_float(vint a) { return _mm512_cvtepi32_ps(a); }
 V_INLINE vint v_to_int_trunc(vfloat a) { return _mm512_cvttps_epi32(a); }
 V_INLINE vint v_to_int_round(vfloat a) { return _mm512_cvt_roundps_epi32(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 
-/* table[i & 7] per lane (8-entry table; bits above 2 of i are ignored). */
+/* table[i & 7] per lane (8-entry table; the bits of i above the lowest 3 are ignored). */
 V_INLINE vfloat v_lut8(const float * table, vint i)
 {
-    return _mm512_permutexvar_ps(_mm512_and_si512(i, _mm512_set1_epi32(7)), _mm512_broadcast_f32x8(_mm256_loadu_ps(table)));
+    return _mm512_permutexvar_ps(i, _mm512_broadcast_f32x8(_mm256_loadu_ps(table))); /* both halves hold the table */
 }
 /* Bit select: (a & ~m) | (b & m), on the bits of m. */
 V_INLINE vfloat v_bitselect(vfloat a, vfloat b, vint m)

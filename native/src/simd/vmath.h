@@ -1,0 +1,177 @@
+/*
+ * Vector math written once against the layer (include simd/avx512.h or simd/avx2.h first):
+ * exp, log, tanh, erf, sin, cos and LRN's pow on 16 lanes. Each function repeats its
+ * scalar reference in vmath_scalar.h operation for operation (same constants, same FMAs,
+ * same rounding), so all three levels return bit-identical results; docs/kernels.md gives
+ * the accuracy bounds.
+ */
+#ifndef TN_SIMD_VMATH_H
+#define TN_SIMD_VMATH_H
+
+#include "vmath_scalar.h"
+
+/* exp(x), as tn_exp_f32: NaN survives the clamp (min/max with the constant first), the
+ * power of two is applied with one rounding (denormal results included). */
+V_INLINE vfloat v_exp(vfloat x)
+{
+    vfloat xs = v_min(v_set1(TN_EXP_MAX), v_max(v_set1(TN_EXP_MIN), x));
+    vfloat n = v_round(v_mul(xs, v_set1(TN_LOG2E)));
+    vfloat r = v_fma(n, v_set1(-TN_LN2_HI), xs);
+    r = v_fma(n, v_set1(-TN_LN2_LO), r);
+    vfloat p = v_set1(TN_EXP_P0);
+    p = v_fma(p, r, v_set1(TN_EXP_P1));
+    p = v_fma(p, r, v_set1(TN_EXP_P2));
+    p = v_fma(p, r, v_set1(TN_EXP_P3));
+    p = v_fma(p, r, v_set1(TN_EXP_P4));
+    p = v_fma(p, r, v_set1(TN_EXP_P5));
+    vfloat y = v_add(v_fma(p, v_mul(r, r), r), v_set1(1.0f));
+    return v_ldexp(y, n);
+}
+
+/* log(x), as tn_log_f32; zero, negative, inf and NaN lanes are patched afterwards, only in
+ * vectors that hold any. */
+V_INLINE vfloat v_log(vfloat x)
+{
+    vfloat e0;
+    vfloat mm = v_frexp(x, &e0); /* [1, 2) */
+    vmask big = v_ge(mm, v_set1(2.0f * TN_SQRTHF));
+    vfloat e = v_select(big, v_add(e0, v_set1(1.0f)), e0);
+    vfloat m = v_sub(v_select(big, v_mul(mm, v_set1(0.5f)), mm), v_set1(1.0f));
+    vfloat z = v_mul(m, m);
+    vfloat p = v_set1(TN_LOG_P0);
+    p = v_fma(p, m, v_set1(TN_LOG_P1));
+    p = v_fma(p, m, v_set1(TN_LOG_P2));
+    p = v_fma(p, m, v_set1(TN_LOG_P3));
+    p = v_fma(p, m, v_set1(TN_LOG_P4));
+    p = v_fma(p, m, v_set1(TN_LOG_P5));
+    p = v_fma(p, m, v_set1(TN_LOG_P6));
+    p = v_fma(p, m, v_set1(TN_LOG_P7));
+    p = v_fma(p, m, v_set1(TN_LOG_P8));
+    vfloat y = v_mul(v_mul(p, m), z);
+    y = v_fma(e, v_set1(TN_LN2_LO), y);
+    y = v_fma(z, v_set1(-0.5f), y);
+    vfloat r = v_fma(e, v_set1(TN_LN2_HI), v_add(m, y));
+    vmask special = m_not(m_and(v_gt(x, v_zero()), v_lt(x, v_set1(INFINITY))));
+    if (m_any(special)) {
+        r = v_select(v_eq(x, v_set1(INFINITY)), x, r);
+        r = v_select(v_eq(x, v_zero()), v_set1(-INFINITY), r);
+        r = v_select(v_lt(x, v_zero()), v_set1(NAN), r);
+        r = v_select(v_isnan(x), v_add(x, x), r);
+    }
+    return r;
+}
+
+/* min(c, |x|); NaN stays NaN (x86 min returns its second operand when either is NaN). */
+V_INLINE vfloat v_absmin_(vfloat x, float c) { return v_min(v_set1(c), v_abs(x)); }
+
+/* |p| (p >= +0) with the sign of x. */
+V_INLINE vfloat v_with_sign_(vfloat p, vfloat x) { return v_bitselect(p, x, vi_set1((int32_t)0x80000000u)); }
+
+V_INLINE vfloat v_tanh(vfloat x)
+{
+    vfloat a = v_absmin_(x, TN_TANH_MAXARG);
+    vint i = vi_max(vi_sub(vi_srl(v_as_int(a), 23), vi_set1(123)), vi_zero());
+    vfloat t = v_sub(a, v_lut8(TN_TANH_MID, i));
+    vfloat p = v_lut8(TN_TANH_C[8], i);
+    for (int k = 7; k >= 0; --k)
+        p = v_fma(p, t, v_lut8(TN_TANH_C[k], i));
+    return v_with_sign_(p, x);
+}
+
+V_INLINE vfloat v_erf(vfloat x)
+{
+    vfloat a = v_absmin_(x, TN_ERF_MAXARG);
+    vint i = v_to_int_trunc(v_mul(a, v_set1(2.0f)));
+    vfloat t = v_sub(a, v_lut8(TN_ERF_MID, i));
+    vfloat p = v_lut8(TN_ERF_C[6], i);
+    for (int k = 5; k >= 0; --k)
+        p = v_fma(p, t, v_lut8(TN_ERF_C[k], i));
+    return v_with_sign_(p, x);
+}
+
+V_INLINE vfloat v_sincos(vfloat x, int cosine)
+{
+    vint sign = cosine ? vi_zero() : vi_and(v_as_int(x), vi_set1((int32_t)0x80000000u));
+    vfloat a = v_abs(x);
+    vfloat n = v_round(v_mul(a, v_set1(TN_2_OVER_PI)));
+    vfloat r = v_fma(n, v_set1(-TN_PIO2_1), a);
+    r = v_fma(n, v_set1(-TN_PIO2_2), r);
+    r = v_fma(n, v_set1(-TN_PIO2_3), r);
+    vint q = vi_add(v_to_int_trunc(n), vi_set1(cosine));
+    vfloat z = v_mul(r, r);
+    vfloat ps = v_set1(TN_SIN_S3);
+    ps = v_fma(ps, z, v_set1(TN_SIN_S2));
+    ps = v_fma(ps, z, v_set1(TN_SIN_S1));
+    vfloat s = v_fma(v_mul(r, z), ps, r);
+    vfloat pc = v_set1(TN_COS_C3);
+    pc = v_fma(pc, z, v_set1(TN_COS_C2));
+    pc = v_fma(pc, z, v_set1(TN_COS_C1));
+    pc = v_fma(pc, z, v_set1(-0.5f));
+    vfloat c = v_fma(pc, z, v_set1(1.0f));
+    vfloat y = v_select(vi_test(q, vi_set1(1)), c, s);
+    vint flip = vi_and(vi_sll(q, 30), vi_set1((int32_t)0x80000000u));
+    y = vi_as_float(vi_xor(v_as_int(y), vi_xor(flip, sign)));
+    return v_min(v_set1(1.0f), v_max(v_set1(-1.0f), y));
+}
+
+V_INLINE vfloat v_sin(vfloat x) { return v_sincos(x, 0); }
+V_INLINE vfloat v_cos(vfloat x) { return v_sincos(x, 1); }
+
+/* tn_powpos_f32 on 16 lanes: every lane a positive normal base, |e| <= TN_POW_MAX_EXP. */
+V_INLINE vfloat v_powpos(vfloat b, vfloat e)
+{
+    vint j = vi_srl(v_as_int(b), 20); /* v_lut8 uses its low 3 bits: the top mantissa bits */
+    vfloat k;
+    vfloat m = v_frexp(b, &k);
+    vfloat r = v_fma(m, v_lut8(TN_LOG2T_C, j), v_set1(-1.0f));
+    vfloat q = v_set1(TN_LOG2T_P3);
+    q = v_fma(q, r, v_set1(TN_LOG2T_P2));
+    q = v_fma(q, r, v_set1(TN_LOG2T_P1));
+    q = v_fma(q, r, v_set1(TN_LOG2T_P0));
+    vfloat l = v_fma(r, q, v_lut8(TN_LOG2T_T, j));
+    vfloat y = v_fma(e, k, v_mul(e, l));
+    y = v_min(v_max(y, v_set1(-200.0f)), v_set1(200.0f));
+    vfloat t8 = v_add(y, v_set1(TN_EXP2T_SHIFT));
+    vfloat n = v_sub(t8, v_set1(TN_EXP2T_SHIFT)); /* y rounded to a multiple of 1/8 */
+    vfloat f = v_sub(y, n);
+    vint ni = v_as_int(t8); /* low 3 bits: 8 n mod 8 */
+    vfloat p = v_set1(TN_EXP2T_P3);
+    p = v_fma(p, f, v_set1(TN_EXP2T_P2));
+    p = v_fma(p, f, v_set1(TN_EXP2T_P1));
+    p = v_mul(p, f);
+    vfloat t = v_lut8(TN_EXP2T_T, ni);
+    return v_ldexp(v_fma(p, t, t), v_floor(n));
+}
+
+/* Lanes where v_powpos does not apply: zero, negative, denormal, inf, NaN. */
+V_INLINE vmask v_pow_slow_lanes(vfloat b)
+{
+    return m_not(m_and(v_ge(b, v_set1(FLT_MIN)), v_le(b, v_set1(FLT_MAX))));
+}
+
+/* Lanes of p whose base is not a positive normal float get C's powf. Out of line and cold,
+ * so the call and its spills stay out of the callers' loops. */
+static __attribute__((noinline, cold)) vfloat v_pow_fix_(vfloat b, vfloat p, vmask slow, float e)
+{
+    float bb[16], pp[16];
+    unsigned bits = m_bits(slow);
+    v_store(bb, b);
+    v_store(pp, p);
+    for (int l = 0; l < 16; ++l)
+        if (bits & (1u << l))
+            pp[l] = powf(bb[l], e);
+    return v_load(pp);
+}
+
+/* tn_pow_f32 on 16 lanes for an exponent with |e| <= TN_POW_MAX_EXP (callers route larger
+ * or non-finite exponents to the scalar code); ev = e in every lane. */
+V_INLINE vfloat v_pow(vfloat b, vfloat ev, float e)
+{
+    vfloat p = v_powpos(b, ev);
+    vmask slow = v_pow_slow_lanes(b);
+    if (__builtin_expect(m_any(slow), 0))
+        p = v_pow_fix_(b, p, slow, e);
+    return p;
+}
+
+#endif
