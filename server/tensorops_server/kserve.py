@@ -603,14 +603,21 @@ class KServe:
 
     async def stream_infer(self, instrumented: Instrumented, context: grpc.aio.ServicerContext) -> None:
         """ModelStreamInfer: each request of the stream answered in order; a request that
-        fails gets its error in `error_message`, and the stream goes on."""
+        fails gets its error in `error_message`, and the stream goes on. Waiting for the
+        next request, the stream is held to the admission's read timeout and pending places
+        like any call whose request is arriving (DEADLINE_EXCEEDED or RESOURCE_EXHAUSTED
+        then ends it)."""
         try:
             identity = instrumented.auth.identify(context)
         except errors.Failure as failure:
             await context.abort_with_status(failure.status())
             return
         while True:
-            incoming = await context.read()
+            try:
+                incoming = await instrumented.admission.receive(context, stream=True)
+            except errors.Failure as failure:
+                await context.abort_with_status(failure.status())
+                return
             if incoming is grpc.aio.EOF:
                 return
             response, status = await instrumented.call(context, incoming, identity)
