@@ -532,9 +532,14 @@ class KServe:
                                    field="model_name")
         return model
 
-    async def _run(self, model: Model, decoded: _codec.Decoded, call: CallState, nbytes: int, extra: dict):
+    async def _run(self, model: Model, decoded: _codec.Decoded, call: CallState, nbytes: int, shared_bytes: int,
+                   extra: dict):
         if model.entry is not None:
-            return await self._compute[model.name](decoded, call, nbytes, extra)
+            # In shared memory, the kernel is the call's only work on its tensors: a short
+            # one runs on the loop, where a thread hand-off would cost more than it.
+            inline = None if not shared_bytes else (self.service.executor.inline(nbytes) and
+                                                    shared_bytes <= self.service.config.inline_shared_memory_bytes)
+            return await self._compute[model.name](decoded, call, nbytes + shared_bytes, extra, inline)
         try:
             return await self.service.forward(model.session_id, decoded, call)
         except errors.Failure as failure:
@@ -564,8 +569,7 @@ class KServe:
                 out = self._output_in_region(model, request_in, outputs, regions)
                 if out is not None:
                     extra["out"] = out
-                # the bytes in shared memory count for where the call runs (loop or worker)
-                result = await self._run(model, request_in, call, nbytes + shared_bytes, extra)
+                result = await self._run(model, request_in, call, nbytes, shared_bytes, extra)
                 response = infer_response(model, request, outputs, result, regions, written=out)
                 ok = True
                 return response
