@@ -68,17 +68,17 @@ class Operations:
         """Layer normalization across channels (SimdSynetNormalizeLayerForwardV2; 16bV2 for
         BF16 x, which gives a BF16 result)."""
         return self._call_into("layer_norm_channels", dict(x=x, scale=scale, shift=shift, eps=eps, format=format),
-                          out, timeout, metadata)
+                               out, timeout, metadata)
 
     def layer_norm_spatial(self, x, scale, shift, *, eps=1e-5, format="nchw", out=None, timeout=None, metadata=None):
         """Layer normalization across spatial positions (SimdSynetNormalizeLayerForwardV3)."""
         return self._call_into("layer_norm_spatial", dict(x=x, scale=scale, shift=shift, eps=eps, format=format),
-                          out, timeout, metadata)
+                               out, timeout, metadata)
 
     def channel_norm(self, x, scale, shift, *, eps=1e-5, format="nchw", out=None, timeout=None, metadata=None):
         """Channel-norm scaling (SimdSynetNormalizeLayerForwardV4)."""
         return self._call_into("channel_norm", dict(x=x, scale=scale, shift=shift, eps=eps, format=format),
-                          out, timeout, metadata)
+                               out, timeout, metadata)
 
     def channel_sum(self, x, *, format="nchw", out=None, timeout=None, metadata=None):
         """Per-channel sums of a BF16 image tensor, fp32 (batch, channels)
