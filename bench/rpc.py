@@ -18,9 +18,10 @@ loopback. Then prints
 3. kserve: the same operation through tritonclient over the KServe V2 endpoint, with its
    tensors in the messages and in system shared memory (x read from a region, y written
    into one; the server runs with --allow-shared-memory), next to the tensorops SDK over
-   the wire and through shared memory, the in-process kernel and a tiny (4 KB) echo: ms
-   per call, and shared memory's ratio to kernel + tiny echo (skipped without
-   tritonclient[grpc]);
+   the wire and through shared memory (copying NumPy arrays in and out, and zero-copy:
+   x in a client.shared_array, the result written by the kernel into another given as
+   out=), the in-process kernel and a tiny (4 KB) echo: ms per call, and shared memory's
+   ratio to kernel + tiny echo (skipped without tritonclient[grpc]);
 4. batching: two more tensorops servers, dynamic batching on (the default) and off
    (--max-batch-rows 1); 1, 4 and 16 blocking clients forward one row each (A of 1 x 1024
    uint8, B 1024 x 1024 int8) to ONE shared quantized inner-product session: calls/s,
@@ -327,7 +328,8 @@ def kserve_available() -> bool:
 
 
 def kserve_run(target: str, echo_port: int, op_name: str, sizes: dict, base_repeat: int) -> dict:
-    """{payload label: (tensorops s, tensorops shm s, triton wire s, triton shm s, kernel s, 4 KB echo s)}."""
+    """{payload label: (tensorops s, tensorops shm s, tensorops zero-copy s, triton wire s, triton shm s,
+    kernel s, 4 KB echo s)}."""
     import tritonclient.grpc as tc
     import tritonclient.utils.shared_memory as shm
 
@@ -365,8 +367,14 @@ def kserve_run(target: str, echo_port: int, op_name: str, sizes: dict, base_repe
                     y_out = tc.InferRequestedOutput("y")
                     y_out.set_shared_memory(label, x.nbytes, offset=x.nbytes)
                     shm_inputs = [x_in] + [t for t in wire_inputs if t.name() != "x"]
+                    # zero copy: x in a shared_array, y written by the kernel into another
+                    x_shared = shared_client.shared_array(x.shape, x.dtype)
+                    x_shared[...] = x
+                    y_shared = shared_client.shared_array(x.shape, x.dtype)
+                    zero_args = (x_shared,) + tuple(args[1:])
                     sides = [lambda: getattr(client, fname)(*args, **kwargs),
                              lambda: getattr(shared_client, fname)(*args, **kwargs),
+                             lambda: getattr(shared_client, fname)(*zero_args, out=y_shared, **kwargs),
                              lambda: triton.infer(fname, wire_inputs, parameters=parameters),
                              lambda: triton.infer(fname, shm_inputs, parameters=parameters, outputs=[y_out]),
                              lambda: getattr(tn, fname)(*args, **kwargs),
@@ -386,13 +394,20 @@ def print_kserve(op_name: str, sizes: dict, runs: list[dict]) -> None:
     print(f"\n## KServe V2: {op_name} through tritonclient, ms per call (median over {len(runs)} "
           f"run{'s' if len(runs) > 1 else ''} of the per-run median)\n")
     print("tritonclient shm: x read from a registered region and y written into one (and left there); the "
-          "other (small) inputs in the message. SDK shm: tensorops.Client(shared_memory=True), which copies x "
-          "into its region and y out of it into a new array. Target: shm <= 1.5 x (kernel + 4 KB echo).\n")
-    print("| payload | SDK ms | SDK shm ms | tritonclient ms | tritonclient shm ms | kernel ms | 4 KB echo ms "
-          "| SDK shm / (kernel + echo) | tritonclient shm / (kernel + echo) |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    times = [lambda *r, i=i: r[i] for i in range(6)]  # SDK, SDK shm, tritonclient, tritonclient shm, kernel, echo
-    print_rows(sizes, runs, times, [lambda t, ts, w, m, k, e: ts / (k + e), lambda t, ts, w, m, k, e: m / (k + e)])
+          "other (small) inputs in the message. SDK shm: tensorops.Client(shared_memory=True) given NumPy "
+          "arrays, which copies x into its region and y out of it into a new array. SDK zero-copy: the same "
+          "client given x in a client.shared_array and out= another (read and written in place, as tritonclient "
+          "shm). Kernel: the in-process call (a new result each time). Target: shm <= 1.5 x (kernel + 4 KB "
+          "echo).\n")
+    print("| payload | SDK ms | SDK shm ms | SDK zero-copy ms | tritonclient ms | tritonclient shm ms | kernel ms "
+          "| 4 KB echo ms | SDK shm / (kernel + echo) | SDK zero-copy / (kernel + echo) "
+          "| tritonclient shm / (kernel + echo) |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    # SDK, SDK shm, SDK zero-copy, tritonclient, tritonclient shm, kernel, echo
+    times = [lambda *r, i=i: r[i] for i in range(7)]
+    print_rows(sizes, runs, times, [lambda t, ts, tz, w, m, k, e: ts / (k + e),
+                                    lambda t, ts, tz, w, m, k, e: tz / (k + e),
+                                    lambda t, ts, tz, w, m, k, e: m / (k + e)])
 
 
 # ---------------------------------------------------------------------------------------

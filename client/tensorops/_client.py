@@ -10,11 +10,12 @@ import threading
 from typing import Any, Union
 
 import grpc
+import numpy as np
 
 from . import _wire
 from ._codec import WireError
 from ._errors import NotFoundError, TensorOpsError, from_rpc_error, invalid_argument
-from ._operations import Operations
+from ._operations import Operations, result_into
 from ._shared_memory import MIN_BYTES, SharedMemoryTransport
 from .v1 import tensorops_pb2
 
@@ -307,14 +308,25 @@ class Client(ClientBase):
             raise from_rpc_error(exc) from None
 
     def _call(self, name: str, arguments: dict, timeout, metadata):
+        out = arguments.pop("out", None)
         if self._shared is not None:
-            result = self._shared.call(name, arguments, timeout, metadata)
+            result = self._shared.call(name, arguments, timeout, metadata, out)
             if result is not NotImplemented:
-                return result
+                return result_into(out, result)
         op = _wire.OPERATIONS[name]
         request = encode(op, arguments)
         raw = self._invoke(op.path, request.data, timeout, metadata)
-        return _wire.decode_response(op, raw, request.bf16_bits)
+        return result_into(out, _wire.decode_response(op, raw, request.bf16_bits))
+
+    def shared_array(self, shape, dtype=np.float32) -> np.ndarray:
+        """A new (uninitialized) array in a shared-memory region of its own, registered with
+        the server: as an input it is read where it is, and as `out=` it receives the result
+        from the kernel, so a call copies no tensor at all (needs `shared_memory=True` and a
+        server that accepts regions: else ValueError, see shared_memory_refusal). Its region
+        is released when the array and every view of it are gone, or at close()."""
+        if self._shared is None:
+            raise ValueError("shared_array: the client was made without shared_memory=True")
+        return self._shared.shared_array(shape, dtype, self.timeout, self.metadata)
 
     def _open_session(self, arguments: dict, timeout, metadata) -> "QuantizedInnerProductSession":
         return QuantizedInnerProductSession(self, encode(_wire.CREATE_SESSION, arguments).data, timeout, metadata)

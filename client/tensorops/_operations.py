@@ -7,69 +7,118 @@ and `_open_session(arguments, timeout, metadata)`. `timeout` (seconds) and `meta
 """
 from __future__ import annotations
 
+import numpy as np
+
+
+def _arrays(value):
+    if isinstance(value, np.ndarray):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _arrays(item)
+
+
+def check_out(out, arguments: dict) -> None:
+    """What can be checked of `out` before the result is known: a writeable, C-contiguous
+    ndarray in native byte order that overlaps no input."""
+    if type(out) is not np.ndarray:
+        raise TypeError(f"out: expected a numpy.ndarray, got {type(out).__name__}")
+    if not (out.flags.c_contiguous and out.flags.aligned and out.flags.writeable and out.dtype.isnative):
+        raise ValueError("out: expected a writeable, aligned, C-contiguous array in native byte order")
+    for value in arguments.values():
+        for arr in _arrays(value):
+            if np.may_share_memory(out, arr):
+                raise ValueError("out: must not overlap an input")
+
+
+def result_into(out, result):
+    """`result` (a new array) copied into `out`, which must have its shape and dtype; the
+    result itself without `out` or when it is `out` already."""
+    if out is None or result is out:
+        return result
+    if out.dtype != result.dtype:
+        raise TypeError(f"out: expected dtype {result.dtype} (the result's), got {out.dtype}")
+    if out.shape != result.shape:
+        raise ValueError(f"out: expected shape {result.shape} (the result's), got {out.shape}")
+    np.copyto(out, result)
+    return out
+
 
 class Operations:
-    def normalize_l2(self, x, scale, *, eps=1e-10, across_spatial=False, format="nchw",
-                     timeout=None, metadata=None):
-        """L2 normalization with per-channel scale (SimdSynetNormalizeLayerForward)."""
-        return self._call("normalize_l2", dict(x=x, scale=scale, eps=eps, across_spatial=across_spatial,
-                                               format=format), timeout, metadata)
+    """`out=`: the operations with one result write it into a given NumPy array instead of
+    returning a new one (and return `out`). It must be a writeable C-contiguous ndarray
+    overlapping no input; its shape and dtype must be the result's (remote clients check
+    those when the result arrives, as only then is it known; a mismatch raises
+    TypeError/ValueError naming `out`). Through shared memory, an `out` made by
+    Client.shared_array receives the result from the kernel itself, without any copy."""
 
-    def layer_norm_channels(self, x, scale, shift, *, eps=1e-5, format="nchw", timeout=None, metadata=None):
+    def _call_into(self, name: str, arguments: dict, out, timeout, metadata):
+        if out is not None:
+            check_out(out, arguments)
+            arguments["out"] = out
+        return self._call(name, arguments, timeout, metadata)
+
+    def normalize_l2(self, x, scale, *, eps=1e-10, across_spatial=False, format="nchw",
+                     out=None, timeout=None, metadata=None):
+        """L2 normalization with per-channel scale (SimdSynetNormalizeLayerForward)."""
+        return self._call_into("normalize_l2", dict(x=x, scale=scale, eps=eps, across_spatial=across_spatial,
+                                                    format=format), out, timeout, metadata)
+
+    def layer_norm_channels(self, x, scale, shift, *, eps=1e-5, format="nchw", out=None, timeout=None, metadata=None):
         """Layer normalization across channels (SimdSynetNormalizeLayerForwardV2; 16bV2 for
         BF16 x, which gives a BF16 result)."""
-        return self._call("layer_norm_channels", dict(x=x, scale=scale, shift=shift, eps=eps, format=format),
-                          timeout, metadata)
+        return self._call_into("layer_norm_channels", dict(x=x, scale=scale, shift=shift, eps=eps, format=format),
+                               out, timeout, metadata)
 
-    def layer_norm_spatial(self, x, scale, shift, *, eps=1e-5, format="nchw", timeout=None, metadata=None):
+    def layer_norm_spatial(self, x, scale, shift, *, eps=1e-5, format="nchw", out=None, timeout=None, metadata=None):
         """Layer normalization across spatial positions (SimdSynetNormalizeLayerForwardV3)."""
-        return self._call("layer_norm_spatial", dict(x=x, scale=scale, shift=shift, eps=eps, format=format),
-                          timeout, metadata)
+        return self._call_into("layer_norm_spatial", dict(x=x, scale=scale, shift=shift, eps=eps, format=format),
+                               out, timeout, metadata)
 
-    def channel_norm(self, x, scale, shift, *, eps=1e-5, format="nchw", timeout=None, metadata=None):
+    def channel_norm(self, x, scale, shift, *, eps=1e-5, format="nchw", out=None, timeout=None, metadata=None):
         """Channel-norm scaling (SimdSynetNormalizeLayerForwardV4)."""
-        return self._call("channel_norm", dict(x=x, scale=scale, shift=shift, eps=eps, format=format),
-                          timeout, metadata)
+        return self._call_into("channel_norm", dict(x=x, scale=scale, shift=shift, eps=eps, format=format),
+                               out, timeout, metadata)
 
-    def channel_sum(self, x, *, format="nchw", timeout=None, metadata=None):
+    def channel_sum(self, x, *, format="nchw", out=None, timeout=None, metadata=None):
         """Per-channel sums of a BF16 image tensor, fp32 (batch, channels)
         (SimdSynetChannelSum16b)."""
-        return self._call("channel_sum", dict(x=x, format=format), timeout, metadata)
+        return self._call_into("channel_sum", dict(x=x, format=format), out, timeout, metadata)
 
-    def eltwise(self, inputs, op, weights=None, *, timeout=None, metadata=None):
+    def eltwise(self, inputs, op, weights=None, *, out=None, timeout=None, metadata=None):
         """Product, weighted sum, max or min of >= 2 fp32 arrays of one shape
         (SimdSynetEltwiseLayerForward)."""
-        return self._call("eltwise", dict(inputs=inputs, op=op, weights=weights), timeout, metadata)
+        return self._call_into("eltwise", dict(inputs=inputs, op=op, weights=weights), out, timeout, metadata)
 
-    def lrn_cross_channels(self, x, half, k, *, format="nchw", timeout=None, metadata=None):
+    def lrn_cross_channels(self, x, half, k, *, format="nchw", out=None, timeout=None, metadata=None):
         """Local response normalization across channels (SimdSynetLrnLayerCrossChannels)."""
-        return self._call("lrn_cross_channels", dict(x=x, half=half, k=k, format=format), timeout, metadata)
+        return self._call_into("lrn_cross_channels", dict(x=x, half=half, k=k, format=format), out, timeout, metadata)
 
     def shuffle(self, x0, x1, *, type, format="nchw", channels=None, timeout=None, metadata=None):
         """Channel shuffle of two tensors (SimdSynetShuffleLayerForward); returns (y0, y1)."""
         return self._call("shuffle", dict(x0=x0, x1=x1, type=type, format=format, channels=channels),
                           timeout, metadata)
 
-    def softmax(self, x, axis=-1, *, timeout=None, metadata=None):
+    def softmax(self, x, axis=-1, *, out=None, timeout=None, metadata=None):
         """Softmax along `axis` (SimdSynetSoftmax32f, Softmax16b for BF16 x)."""
-        return self._call("softmax", dict(x=x, axis=axis), timeout, metadata)
+        return self._call_into("softmax", dict(x=x, axis=axis), out, timeout, metadata)
 
-    def tiled_scale_2d(self, x, ver, hor, *, format="nchw", timeout=None, metadata=None):
+    def tiled_scale_2d(self, x, ver, hor, *, format="nchw", out=None, timeout=None, metadata=None):
         """Multiply a 4-D tensor by two tiled 2-D scales (SimdSynetTiledScale2D32f)."""
-        return self._call("tiled_scale_2d", dict(x=x, ver=ver, hor=hor, format=format), timeout, metadata)
+        return self._call_into("tiled_scale_2d", dict(x=x, ver=ver, hor=hor, format=format), out, timeout, metadata)
 
-    def unary(self, x, op, *, timeout=None, metadata=None):
+    def unary(self, x, op, *, out=None, timeout=None, metadata=None):
         """Element-wise unary operation (SimdSynetUnaryOperation32f); op by name or value."""
-        return self._call("unary", dict(x=x, op=op), timeout, metadata)
+        return self._call_into("unary", dict(x=x, op=op), out, timeout, metadata)
 
     def normalize(self, x, scale=None, bias=None, *, axes, num_groups=1, eps=1e-5, normalize_variance=True,
-                  activation=None, compute_dtype=None, timeout=None, metadata=None):
+                  activation=None, compute_dtype=None, out=None, timeout=None, metadata=None):
         """Generic normalization (TensorRT INormalization, DirectML MVN1): mean and variance
         over `axes` (indices or a TensorRT bitmask), optional groups, scale, bias and fused
         activation; FP32, FP16 or BF16 x."""
-        return self._call("normalize", dict(x=x, scale=scale, bias=bias, axes=axes, num_groups=num_groups, eps=eps,
-                                            normalize_variance=normalize_variance, activation=activation,
-                                            compute_dtype=compute_dtype), timeout, metadata)
+        return self._call_into("normalize", dict(x=x, scale=scale, bias=bias, axes=axes, num_groups=num_groups, eps=eps,
+                                                 normalize_variance=normalize_variance, activation=activation,
+                                                 compute_dtype=compute_dtype), out, timeout, metadata)
 
     def quantized_inner_product(self, *arrays, b_scale, a_scale, a_zero, c_scale, c_zero, bias=None,
                                 trans_b=False, max_m=None, algorithm=None, timeout=None, metadata=None):

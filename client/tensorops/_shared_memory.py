@@ -4,7 +4,12 @@
 The tensors of a call go into a POSIX shared-memory region the client created and
 registered with the server's KServe endpoint; the call is a KServe ModelInfer whose
 inputs and output refer to the region, so only a small message crosses the socket. The
-result is copied out of the region into a new array, as every result is new.
+result is copied out of the region into a new array (or into `out=`), as every result is
+new.
+
+Zero copy: `Client.shared_array()` makes an array in a region of its own (registered once).
+An input that lies in such an array is referred to where it is, not copied; an `out=` that
+is such an array receives the result from the kernel itself.
 
 Whenever shared memory cannot serve, the call goes over the wire instead, unchanged:
 
@@ -25,17 +30,20 @@ import numbers
 import os
 import secrets
 import threading
+import weakref
 from dataclasses import dataclass
 
 import grpc
 import numpy as np
 
-from . import _wire
+from . import _operations, _wire
 from ._codec import WireError, wire_array
 from .kserve import BYTE_SIZE, DATATYPES, OFFSET, REGION, method_path
 from .kserve.v2 import inference_pb2 as pb
 
 MIN_BYTES = 64 << 10
+SMALL_TENSOR = 16 << 10  # tensors smaller than this travel in the message (raw_input_contents)
+_IN_MESSAGE = ("", -1)
 MIN_REGION = 1 << 20
 MAX_REGIONS = 8
 ALIGNMENT = 64
@@ -92,6 +100,9 @@ class SharedMemoryTransport:
         self._lock = threading.Lock()
         self._free: list[_Region] = []
         self._count = 0
+        # shared_array()'s regions: name -> (start address, end address, weak reference to the map)
+        self._pinned: dict[str, tuple[int, int, weakref.ref]] = {}
+        self._gone: list[str] = []  # pinned regions whose arrays are gone: unregistered at the next call
 
     # ---- regions
     def _acquire(self, nbytes: int, timeout, metadata) -> _Region | None:
@@ -120,6 +131,42 @@ class SharedMemoryTransport:
             if region is None:
                 with self._lock:
                     self._count -= 1
+
+    # ---- arrays in regions of their own
+    def shared_array(self, shape, dtype, timeout, metadata) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        shape = (shape,) if isinstance(shape, numbers.Integral) else tuple(int(n) for n in shape)
+        if dtype not in _DATATYPE_NAMES and dtype != np.uint16:
+            raise TypeError(f"dtype: expected one of {', '.join(str(d) for d in _DATATYPE_NAMES)}, got {dtype}")
+        if any(n < 0 for n in shape):
+            raise ValueError(f"shape: dimensions must be non-negative, got {shape}")
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        self._forget_gone(timeout, metadata)
+        region = self._create(max(nbytes, 1), timeout, metadata) if self.off_reason is None else None
+        if region is None:
+            raise ValueError(f"shared_array: shared memory is off for this client ({self.off_reason})")
+        start = np.frombuffer(region.map, np.uint8).ctypes.data
+        with self._lock:
+            self._pinned[region.name] = (start, start + region.size, weakref.ref(region.map))
+        weakref.finalize(region.map, self._gone.append, region.name)
+        return np.frombuffer(region.map, dtype, int(np.prod(shape, dtype=np.int64))).reshape(shape)
+
+    def _forget_gone(self, timeout=None, metadata=None) -> None:
+        while self._gone:
+            name = self._gone.pop()
+            with self._lock:
+                self._pinned.pop(name, None)
+            self._drop(_Region(name, 0, None), timeout, metadata)
+
+    def _placed(self, arr: np.ndarray) -> tuple[str, int] | None:
+        """(region, offset) of an array lying in a shared_array's region, contiguous."""
+        if not self._pinned or not arr.flags.c_contiguous:
+            return None
+        address = arr.ctypes.data
+        for name, (start, end, ref) in list(self._pinned.items()):
+            if start <= address and address + arr.nbytes <= end and ref() is not None:
+                return name, address - start
+        return None
 
     def _create(self, size: int, timeout, metadata) -> _Region | None:
         name = f"{self.prefix}{os.getpid()}_{secrets.token_hex(6)}"
@@ -157,7 +204,8 @@ class SharedMemoryTransport:
     @staticmethod
     def _release_memory(region: _Region) -> None:
         try:
-            region.map.close()
+            if region.map is not None:
+                region.map.close()
         except BufferError:
             pass
         try:
@@ -169,31 +217,47 @@ class SharedMemoryTransport:
         with self._lock:
             regions, self._free = self._free, []
             self._count = 0
-        for region in regions:
-            self._drop(region, 5.0)
+            pinned, self._pinned = list(self._pinned), {}
+        self._gone.clear()
+        for region in regions + [_Region(name, 0, None) for name in pinned]:
+            self._drop(region, 5.0)  # a shared_array still in use keeps its mapping, unregistered
 
     # ---- calls
-    def call(self, name: str, arguments: dict, timeout, metadata):
-        """The result, or NotImplemented when this call goes over the wire."""
+    def call(self, name: str, arguments: dict, timeout, metadata, out: np.ndarray | None = None):
+        """The result (`out` when the server wrote it there), or NotImplemented when this
+        call goes over the wire."""
         if self.off_reason is not None:
             return NotImplemented
+        if self._gone:
+            self._forget_gone(timeout, metadata)
         try:
             tensors, parameters, bits = self._split(name, arguments)
         except _Unsupported:
             return NotImplemented
         op = _wire.OPERATIONS[name]
+        if len(op.response_fields) != 1:
+            return NotImplemented
+        placed = {key: self._placed(arr) for key, arr in tensors.items()}
+        out_placed = self._placed(out) if out is not None else None
         in_bytes = sum(_aligned(arr.nbytes) for arr in tensors.values())
-        if in_bytes < self.min_bytes or len(op.response_fields) != 1:
+        if in_bytes < self.min_bytes and not any(placed.values()) and out_placed is None:
             return NotImplemented
-        out_room = in_bytes + ALIGNMENT
-        region = self._acquire(in_bytes + out_room, timeout, metadata)
-        if region is None:
-            return NotImplemented
+        for key, arr in tensors.items():  # small ones (scale, shift, ...) travel in the message
+            if placed[key] is None and arr.nbytes < SMALL_TENSOR:
+                placed[key] = _IN_MESSAGE
+        copied = sum(_aligned(arr.nbytes) for key, arr in tensors.items() if placed[key] is None)
+        room = 0 if out_placed is not None else in_bytes + ALIGNMENT  # for the result
+        region = None
+        if copied + room:
+            region = self._acquire(copied + room, timeout, metadata)
+            if region is None:
+                return NotImplemented
         try:
-            return self._infer(region, op, tensors, parameters, bits, in_bytes, region.size - in_bytes,
+            return self._infer(region, op, tensors, placed, out, out_placed, parameters, bits, copied,
                                timeout, metadata)
         finally:
-            self._release(region)
+            if region is not None:
+                self._release(region)
 
     def _split(self, name: str, arguments: dict):
         op = _wire.OPERATIONS[name]
@@ -223,35 +287,59 @@ class SharedMemoryTransport:
                 parameters[key] = _parameter(value)
         return tensors, parameters, bits
 
-    def _infer(self, region: _Region, op, tensors, parameters, bits, in_bytes, out_room, timeout, metadata):
+    def _infer(self, region: _Region | None, op, tensors, placed, out, out_placed, parameters, bits, copied,
+               timeout, metadata):
         request = pb.ModelInferRequest(model_name=op.name)
         for key, p in parameters.items():
             request.parameters[key].CopyFrom(p)
-        view = np.frombuffer(region.map, np.uint8)
+        view = np.frombuffer(region.map, np.uint8) if region is not None else None
         offset = 0
         for key, arr in tensors.items():
-            view[offset:offset + arr.nbytes] = arr.reshape(-1).view(np.uint8)
             tensor = request.inputs.add(name=key, datatype=_DATATYPE_NAMES[arr.dtype], shape=arr.shape)
-            tensor.parameters[REGION].string_param = region.name
+            where = placed[key]
+            if where is _IN_MESSAGE:
+                request.raw_input_contents.append(arr.tobytes())
+                continue
+            if where is None:  # copied into the call's region
+                view[offset:offset + arr.nbytes] = arr.reshape(-1).view(np.uint8)
+                where = (region.name, offset)
+                offset += _aligned(arr.nbytes)
+            tensor.parameters[REGION].string_param = where[0]
             tensor.parameters[BYTE_SIZE].int64_param = arr.nbytes
-            tensor.parameters[OFFSET].int64_param = offset
-            offset += _aligned(arr.nbytes)
+            tensor.parameters[OFFSET].int64_param = where[1]
         output = request.outputs.add(name=op.response_fields[0])
-        output.parameters[REGION].string_param = region.name
-        output.parameters[BYTE_SIZE].int64_param = out_room
-        output.parameters[OFFSET].int64_param = in_bytes
+        if out_placed is not None:  # the kernel writes into the caller's array
+            output.parameters[REGION].string_param = out_placed[0]
+            output.parameters[BYTE_SIZE].int64_param = out.nbytes
+            output.parameters[OFFSET].int64_param = out_placed[1]
+        else:
+            output.parameters[REGION].string_param = region.name
+            output.parameters[BYTE_SIZE].int64_param = region.size - copied
+            output.parameters[OFFSET].int64_param = copied
         try:
             raw = self._invoke(method_path("ModelInfer"), request.SerializeToString(), timeout, metadata)
         except Exception as exc:
             field = getattr(exc, "field", None) or ""
+            if field.startswith("outputs.") and out_placed is not None:
+                raise ValueError(f"out: the result does not fit: {exc}") from None
             if field.startswith("outputs.") or field.endswith(REGION):
                 return NotImplemented  # no room for the result, or the region went: over the wire
             raise
-        out = pb.ModelInferResponse.FromString(raw).outputs[0]
-        dtype = DATATYPES[out.datatype][1]
-        count = int(np.prod(out.shape, dtype=np.int64))
-        result = np.frombuffer(region.map, dtype, count, in_bytes).reshape(tuple(out.shape)).copy()
-        return result.view(np.uint16) if bits and out.datatype == "BF16" else result
+        described = pb.ModelInferResponse.FromString(raw).outputs[0]
+        dtype = DATATYPES[described.datatype][1]
+        if bits and described.datatype == "BF16":
+            dtype = np.dtype(np.uint16)
+        shape = tuple(described.shape)
+        if out_placed is not None:
+            if out.dtype != dtype:
+                raise TypeError(f"out: expected dtype {dtype} (the result's), got {out.dtype}")
+            if out.shape != shape:
+                raise ValueError(f"out: expected shape {shape} (the result's), got {out.shape}")
+            return out
+        result = np.frombuffer(region.map, dtype, int(np.prod(shape, dtype=np.int64)), copied).reshape(shape)
+        if out is not None:
+            return _operations.result_into(out, result)
+        return result.copy()
 
 
 _DATATYPE_NAMES = {dtype: name for name, (_, dtype) in DATATYPES.items()}

@@ -13,6 +13,7 @@ import grpc
 from . import _wire
 from ._client import DEFAULT_TARGET, ClientBase, SessionBase, encode, server_info, session_info
 from ._client import Client as BlockingClient
+from ._operations import result_into
 from ._shared_memory import MIN_BYTES
 from ._errors import NotFoundError, from_rpc_error
 from .v1 import tensorops_pb2
@@ -59,15 +60,22 @@ class Client(ClientBase):
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
 
+    def shared_array(self, shape, dtype="float32"):
+        """As tensorops.Client.shared_array (its one registration call blocks)."""
+        if self._blocking is None:
+            raise ValueError("shared_array: the client was made without shared_memory=True")
+        return self._blocking.shared_array(shape, dtype)
+
     async def _call(self, name: str, arguments: dict, timeout, metadata):
+        out = arguments.pop("out", None)
         if self._shared is not None and self._shared.off_reason is None:
-            result = await asyncio.to_thread(self._shared.call, name, arguments, timeout, metadata)
+            result = await asyncio.to_thread(self._shared.call, name, arguments, timeout, metadata, out)
             if result is not NotImplemented:
-                return result
+                return result_into(out, result)
         op = _wire.OPERATIONS[name]
         request = encode(op, arguments)
         raw = await self._invoke(op.path, request.data, timeout, metadata)
-        return _wire.decode_response(op, raw, request.bf16_bits)
+        return result_into(out, _wire.decode_response(op, raw, request.bf16_bits))
 
     async def _open_session(self, arguments: dict, timeout, metadata) -> "QuantizedInnerProductSession":
         session = QuantizedInnerProductSession(self, encode(_wire.CREATE_SESSION, arguments).data)

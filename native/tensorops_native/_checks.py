@@ -180,21 +180,36 @@ def sequence(value, name: str) -> list:
     return list(value)
 
 
-def output(out, shape: tuple[int, ...], dtype: np.dtype, inputs: Iterable[np.ndarray] = ()) -> np.ndarray:
+def output(out, shape: tuple[int, ...], dtype: np.dtype, inputs: Iterable[np.ndarray] = (),
+           name: str = "out") -> np.ndarray:
     """The array a result is written into: a new one, or `out`, which must be exactly the
     result's (shape and dtype, C-contiguous, aligned, writeable, native byte order) and
-    must not overlap an input (the kernels read inputs while they write)."""
+    must not overlap an input (the kernels read inputs while they write). `name`: the
+    argument in errors (`out[0]` for one of a pair)."""
     if out is None:
         return np.empty(shape, dtype)
     if type(out) is not np.ndarray:
-        raise ArgumentTypeError("out", f"expected a numpy.ndarray, got {type(out).__name__}")
+        raise ArgumentTypeError(name, f"expected a numpy.ndarray, got {type(out).__name__}")
     if out.dtype != dtype:
-        raise ArgumentTypeError("out", f"expected dtype {dtype} (the result's), got {out.dtype}")
+        raise ArgumentTypeError(name, f"expected dtype {dtype} (the result's), got {out.dtype}")
     if out.shape != tuple(shape):
-        raise ArgumentError("out", f"expected shape {tuple(shape)} (the result's), got {out.shape}")
+        raise ArgumentError(name, f"expected shape {tuple(shape)} (the result's), got {out.shape}")
     if not (out.flags.c_contiguous and out.flags.aligned and out.flags.writeable and out.dtype.isnative):
-        raise ArgumentError("out", "expected a writeable, aligned, C-contiguous array in native byte order")
+        raise ArgumentError(name, "expected a writeable, aligned, C-contiguous array in native byte order")
     for arr in inputs:
-        if arr is not None and np.may_share_memory(out, arr):
-            raise ArgumentError("out", "must not overlap an input")
+        if isinstance(arr, np.ndarray) and np.may_share_memory(out, arr):
+            raise ArgumentError(name, "must not overlap an input")
     return out
+
+
+def output_pair(out, shapes, dtype: np.dtype, inputs: Iterable[np.ndarray] = ()) -> tuple[np.ndarray, np.ndarray]:
+    """The two arrays a pair of results is written into: new ones, or `out`, a tuple of
+    two arrays each checked as output() does (`out[0]`, `out[1]`), not overlapping."""
+    if out is None:
+        return np.empty(shapes[0], dtype), np.empty(shapes[1], dtype)
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise ArgumentTypeError("out", f"expected a pair of numpy.ndarray (y0, y1), got {type(out).__name__}"
+                                       + (f" of {len(out)}" if isinstance(out, (tuple, list)) else ""))
+    inputs = tuple(inputs)
+    first = output(out[0], shapes[0], dtype, inputs, "out[0]")
+    return first, output(out[1], shapes[1], dtype, inputs + (first,), "out[1]")

@@ -485,7 +485,7 @@ def _output_like(x: np.ndarray) -> np.ndarray:
 
 
 def normalize(x, scale=None, bias=None, *, axes, num_groups=1, eps=1e-5, normalize_variance=True, activation=None,
-              compute_dtype=None):
+              compute_dtype=None, out=None):
     """Generic normalization (TensorRT INormalization, DirectML MVN1):
     y = act((x - mean) / sqrt(var + eps) * scale + bias), or act((x - mean) * scale + bias)
     without variance normalization; mean and population variance over `axes`.
@@ -508,6 +508,9 @@ def normalize(x, scale=None, bias=None, *, axes, num_groups=1, eps=1e-5, normali
     for FP16 networks) would only lose accuracy on a CPU, without any speed to gain, so it is
     refused rather than emulated. Results are bit-identical on every ISA level; a NaN result
     is the quiet NaN 0x7FC00000 (FP16 0x7E00, BF16 0x7FC0).
+
+    out: an array to write the result into (x's shape and dtype), as for the other
+    functions that take one.
     """
     key = _fast_key(x, scale, bias, axes, num_groups, eps, normalize_variance, activation, compute_dtype)
     call = _CALLS.get(key) if key is not None else None
@@ -519,7 +522,7 @@ def normalize(x, scale=None, bias=None, *, axes, num_groups=1, eps=1e-5, normali
             _CALLS[key] = call
     else:
         given = [None if p is None else p.reshape(ps) for p, ps in zip((scale, bias), call.pshapes)]
-    y = _output_like(x)
+    y = _output_like(x) if out is None else ck.output(out, x.shape, x.dtype, (x, *given))
     plan = call.plan
     if plan is None:   # an empty tensor
         return y

@@ -1,8 +1,8 @@
 """The operations of tensorops_native: validate, allocate, call C.
 
 Each function checks every argument (see _checks), allocates its result with np.empty (or
-writes it into `out=`, an array of exactly the result's shape and dtype, for the functions
-whose result has the shape of their first input) and any scratch the kernel needs (so C
+writes it into `out=`, an array of exactly the result's shape and dtype; shuffle takes a
+pair) and any scratch the kernel needs (so C
 never allocates), and passes NumPy memory to C with
 ffi.from_buffer: no copies. cffi releases the GIL during each kernel call, so threads
 calling these functions run in parallel.
@@ -103,13 +103,17 @@ def channel_norm(x, scale, shift, *, eps=1e-5, format="nchw", out=None):
     return _layer_norm(lib.TnSynetNormalizeLayerForwardV4, x, scale, shift, eps, format, out)
 
 
-def channel_sum(x, *, format="nchw"):
+def channel_sum(x, *, format="nchw", out=None):
     """Per-channel sums of a BF16 image tensor, in fp32, shape (batch, channels)
     (SimdSynetChannelSum16b applied to each batch item, in one batched C call)."""
     fmt = ck.tensor_format(format)
     x = ck.bf16_tensor(x, "x")
     batch, channels, spatial = ck.image_dims(x, "x", fmt)
-    y = np.zeros((batch, channels), np.float32)
+    if out is None:
+        y = np.zeros((batch, channels), np.float32)
+    else:
+        y = ck.output(out, (batch, channels), np.dtype(np.float32), (x,))
+        y.fill(0)  # the sums of an empty spatial size
     if x.size:
         lib.TnSynetChannelSum16bBatch(_bf16_ptr(x), batch, channels, spatial, fmt, _f32_ptr(y))
     return y
@@ -169,9 +173,9 @@ def _spatial_shape(shape, fmt):
     return tuple(shape[2:]) if fmt == 0 else tuple(shape[1:-1])
 
 
-def shuffle(x0, x1, *, type, format="nchw", channels=None):
+def shuffle(x0, x1, *, type, format="nchw", channels=None, out=None):
     """ShuffleNet channel shuffle of two tensors (SimdSynetShuffleLayerForward); returns
-    (y0, y1). type 0 splits the even and odd channels of concat(x0, x1); type 1
+    (y0, y1), written into `out` = (y0, y1) when given. type 0 splits the even and odd channels of concat(x0, x1); type 1
     interleaves x0 and x1 and splits the result into channels = (channels0, channels1)
     (default: equal halves)."""
     fmt = ck.tensor_format(format)
@@ -210,7 +214,7 @@ def shuffle(x0, x1, *, type, format="nchw", channels=None):
                 raise ck.ArgumentError(name, f"type 'interleave' needs even output channel counts, got {c}")
         out0 = _with_channels(x0.shape, fmt, channels0)
         out1 = _with_channels(x0.shape, fmt, channels1)
-    y0, y1 = np.empty(out0, np.float32), np.empty(out1, np.float32)
+    y0, y1 = ck.output_pair(out, (out0, out1), np.dtype(np.float32), (x0, x1))
     if b0 and s0 and (channels0 + channels1):
         lib.TnSynetShuffleLayerForwardBatch(_f32_ptr(x0), _f32_ptr(x1), b0, channels0, channels1, s0,
                                             _f32_ptr(y0), _f32_ptr(y1), fmt, kind)

@@ -208,11 +208,12 @@ class QuantizedInnerProduct:
             local.size = size
         return local.ptr
 
-    def forward(self, a) -> np.ndarray:
-        """C (M, N) uint8 from a (M, K) uint8, for any M (0 included)."""
+    def forward(self, a, *, out=None) -> np.ndarray:
+        """C (M, N) uint8 from a (M, K) uint8, for any M (0 included); written into `out`
+        (uint8 (M, N)) when given."""
         a = self._p.check_a(a)
         m = a.shape[0]
-        c = np.empty((m, self.n), np.uint8)
+        c = ck.output(out, (m, self.n), np.dtype(np.uint8), (a,))
         if m == 0:
             return c
         with self._lock:

@@ -2,7 +2,9 @@
 
 - While its request is arriving, a call holds no worker and no admission slot, only a
   place among the `max_pending` calls still receiving, for at most `read_timeout`
-  seconds: a client that stalls mid-message is cut off then (DEADLINE_EXCEEDED). When
+  seconds: a client that stalls mid-message is cut off then (DEADLINE_EXCEEDED). A
+  stream (KServe's ModelStreamInfer) waiting for its next request is such a call too: an
+  idle stream is closed after `read_timeout` seconds, or earlier when its place is needed. When
   all places are taken, the call that has waited longest for its request loses its
   place (RESOURCE_EXHAUSTED): a complete request is read at once, so streams held open
   on purpose are the ones that go, and they cannot lock out anybody else.
@@ -40,8 +42,10 @@ class Admission:
     def pending(self) -> int:
         return len(self._pending)
 
-    async def receive(self, context: grpc.aio.ServicerContext):
-        """The call's request message, read within the read timeout."""
+    async def receive(self, context: grpc.aio.ServicerContext, stream: bool = False):
+        """The call's request message, read within the read timeout. `stream`: the next
+        request of a stream (the same timeout applies to an idle stream; grpc.aio.EOF when
+        the client ends it)."""
         if len(self._pending) >= self.max_pending:
             self._pending.pop(next(iter(self._pending))).evict("place")
         loop = asyncio.get_running_loop()
@@ -58,11 +62,15 @@ class Admission:
             if waiting.evicted == "place":
                 raise errors.exhausted(f"{self.max_pending} other requests were arriving (the server's limit) "
                                        "and this one had waited longest") from None
+            if stream:
+                raise errors.Failure(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                     f"no request arrived on the stream within {self.read_timeout:g} s (the "
+                                     "server's read timeout): the stream is closed") from None
             raise errors.Failure(grpc.StatusCode.DEADLINE_EXCEEDED,
                                  f"the request did not arrive within {self.read_timeout:g} s") from None
         finally:
             self._pending.pop(waiting, None)
-        if request is grpc.aio.EOF:
+        if request is grpc.aio.EOF and not stream:
             raise errors.invalid("request", "the call carried no request message")
         return request
 

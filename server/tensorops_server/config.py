@@ -55,6 +55,7 @@ class Config:
     shared_memory_prefix: str = "tensorops_"  # the only shared-memory keys that may be registered
     max_shared_memory_regions: int = 64
     max_shared_memory_bytes: int = 1 << 30
+    inline_shared_memory_bytes: int = 8 << 20  # calls in shared memory touching up to this many bytes run on the loop
 
     @property
     def address(self) -> str:
@@ -111,6 +112,10 @@ _HELP = {
     "shared_memory_prefix": "shared-memory keys must start with this prefix (leading slashes aside)",
     "max_shared_memory_regions": "shared-memory regions registered at once, all callers together",
     "max_shared_memory_bytes": "bytes of the shared-memory regions registered at once, all callers together",
+    "inline_shared_memory_bytes": "a call whose message is small (--inline-bytes) and whose tensors in shared "
+                                  "memory (inputs and outputs) hold up to this many bytes is computed on the "
+                                  "event loop: its kernel is the only work (no decoding, no copies), and a thread "
+                                  "hand-off would cost more than a short kernel; larger ones on a worker thread",
 }
 
 
@@ -178,6 +183,7 @@ _TYPES = {
     "log_level": _choice(LOG_LEVELS), "log_format": _choice(("json", "text")),
     "tls_cert": str, "tls_key": str, "tls_client_ca": str,
     "allow_shared_memory": _bool, "shared_memory_prefix": str, "max_shared_memory_regions": _positive(int),
+    "inline_shared_memory_bytes": _non_negative(int),
     "max_shared_memory_bytes": _positive(int),
 }
 

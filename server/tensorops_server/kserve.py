@@ -47,6 +47,7 @@ from tensorops.kserve import DATATYPES, SERVICE_NAME  # noqa: F401 (SERVICE_NAME
 from tensorops.kserve import OFFSET as _OFFSET
 from tensorops.kserve import REGION as _REGION
 from tensorops.kserve.v2 import inference_pb2 as pb
+from tensorops.v1 import tensor_pb2
 
 from . import errors, optable
 from .execution import CallState
@@ -531,9 +532,14 @@ class KServe:
                                    field="model_name")
         return model
 
-    async def _run(self, model: Model, decoded: _codec.Decoded, call: CallState, nbytes: int, extra: dict):
+    async def _run(self, model: Model, decoded: _codec.Decoded, call: CallState, nbytes: int, shared_bytes: int,
+                   extra: dict):
         if model.entry is not None:
-            return await self._compute[model.name](decoded, call, nbytes, extra)
+            # In shared memory, the kernel is the call's only work on its tensors: a short
+            # one runs on the loop, where a thread hand-off would cost more than it.
+            inline = None if not shared_bytes else (self.service.executor.inline(nbytes) and
+                                                    shared_bytes <= self.service.config.inline_shared_memory_bytes)
+            return await self._compute[model.name](decoded, call, nbytes + shared_bytes, extra, inline)
         try:
             return await self.service.forward(model.session_id, decoded, call)
         except errors.Failure as failure:
@@ -563,8 +569,7 @@ class KServe:
                 out = self._output_in_region(model, request_in, outputs, regions)
                 if out is not None:
                     extra["out"] = out
-                # the bytes in shared memory count for where the call runs (loop or worker)
-                result = await self._run(model, request_in, call, nbytes + shared_bytes, extra)
+                result = await self._run(model, request_in, call, nbytes, shared_bytes, extra)
                 response = infer_response(model, request, outputs, result, regions, written=out)
                 ok = True
                 return response
@@ -574,11 +579,12 @@ class KServe:
     @staticmethod
     def _output_in_region(model: Model, decoded: _codec.Decoded, outputs: tuple, regions: Regions):
         """The array in its shared-memory region that the kernel writes the result into
-        (tensorops_native's `out=`), when the operation takes one (its result has the shape
-        and dtype of its first input) and the request places its one output there; None
-        otherwise (the result is then copied into the region)."""
+        (tensorops_native's `out=`), when the operation takes one, its one result's shape
+        follows from its first input (that input's shape and dtype; channel_sum: (batch,
+        channels) float32), and the request places that output there; None otherwise (the
+        result is then copied into the region)."""
         entry = model.entry
-        if entry is None or "out" not in entry.parameters or len(outputs) != 1 or outputs[0][1] is None:
+        if entry is None or "out" not in entry.parameters or len(model.outputs) != 1 or outputs[0][1] is None:
             return None
         first = decoded.tensors.get(model.inputs[0].name)
         if isinstance(first, list):  # eltwise's operands
@@ -586,23 +592,36 @@ class KServe:
         dtype = _WIRE_DTYPES.get(first.dtype) if first is not None else None
         if dtype is None or min(first.shape, default=0) < 0:
             return None  # the operation refuses the input, naming it
-        nbytes = math.prod(first.shape) * dtype.itemsize
+        shape = tuple(first.shape)
+        if model.name == "channel_sum":
+            if len(shape) < 2:
+                return None
+            shape, dtype = (shape[0], shape[-1] if first.format == tensor_pb2.FORMAT_NHWC else shape[1]), \
+                np.dtype(np.float32)
+        nbytes = math.prod(shape) * dtype.itemsize
         region, offset, size = outputs[0][1]
         if nbytes > size:
             return None  # refused after the call, with the result's size
         out = np.frombuffer(regions(f"outputs.{outputs[0][0]}.{_REGION}", region, offset, nbytes), dtype)
-        return out.reshape(first.shape) if out.flags.aligned else None
+        return out.reshape(shape) if out.flags.aligned else None
 
     async def stream_infer(self, instrumented: Instrumented, context: grpc.aio.ServicerContext) -> None:
         """ModelStreamInfer: each request of the stream answered in order; a request that
-        fails gets its error in `error_message`, and the stream goes on."""
+        fails gets its error in `error_message`, and the stream goes on. Waiting for the
+        next request, the stream is held to the admission's read timeout and pending places
+        like any call whose request is arriving (DEADLINE_EXCEEDED or RESOURCE_EXHAUSTED
+        then ends it)."""
         try:
             identity = instrumented.auth.identify(context)
         except errors.Failure as failure:
             await context.abort_with_status(failure.status())
             return
         while True:
-            incoming = await context.read()
+            try:
+                incoming = await instrumented.admission.receive(context, stream=True)
+            except errors.Failure as failure:
+                await context.abort_with_status(failure.status())
+                return
             if incoming is grpc.aio.EOF:
                 return
             response, status = await instrumented.call(context, incoming, identity)

@@ -250,9 +250,11 @@ class Service:
                 result = self._run(timer, call, entry.native, **kwargs)
             return encode(result, fmt)
 
-        async def behavior(decoded: _codec.Decoded, call: CallState, nbytes: int, extra: dict | None = None):
-            """`extra`: more native arguments (the KServe endpoint's `out` in shared memory)."""
-            if not always_offload and executor.inline(nbytes):
+        async def behavior(decoded: _codec.Decoded, call: CallState, nbytes: int, extra: dict | None = None,
+                           inline: bool | None = None):
+            """`extra`: more native arguments (the KServe endpoint's `out` in shared memory);
+            `inline`: whether to compute on the event loop (default: by `nbytes`)."""
+            if not always_offload and (executor.inline(nbytes) if inline is None else inline):
                 return compute(decoded, call, extra)
             return await executor.offload(call, compute, decoded, call, extra)
         return behavior

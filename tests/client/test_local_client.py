@@ -31,3 +31,17 @@ def test_empty_calls_work_without_kernels():
     with tensorops.LocalClient() as c:
         assert c.softmax(np.zeros((0, 4), np.float32)).shape == (0, 4)
         assert c.info()["isa"] in ("scalar", "avx2", "avx512")
+
+
+def test_out_receives_the_result():
+    import tensorops_native as tn
+    x = np.random.default_rng(0).standard_normal((4, 9)).astype(np.float32)
+    with tensorops.LocalClient() as c:
+        out = np.full_like(x, 7)
+        assert c.softmax(x, out=out) is out and out.tobytes() == tn.softmax(x).tobytes()
+        with pytest.raises(ValueError) as err:
+            c.softmax(x, out=x)
+        assert str(err.value).startswith("out: must not overlap an input")
+        with pytest.raises(ValueError) as err:
+            c.softmax(x, out=np.empty((4, 8), np.float32))
+        assert "out" in str(err.value) and "(4, 9)" in str(err.value)

@@ -3,6 +3,8 @@ results bit-identical to tensorops_native in-process."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -142,6 +144,50 @@ def test_stream_infer(triton):
     assert results[1][0] is None and "INVALID_ARGUMENT" in str(results[1][1]) and "axis" in str(results[1][1])
     assert results[2][1] is None and same(tn.softmax(xs[2]), results[2][0].as_numpy("y"))
     assert results[2][0].get_response().id == "third"
+
+
+def test_idle_stream_is_closed_after_the_read_timeout(start_server):
+    """A stream that sends nothing is held to the read timeout like any request that does
+    not arrive: it ends with DEADLINE_EXCEEDED, and the server keeps serving."""
+    srv = start_server("--read-timeout", "1")
+    x = np.random.default_rng(9).standard_normal((2, 7)).astype(np.float32)
+    results = []
+    with tc.InferenceServerClient(srv.target) as client:
+        client.start_stream(callback=lambda result, error: results.append((result, error)))
+        try:
+            client.async_stream_infer("softmax", [infer_input("x", x)])
+            deadline = time.monotonic() + 10
+            while len(results) < 2 and time.monotonic() < deadline:  # the answer, then the end
+                time.sleep(0.05)
+            started_idle = time.monotonic()
+        finally:
+            client.stop_stream()
+        assert results[0][1] is None and same(tn.softmax(x), results[0][0].as_numpy("y"))
+        error = results[1][1]
+        assert error.status() == "StatusCode.DEADLINE_EXCEEDED"
+        assert error.message() == ("no request arrived on the stream within 1 s (the server's read timeout): the "
+                                   "stream is closed")
+        assert client.is_server_live() and same(tn.softmax(x), client.infer("softmax", [infer_input("x", x)])
+                                                .as_numpy("y"))
+
+    # a raw stream that never sends: ended the same way, and within the timeout's reach
+    with grpc.insecure_channel(srv.target) as channel:
+        stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        start = time.monotonic()
+        done = threading.Event()
+
+        def silent():  # requests that never come
+            done.wait()
+            yield from ()
+        responses = stream(silent(), timeout=20)
+        try:
+            with pytest.raises(grpc.RpcError) as info:
+                next(responses)
+        finally:
+            done.set()
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "read timeout" in info.value.details()
+        assert 0.9 < time.monotonic() - start < 5
+    assert srv.proc.poll() is None
 
 
 def test_stream_infer_asyncio(server):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import uuid
 
+import ml_dtypes
 import numpy as np
 import pytest
 import tritonclient.grpc as tc
@@ -85,6 +86,32 @@ def test_eltwise_result_into_shared_memory(client, regions, offset):
     y_out.set_shared_memory("y", expected.nbytes, offset=offset)
     client.infer("eltwise", [infer_input("inputs", inputs)], parameters={"op": "max"}, outputs=[y_out])
     assert same(expected, shm.get_contents_as_numpy(handle, np.float32, expected.shape, offset=offset).copy())
+
+
+@pytest.mark.parametrize("model, expected, inputs, parameters", [
+    ("normalize", lambda x, g: tn.normalize(x, g, axes=[2, 3], activation=("leaky_relu", 0.1)),
+     lambda x, g: [infer_input("x", x), infer_input("scale", g)], {"axes": "2,3", "activation": "leaky_relu(0.1)"}),
+    ("channel_sum", lambda x, g: tn.channel_sum(x.astype(ml_dtypes.bfloat16), format="nhwc"),
+     lambda x, g: [infer_input("x", x.astype(ml_dtypes.bfloat16))], {"format": "nhwc"}),
+], ids=["normalize", "channel_sum"])
+def test_results_written_into_shared_memory(client, regions, model, expected, inputs, parameters):
+    """normalize (the shape of x) and channel_sum ((batch, channels) fp32) write into the region."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 6, 5, 4)).astype(np.float32)
+    g = (rng.random((1, 6, 1, 1)) + 0.5).astype(np.float32)
+    want = expected(x, g)
+    key, handle = regions(want.nbytes + 64)
+    client.register_system_shared_memory("y", key, want.nbytes + 64)
+    y_out = tc.InferRequestedOutput("y")
+    y_out.set_shared_memory("y", want.nbytes + 64, offset=0)
+    for _ in range(2):
+        shm.set_shared_memory_region(handle, [np.full(want.nbytes + 64, 7, np.uint8)])
+        result = client.infer(model, inputs(x, g), parameters=parameters, outputs=[y_out])
+        output = result.get_output("y")
+        assert list(output.shape) == list(want.shape) and output.parameters["shared_memory_byte_size"].int64_param \
+            == want.nbytes
+        got = shm.get_contents_as_numpy(handle, np.uint8, (want.nbytes,)).copy()
+        assert got.tobytes() == want.view(np.uint8).tobytes()
 
 
 def test_one_output_in_shared_memory_the_other_in_the_message(client, regions):

@@ -121,3 +121,92 @@ def test_asyncio_client(shm_server, server):
     assert not on and "--allow-shared-memory" in refusal
     assert all(same(tn.softmax(x), y) for x, y in zip(xs, results))
     assert not regions_of_this_process()
+
+
+def server_regions(target) -> dict:
+    """The regions the server holds for this (unauthenticated) caller, by tritonclient."""
+    import tritonclient.grpc as tc
+    with tc.InferenceServerClient(target) as triton:
+        return dict(triton.get_system_shared_memory_status().regions)
+
+
+def test_zero_copy_with_shared_arrays(shm_server):
+    """An input in a shared_array is read where it is and an `out` in one receives the result
+    from the kernel: the call uses no region of its own, and nothing is copied."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, 32, 64, 64)).astype(np.float32)
+    scale, shift = (rng.random(32) + 0.5).astype(np.float32), rng.standard_normal(32).astype(np.float32)
+    expected = tn.layer_norm_channels(x, scale, shift, eps=1e-4)
+    before = kserve_calls(shm_server)
+    others = set(server_regions(shm_server.target))
+    with tensorops.Client(shm_server.target, shared_memory=True) as client:
+        xs = client.shared_array(x.shape, np.float32)
+        ys = client.shared_array(x.shape, "float32")
+        assert xs.shape == x.shape and xs.flags.writeable and not np.may_share_memory(xs, ys)
+        xs[...] = x
+        for _ in range(2):
+            ys.fill(7)
+            assert client.layer_norm_channels(xs, scale, shift, eps=1e-4, out=ys) is ys
+            assert same(expected, ys)
+        arrays = set(server_regions(shm_server.target)) - others
+        assert len(arrays) == 2  # the two arrays' regions only
+        # a shared input, a new result (copied out of a region of the call)
+        assert same(expected, client.layer_norm_channels(xs, scale, shift, eps=1e-4))
+        others |= set(server_regions(shm_server.target)) - arrays  # the call's own region, kept for others
+        # small tensors in shared arrays use them too, whatever shared_memory_min_bytes says
+        small = client.shared_array((3, 5), np.float32)
+        arrays |= set(server_regions(shm_server.target)) - others
+        small[...] = x.reshape(-1)[:15].reshape(3, 5)
+        assert same(tn.softmax(small), client.softmax(small))
+        assert kserve_calls(shm_server) - before == 4
+        del xs, ys, small
+        import gc
+        gc.collect()
+        client.softmax(np.ones((4, 4), np.float32))  # the next call unregisters what is gone
+        assert len(arrays) == 3 and not arrays & set(server_regions(shm_server.target))
+    assert not regions_of_this_process()
+
+
+@pytest.mark.parametrize("shared_memory", [True, False], ids=["shm", "wire"])
+def test_out_receives_the_result(shm_server, shared_memory):
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((64, 1024)).astype(np.float32)
+    with tensorops.Client(shm_server.target, shared_memory=shared_memory) as client:
+        for op, call in (("softmax", lambda out: client.softmax(x, out=out)),
+                         ("unary", lambda out: client.unary(x, "exp", out=out)),
+                         ("normalize", lambda out: client.normalize(x, axes=[1], out=out))):
+            expected = getattr(tn, op)(x, *(("exp",) if op == "unary" else ()), **({"axes": [1]}
+                                                                                    if op == "normalize" else {}))
+            out = np.full_like(x, 7)
+            assert call(out) is out and same(expected, out), op
+
+
+def test_bad_out_is_refused(shm_server):
+    x = np.ones((64, 1024), np.float32)
+    with tensorops.Client(shm_server.target, shared_memory=True) as client:
+        shared = client.shared_array((64, 512), np.float32)
+        frozen = np.empty_like(x)
+        frozen.flags.writeable = False
+        for out, error, message in (
+                ([0.0], TypeError, "out: expected a numpy.ndarray, got list"),
+                (np.empty((64, 2048), np.float32)[:, ::2], ValueError, "out: expected a writeable, aligned, "
+                                                                       "C-contiguous"),
+                (frozen, ValueError, "out: expected a writeable"),
+                (x, ValueError, "out: must not overlap an input"),
+                (np.empty_like(x, np.float64), TypeError, "out: expected dtype float32 (the result's), got float64"),
+                (np.empty((32, 1024), np.float32), ValueError, "out: expected shape (64, 1024) (the result's)"),
+                (shared, ValueError, "out: the result does not fit")):
+            with pytest.raises(error) as info:
+                client.softmax(x, out=out)
+            assert str(info.value).startswith(message), (message, str(info.value))
+        assert client.shared_memory  # refusals of `out` leave shared memory on
+
+
+def test_shared_array_needs_shared_memory(server):
+    with tensorops.Client(server.target) as client:
+        with pytest.raises(ValueError, match="without shared_memory=True"):
+            client.shared_array((4,), np.float32)
+    with tensorops.Client(server.target, shared_memory=True) as client:  # the server refuses regions
+        with pytest.raises(ValueError, match="shared memory is off for this client .*--allow-shared-memory"):
+            client.shared_array((4,), np.float32)
+    assert not regions_of_this_process()
