@@ -8,7 +8,7 @@
  * line costs about twice as much, and NumPy arrays are only 16-byte aligned), with masked
  * parts at the ends:
  *   NCHW, W >= 16: one stream over all rows, so a vector may straddle two rows and then
- *     takes its factors from both (join).
+ *     takes its factors from both (see there).
  *   NCHW, W < 16: per channel; a vector starting at column phase f needs
  *     ver[(f + l) % W] and hor[row + (f + l) / W] in lane l, permuted from registers.
  *   NHWC, C <= 1024: per image row; ver is contiguous along the row and hor repeats with
@@ -43,10 +43,14 @@ static inline vfloat join(const float * a, size_t lo, const float * b)
     return v_select(m, v_load_mask(a, m), v_load_mask(bl, m_not(m)));
 }
 
-/* NCHW, W >= F: rows g = c * H + h of W floats, factors ver + c * W and hor[g]. */
+/* NCHW, W >= F: rows g = c * H + h of W floats, factors ver + c * W and hor[g]. A vector
+ * that straddles two rows of one channel takes its ver factors from `wrap`, the last F
+ * and the first F factors of the channel's row side by side (written once per channel:
+ * cheaper than a join per row); across two channels they are contiguous in ver. */
 static void nchw_wide(const float * src, size_t channels, size_t height, size_t width, const float * ver,
                       const float * hor, float * dst)
 {
+    float wrap[2 * F];
     size_t rows = channels * height, s = gap(dst); /* s: first column of the row still to do */
     if (s)
         v_store_n(dst, scale(v_load_n(src, s), v_load_n(ver, s), v_set1(hor[0])), s);
@@ -55,6 +59,10 @@ static void nchw_wide(const float * src, size_t channels, size_t height, size_t 
         const float * x = src + g * width;
         float * y = dst + g * width;
         const vfloat k = v_set1(hor[g]);
+        if (h == 0) {
+            v_store(wrap, v_load(v + width - F));
+            v_store(wrap + F, v_load(v));
+        }
         size_t col = s;
         for (; col + 2 * F <= width; col += 2 * F) {
             vfloat r0 = scale(v_load(x + col), v_load(v + col), k);
@@ -76,7 +84,8 @@ static void nchw_wide(const float * src, size_t channels, size_t height, size_t 
             size_t lo = width - col;
             if (g + 1 < rows) {
                 vfloat kk = v_select(m_first(lo), k, v_set1(hor[g + 1]));
-                v_store(y + col, scale(v_load(x + col), join(v + col, lo, vn), kk));
+                vfloat vv = vn == v ? v_load(wrap + F - lo) : v_load(v + col);
+                v_store(y + col, scale(v_load(x + col), vv, kk));
                 s = F - lo;
             } else {
                 v_store_n(y + col, scale(v_load_n(x + col, lo), v_load_n(v + col, lo), k), lo);
