@@ -40,8 +40,10 @@ def test_tiled_scale_2d(rng, fmt, channels, spatial, batch):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("h,w", [(5, 1), (3, 17), (17, 3), (2, 33)])
+@pytest.mark.parametrize("h,w", [(5, 1), (3, 17), (17, 3), (2, 33), (3, 8), (5, 12), (40, 9), (2, 15), (4, 16)])
 def test_tiled_scale_2d_non_square(rng, fmt, h, w):
+    """Widths below one vector of 16 take the permuted-factor path in NCHW, at every level;
+    16 and wider stream the rows, a vector straddling two rows (or two channels)."""
     check(*make(rng, 2, 7, h, w, fmt), fmt)
 
 

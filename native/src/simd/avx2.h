@@ -316,4 +316,37 @@ V_INLINE void v_prefetch_l2(const void * p) { _mm_prefetch((const char *)p, _MM_
 #undef V1_
 #undef V2_
 
+/* ---- shuffle: even / odd lanes and interleaving --------------------------------------- */
+
+/* One half of v_load_even / v_load_odd from p[0..15]: the 128-bit quarters are loaded as
+ * (p0..p3 | p8..p11) and (p4..p7 | p12..p15), so one in-lane shuffle puts them in order. */
+V_INLINE __m256 v_half_pick_(const float * p, int odd)
+{
+    __m256 v0 = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(p)), _mm_loadu_ps(p + 8), 1);
+    __m256 v1 = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(p + 4)), _mm_loadu_ps(p + 12), 1);
+    return odd ? _mm256_shuffle_ps(v0, v1, _MM_SHUFFLE(3, 1, 3, 1)) : _mm256_shuffle_ps(v0, v1, _MM_SHUFFLE(2, 0, 2, 0));
+}
+V_INLINE vfloat v_load_even(const float * p) { return (vfloat){v_half_pick_(p, 0), v_half_pick_(p + 16, 0)}; }
+V_INLINE vfloat v_load_odd(const float * p) { return (vfloat){v_half_pick_(p, 1), v_half_pick_(p + 16, 1)}; }
+/* Interleave of two 8-lane halves: a0 b0 .. a7 b7 as two halves. */
+V_INLINE vfloat v_zip_half_(__m256 a, __m256 b)
+{
+    __m256 l = _mm256_unpacklo_ps(a, b); /* a0 b0 a1 b1 | a4 b4 a5 b5 */
+    __m256 h = _mm256_unpackhi_ps(a, b); /* a2 b2 a3 b3 | a6 b6 a7 b7 */
+    return (vfloat){_mm256_permute2f128_ps(l, h, 0x20), _mm256_permute2f128_ps(l, h, 0x31)};
+}
+V_INLINE vfloat v_zip_lo(vfloat a, vfloat b) { return v_zip_half_(a.lo, b.lo); }
+V_INLINE vfloat v_zip_hi(vfloat a, vfloat b) { return v_zip_half_(a.hi, b.hi); }
+
+/* ---- tiled scale: lane permute --------------------------------------------------------- */
+
+/* Lane l = t[i[l] & 15]: each half permutes both halves of t and keeps the one bit 3 of
+ * the index names. */
+V_INLINE __m256 v_permute_half_(vfloat t, __m256i i)
+{
+    __m256 hi = _mm256_castsi256_ps(_mm256_slli_epi32(i, 28)); /* bit 3 -> sign */
+    return _mm256_blendv_ps(_mm256_permutevar8x32_ps(t.lo, i), _mm256_permutevar8x32_ps(t.hi, i), hi);
+}
+V_INLINE vfloat v_permute(vfloat t, vint i) { return (vfloat){v_permute_half_(t, i.lo), v_permute_half_(t, i.hi)}; }
+
 #endif

@@ -244,4 +244,34 @@ V_INLINE vfloat v_bitselect(vfloat a, vfloat b, vint m)
 V_INLINE void v_prefetch_l1(const void * p) { _mm_prefetch((const char *)p, _MM_HINT_T0); }
 V_INLINE void v_prefetch_l2(const void * p) { _mm_prefetch((const char *)p, _MM_HINT_T1); }
 
+/* ---- shuffle: even / odd lanes and interleaving --------------------------------------- */
+
+/* Lane l = p[2l] (v_load_even) or p[2l + 1] (v_load_odd); reads p[0..31]. */
+V_INLINE vfloat v_load_even(const float * p)
+{
+    const __m512i idx = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    return _mm512_permutex2var_ps(_mm512_loadu_ps(p), idx, _mm512_loadu_ps(p + 16));
+}
+V_INLINE vfloat v_load_odd(const float * p)
+{
+    const __m512i idx = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    return _mm512_permutex2var_ps(_mm512_loadu_ps(p), idx, _mm512_loadu_ps(p + 16));
+}
+/* a0 b0 a1 b1 .. a7 b7 (v_zip_lo) and a8 b8 .. a15 b15 (v_zip_hi). */
+V_INLINE vfloat v_zip_lo(vfloat a, vfloat b)
+{
+    const __m512i idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    return _mm512_permutex2var_ps(a, idx, b);
+}
+V_INLINE vfloat v_zip_hi(vfloat a, vfloat b)
+{
+    const __m512i idx = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    return _mm512_permutex2var_ps(a, idx, b);
+}
+
+/* ---- tiled scale: lane permute --------------------------------------------------------- */
+
+/* Lane l = t[i[l] & 15]. */
+V_INLINE vfloat v_permute(vfloat t, vint i) { return _mm512_permutexvar_ps(i, t); }
+
 #endif

@@ -158,20 +158,17 @@ static void describe(TnQip * q)
             q->constB ? ", B stored transposed" : "");
         break;
     case TN_QIP_AVX2:
-        snprintf(q->info, sizeof(q->info),
-            "avx2: vpmovsxbw+vpmaddwd widening (exact), 6x8 register tiles, M block %zu, K block %zu, %s",
-            q->mc, 4 * q->kc, b);
-        break;
     case TN_QIP_AVX2_VNNI:
-        snprintf(q->info, sizeof(q->info),
-            "avx2-vnni: AVX-VNNI vpdpbusd ymm, 6x16 register tiles, M block %zu, K block %zu, %s",
-            q->mc, 4 * q->kc, b);
+    case TN_QIP_AVX512_VNNI: {
+        static const char * const tiles[] = {
+            [TN_QIP_AVX2] = "avx2: vpmovsxbw+vpmaddwd widening (exact), 6x8",
+            [TN_QIP_AVX2_VNNI] = "avx2-vnni: AVX-VNNI vpdpbusd ymm, 6x16",
+            [TN_QIP_AVX512_VNNI] = "avx512-vnni: vpdpbusd zmm, 12x32",
+        };
+        snprintf(q->info, sizeof(q->info), "%s register tiles, M block %zu, K block %zu, %s", tiles[q->algo], q->mc,
+            4 * q->kc, b);
         break;
-    case TN_QIP_AVX512_VNNI:
-        snprintf(q->info, sizeof(q->info),
-            "avx512-vnni: vpdpbusd zmm, 12x32 register tiles, M block %zu, K block %zu, %s",
-            q->mc, 4 * q->kc, b);
-        break;
+    }
     case TN_QIP_AMX:
         snprintf(q->info, sizeof(q->info),
             "avx512-amx: AMX-INT8 tdpbusd, 32x32 tile blocks, K block %zu, for M >= %zu; avx512-vnni vpdpbusd "

@@ -1,5 +1,6 @@
 /*
- * Shuffle layer (ShuffleNet channel shuffle of two tensors), scalar reference. Pure copies.
+ * Shuffle layer (ShuffleNet channel shuffle of two tensors): the part every level shares.
+ * Pure copies.
  *
  * C' = (channels0 + channels1) / 2.
  * Type 0 (split): S = src0's channels then src1's; dst0 channel c = S[2c], dst1 channel
@@ -12,25 +13,34 @@
  * the documented contract) take an element-by-element path that stays inside the tensors;
  * in type 1 with an odd channels0 + channels1 the last channel of dst1 has no source and is
  * left untouched. An unknown type writes nothing.
+ *
+ * The includer defines the two routines declared below (its scalar or vector version) and
+ * calls shuffle_forward.
  */
 #include "vmath_scalar.h"
 
 #include "kernels.h"
 #include "tensorops.h"
 
+/* d[j] = s[j], j < n. */
+static void copy_row(const float * s, float * d, size_t n);
+/* NHWC with even channel counts: the deinterleaves (type 0) or interleaves (type 1). */
+static void shuffle_nhwc(const float * src0, const float * src1, size_t channels0, size_t channels1,
+                         size_t spatial, float * dst0, float * dst1, int type);
+
 static void copy_rows_nchw(const float * src0, const float * src1, size_t channels0, size_t channels1,
                            size_t spatial, float * dst0, float * dst1, int type)
 {
-    size_t half = (channels0 + channels1) / 2, bytes = spatial * sizeof(float);
+    size_t half = (channels0 + channels1) / 2;
     if (type == 0) {
         for (size_t j = 0; j < 2 * half; ++j) {
             const float * s = j < channels0 ? src0 + j * spatial : src1 + (j - channels0) * spatial;
-            memcpy((j & 1 ? dst1 : dst0) + (j / 2) * spatial, s, bytes);
+            copy_row(s, (j & 1 ? dst1 : dst0) + (j / 2) * spatial, spatial);
         }
     } else {
         for (size_t j = 0; j < 2 * half && j < channels0 + channels1; ++j) {
             float * d = j < channels0 ? dst0 + j * spatial : dst1 + (j - channels0) * spatial;
-            memcpy(d, (j & 1 ? src1 : src0) + (j / 2) * spatial, bytes);
+            copy_row((j & 1 ? src1 : src0) + (j / 2) * spatial, d, spatial);
         }
     }
 }
@@ -58,47 +68,15 @@ static void generic_nhwc(const float * src0, const float * src1, size_t channels
     }
 }
 
-/* even[k] = s[2k], odd[k] = s[2k + 1], k < pairs. */
-static inline void deinterleave(const float * s, size_t pairs, float * even, float * odd)
-{
-    for (size_t k = 0; k < pairs; ++k) {
-        even[k] = s[2 * k];
-        odd[k] = s[2 * k + 1];
-    }
-}
-
-/* d[2k] = a[k], d[2k + 1] = b[k], k < pairs. */
-static inline void interleave(const float * a, const float * b, size_t pairs, float * d)
-{
-    for (size_t k = 0; k < pairs; ++k) {
-        d[2 * k] = a[k];
-        d[2 * k + 1] = b[k];
-    }
-}
-
-void tn_scalar_SynetShuffleLayerForward(const float * src0, const float * src1, size_t channels0, size_t channels1,
-                                        size_t spatial, float * dst0, float * dst1, int format, int type)
+static void shuffle_forward(const float * src0, const float * src1, size_t channels0, size_t channels1,
+                            size_t spatial, float * dst0, float * dst1, int format, int type)
 {
     if (type != 0 && type != 1)
         return;
-    if (format != TnTensorFormatNhwc) {
+    if (format != TnTensorFormatNhwc)
         copy_rows_nchw(src0, src1, channels0, channels1, spatial, dst0, dst1, type);
-        return;
-    }
-    if ((channels0 | channels1) & 1) {
+    else if ((channels0 | channels1) & 1)
         generic_nhwc(src0, src1, channels0, channels1, spatial, dst0, dst1, type);
-        return;
-    }
-    size_t half = (channels0 + channels1) / 2, h0 = channels0 / 2, h1 = channels1 / 2;
-    for (size_t p = 0; p < spatial; ++p) {
-        if (type == 0) {
-            float * d0 = dst0 + p * half, * d1 = dst1 + p * half;
-            deinterleave(src0 + p * channels0, h0, d0, d1);
-            deinterleave(src1 + p * channels1, h1, d0 + h0, d1 + h0);
-        } else {
-            const float * s0 = src0 + p * half, * s1 = src1 + p * half;
-            interleave(s0, s1, h0, dst0 + p * channels0);
-            interleave(s0 + h0, s1 + h0, h1, dst1 + p * channels1);
-        }
-    }
+    else
+        shuffle_nhwc(src0, src1, channels0, channels1, spatial, dst0, dst1, type);
 }

@@ -14,7 +14,7 @@
  * AVX-VNNI instructions run only when qip.c selected TN_QIP_AVX2_VNNI, which requires the
  * CPU's AVX-VNNI bit; only the AVX-VNNI tile functions are compiled for it.
  */
-#include "vmath_avx2.h"
+#include "simd/avx2.h" /* the level: AVX2, FMA, F16C */
 
 #include <immintrin.h>
 #include <string.h>
@@ -40,13 +40,6 @@ typedef struct {
     size_t ldc;
     size_t ncols;          /* columns of the tile present in C (1..16 or 1..8) */
 } Tile;
-
-static inline uint32_t load_u32(const uint8_t * p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
 
 static inline int64_t load_i64(const int16_t * p)
 {
@@ -78,6 +71,7 @@ TN_INLINE void requant_store8(__m256i acc, const int32_t * biasq, const float * 
 /* Register tiles use one named variable per accumulator (x<set>_<row>_<half>) so GCC
  * keeps them all in registers; rows and sets beyond MR and U are compiled out. */
 #define TN_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
+#define TN_ROWS_U(X, u) X(u, 0) X(u, 1) X(u, 2) X(u, 3) X(u, 4) X(u, 5)
 #define TN_DECL_SET(u, i) __m256i x##u##_##i##_0 = _mm256_setzero_si256(), x##u##_##i##_1 = _mm256_setzero_si256();
 #define TN_DECL(i) TN_DECL_SET(0, i) TN_DECL_SET(1, i) TN_DECL_SET(2, i) TN_DECL_SET(3, i)
 #define TN_COMBINE_SET(u, i) \
@@ -87,16 +81,45 @@ TN_INLINE void requant_store8(__m256i acc, const int32_t * biasq, const float * 
     }
 #define TN_COMBINE(i) if (MR > i) { TN_COMBINE_SET(1, i) TN_COMBINE_SET(2, i) TN_COMBINE_SET(3, i) }
 
-/* The last 1..3 bytes of a row, zero-extended (B is zero beyond K anyway). */
-static inline uint32_t load_tail(const uint8_t * p, size_t n)
-{
-    uint32_t v = p[0];
-    if (n > 1)
-        v |= (uint32_t)p[1] << 8;
-    if (n > 2)
-        v |= (uint32_t)p[2] << 16;
-    return v;
-}
+/* The sums of a tile over its quads, for both kinds of tile: the accumulators (partial
+ * sums resumed when this is not the first K block), then U quads per round (one
+ * accumulator set each), then single quads. A (an ATYPE *) is row 0 of the tile;
+ * LOAD_B(off) loads b0, b1 from the panel at byte offset off; STEP(u, i) adds quad u of
+ * row i. */
+#define TN_TILE_QUADS(LOAD_PART, ATYPE, A, LOAD_B, STEP) \
+    TN_ROWS(TN_DECL) \
+    if (!t->first) { \
+        TN_ROWS(LOAD_PART) \
+    } \
+    const ATYPE * a = (A); \
+    const int8_t * b = t->b; \
+    const size_t lda = t->lda; \
+    size_t n = t->nq; \
+    __m256i b0, b1; \
+    for (; n >= (size_t)U; n -= U) { \
+        LOAD_B(0) \
+        TN_ROWS_U(STEP, 0) \
+        if (U > 1) { \
+            LOAD_B(128) \
+            TN_ROWS_U(STEP, 1) \
+        } \
+        if (U > 2) { \
+            LOAD_B(256) \
+            TN_ROWS_U(STEP, 2) \
+        } \
+        if (U > 3) { \
+            LOAD_B(384) \
+            TN_ROWS_U(STEP, 3) \
+        } \
+        a += 4 * U; \
+        b += 128 * U; \
+    } \
+    for (; n > 0; --n) { \
+        LOAD_B(0) \
+        TN_ROWS_U(STEP, 0) \
+        a += 4; \
+        b += 128; \
+    }
 
 /* ---- Widening tiles: MR rows x 8 columns ------------------------------------------- */
 
@@ -113,10 +136,6 @@ static inline uint32_t load_tail(const uint8_t * p, size_t n)
         x##u##_##i##_0 = _mm256_add_epi32(x##u##_##i##_0, _mm256_madd_epi16(av, b0)); \
         x##u##_##i##_1 = _mm256_add_epi32(x##u##_##i##_1, _mm256_madd_epi16(av, b1)); \
     }
-#define TN_W_STEP0(i) TN_W_STEP(0, i)
-#define TN_W_STEP1(i) TN_W_STEP(1, i)
-#define TN_W_STEP2(i) TN_W_STEP(2, i)
-#define TN_W_STEP3(i) TN_W_STEP(3, i)
 /* hadd gives columns (0, 1, 4, 5 | 2, 3, 6, 7); the permutation restores the order. */
 #define TN_W_FINISH(i) \
     if (MR > i) { \
@@ -133,39 +152,7 @@ static inline uint32_t load_tail(const uint8_t * p, size_t n)
 
 TN_INLINE void wide_tile(const int MR, const int U, const Tile * t)
 {
-    TN_ROWS(TN_DECL)
-    if (!t->first) {
-        TN_ROWS(TN_W_LOAD_PART)
-    }
-    const int16_t * a = t->a16;
-    const int8_t * b = t->b;
-    const size_t lda = t->lda;
-    size_t n = t->nq;
-    __m256i b0, b1;
-    for (; n >= (size_t)U; n -= U) {
-        TN_LOAD_B_WIDE(0)
-        TN_ROWS(TN_W_STEP0)
-        if (U > 1) {
-            TN_LOAD_B_WIDE(128)
-            TN_ROWS(TN_W_STEP1)
-        }
-        if (U > 2) {
-            TN_LOAD_B_WIDE(256)
-            TN_ROWS(TN_W_STEP2)
-        }
-        if (U > 3) {
-            TN_LOAD_B_WIDE(384)
-            TN_ROWS(TN_W_STEP3)
-        }
-        a += 4 * U;
-        b += 128 * U;
-    }
-    for (; n > 0; --n) {
-        TN_LOAD_B_WIDE(0)
-        TN_ROWS(TN_W_STEP0)
-        a += 4;
-        b += 128;
-    }
+    TN_TILE_QUADS(TN_W_LOAD_PART, int16_t, t->a16, TN_LOAD_B_WIDE, TN_W_STEP)
     TN_ROWS(TN_COMBINE)
     const __m256i cz = _mm256_set1_epi32(t->czero);
     TN_ROWS(TN_W_FINISH)
@@ -188,17 +175,14 @@ TN_WIDE_TILE(1) TN_WIDE_TILE(2) TN_WIDE_TILE(3) TN_WIDE_TILE(4) TN_WIDE_TILE(5) 
         x0_##i##_0 = _mm256_loadu_si256((const __m256i *)(t->part + i * 32)); \
         x0_##i##_1 = _mm256_loadu_si256((const __m256i *)(t->part + i * 32 + 8)); \
     }
-#define TN_V_STEP(u, i, av_expr) \
+#define TN_V_ADD(u, i, av_expr) \
     if (U > u && MR > i) { \
         const __m256i av = _mm256_set1_epi32((int)(av_expr)); \
         x##u##_##i##_0 = _mm256_dpbusd_avx_epi32(x##u##_##i##_0, av, b0); \
         x##u##_##i##_1 = _mm256_dpbusd_avx_epi32(x##u##_##i##_1, av, b1); \
     }
-#define TN_V_STEP0(i) TN_V_STEP(0, i, load_u32(a + i * lda))
-#define TN_V_STEP1(i) TN_V_STEP(1, i, load_u32(a + i * lda + 4))
-#define TN_V_STEP2(i) TN_V_STEP(2, i, load_u32(a + i * lda + 8))
-#define TN_V_STEP3(i) TN_V_STEP(3, i, load_u32(a + i * lda + 12))
-#define TN_V_STEP_TAIL(i) TN_V_STEP(0, i, load_tail(a + i * lda, t->tail))
+#define TN_V_STEP(u, i) TN_V_ADD(u, i, tn_qip_load_u32(a + i * lda + 4 * u))
+#define TN_V_STEP_TAIL(i) TN_V_ADD(0, i, tn_qip_load_tail(a + i * lda, t->tail))
 #define TN_V_STORE_PART(i) \
     if (MR > i) { \
         _mm256_storeu_si256((__m256i *)(t->part + i * 32), x0_##i##_0); \
@@ -217,39 +201,7 @@ TN_WIDE_TILE(1) TN_WIDE_TILE(2) TN_WIDE_TILE(3) TN_WIDE_TILE(4) TN_WIDE_TILE(5) 
 
 TN_INLINE void vnni_tile(const int MR, const int U, const Tile * t)
 {
-    TN_ROWS(TN_DECL)
-    if (!t->first) {
-        TN_ROWS(TN_V_LOAD_PART)
-    }
-    const uint8_t * a = t->a;
-    const int8_t * b = t->b;
-    const size_t lda = t->lda;
-    size_t n = t->nq;
-    __m256i b0, b1;
-    for (; n >= (size_t)U; n -= U) {
-        TN_LOAD_B_VNNI(0)
-        TN_ROWS(TN_V_STEP0)
-        if (U > 1) {
-            TN_LOAD_B_VNNI(128)
-            TN_ROWS(TN_V_STEP1)
-        }
-        if (U > 2) {
-            TN_LOAD_B_VNNI(256)
-            TN_ROWS(TN_V_STEP2)
-        }
-        if (U > 3) {
-            TN_LOAD_B_VNNI(384)
-            TN_ROWS(TN_V_STEP3)
-        }
-        a += 4 * U;
-        b += 128 * U;
-    }
-    for (; n > 0; --n) {
-        TN_LOAD_B_VNNI(0)
-        TN_ROWS(TN_V_STEP0)
-        a += 4;
-        b += 128;
-    }
+    TN_TILE_QUADS(TN_V_LOAD_PART, uint8_t, t->a, TN_LOAD_B_VNNI, TN_V_STEP)
     if (t->tail) {
         TN_LOAD_B_VNNI(0)
         TN_ROWS(TN_V_STEP_TAIL)
@@ -444,26 +396,15 @@ void tn_qip_avx2_forward(const TnQip * q, size_t M, const uint8_t * A, const int
     int32_t * pbias = (int32_t *)(buf + s.pbias);
     int32_t * part = (int32_t *)(buf + s.part); /* used only when K is blocked */
     int16_t * a16 = q->algo == TN_QIP_AVX2 ? (int16_t *)(buf + s.a16) : NULL;
-    const size_t blocks = (M + q->mc - 1) / q->mc;
-    const size_t mcb = (M + blocks - 1) / blocks;
+    const size_t mcb = tn_qip_row_block(q, M);
     for (size_t i0 = 0; i0 < M; i0 += mcb) {
         size_t mb = M - i0 < mcb ? M - i0 : mcb;
         if (a16)
             widen_rows(A + i0 * q->K, mb, q->K, q->kqp, a16);
         for (size_t p = 0; p < q->panels; ++p) {
             size_t j0 = p * TN_QIP_PANEL, ncols = q->N - j0 < TN_QIP_PANEL ? q->N - j0 : TN_QIP_PANEL;
-            const int8_t * bp;
             const int32_t * bq;
-            if (q->constB) {
-                bp = q->packed + p * q->kqp * TN_QIP_ROW_BYTES;
-                bq = q->biasq + j0;
-            } else {
-                int32_t colsum[TN_QIP_PANEL];
-                tn_qip_pack_panel(B, q->N, q->K, q->transB, j0, q->kqp, panel, colsum);
-                tn_qip_panel_bias(q, j0, colsum, pbias);
-                bp = panel;
-                bq = pbias;
-            }
+            const int8_t * bp = tn_qip_panel(q, p, B, panel, pbias, &bq);
             panel_tiles(q, mb, A + i0 * q->K, a16, bp, bq, q->norm + j0, ncols, part, C + i0 * q->N + j0);
         }
     }

@@ -18,7 +18,7 @@
  * Only the callers in qip.c reach this file, and only when the CPU reports AVX-512 VNNI
  * (and AMX-INT8 with its OS permission for the tile code).
  */
-#include "vmath_avx512.h"
+#include "simd/avx512.h" /* the level: AVX-512 F, BW, VL, DQ */
 
 #pragma GCC target("avx512vnni,amx-tile,amx-int8")
 
@@ -49,13 +49,6 @@ typedef struct {
     const int8_t * pf;     /* the next panel's rows to prefetch (two lines per quad), or NULL */
 } Tile;
 
-static inline uint32_t load_u32(const uint8_t * p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
 TN_INLINE void requant_store(__m512i acc, __m512i bq, __m512 norm, __m512i cz, uint8_t * dst, __mmask16 m)
 {
     __m512i s = _mm512_add_epi32(acc, bq);
@@ -71,6 +64,7 @@ TN_INLINE void requant_store(__m512i acc, __m512i bq, __m512 norm, __m512i cz, u
  * rather than an array: GCC then keeps every accumulator in a register. Rows and sets
  * beyond MR and U are compiled out. */
 #define TN_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define TN_ROWS_U(X, u) X(u, 0) X(u, 1) X(u, 2) X(u, 3) X(u, 4) X(u, 5) X(u, 6) X(u, 7) X(u, 8) X(u, 9) X(u, 10) X(u, 11)
 
 #define TN_DECL_SET(u, i) __m512i x##u##_##i##_0 = _mm512_setzero_si512(), x##u##_##i##_1 = _mm512_setzero_si512();
 #define TN_DECL(i) TN_DECL_SET(0, i) TN_DECL_SET(1, i) TN_DECL_SET(2, i) TN_DECL_SET(3, i)
@@ -79,17 +73,14 @@ TN_INLINE void requant_store(__m512i acc, __m512i bq, __m512 norm, __m512i cz, u
         x0_##i##_0 = _mm512_loadu_si512(t->part + i * 32); \
         x0_##i##_1 = _mm512_loadu_si512(t->part + i * 32 + 16); \
     }
-#define TN_STEP(u, i, av_expr) \
+#define TN_ADD(u, i, av_expr) \
     if (U > u && MR > i) { \
         const __m512i av = _mm512_set1_epi32((int)(av_expr)); \
         x##u##_##i##_0 = _mm512_dpbusd_epi32(x##u##_##i##_0, av, b0); \
         x##u##_##i##_1 = _mm512_dpbusd_epi32(x##u##_##i##_1, av, b1); \
     }
-#define TN_STEP0(i) TN_STEP(0, i, load_u32(a + i * lda))
-#define TN_STEP1(i) TN_STEP(1, i, load_u32(a + i * lda + 4))
-#define TN_STEP2(i) TN_STEP(2, i, load_u32(a + i * lda + 8))
-#define TN_STEP3(i) TN_STEP(3, i, load_u32(a + i * lda + 12))
-#define TN_STEP_TAIL(i) TN_STEP(0, i, load_tail(a + i * lda, t->tail))
+#define TN_STEP(u, i) TN_ADD(u, i, tn_qip_load_u32(a + i * lda + 4 * u))
+#define TN_STEP_TAIL(i) TN_ADD(0, i, tn_qip_load_tail(a + i * lda, t->tail))
 #define TN_COMBINE_SET(u, i) \
     if (U > u) { \
         x0_##i##_0 = _mm512_add_epi32(x0_##i##_0, x##u##_##i##_0); \
@@ -107,17 +98,6 @@ TN_INLINE void requant_store(__m512i acc, __m512i bq, __m512 norm, __m512i cz, u
         if (t->m1) \
             requant_store(x0_##i##_1, bq1, n1, cz, t->c + i * t->ldc + 16, t->m1); \
     }
-
-/* The last 1..3 bytes of a row, zero-extended (B is zero beyond K anyway). */
-static inline uint32_t load_tail(const uint8_t * p, size_t n)
-{
-    uint32_t v = p[0];
-    if (n > 1)
-        v |= (uint32_t)p[1] << 8;
-    if (n > 2)
-        v |= (uint32_t)p[2] << 16;
-    return v;
-}
 
 /* MR rows x 32 columns over one K block; U accumulator sets over consecutive quads. */
 TN_INLINE void vnni_tile(const int MR, const int U, const Tile * t)
@@ -138,28 +118,28 @@ TN_INLINE void vnni_tile(const int MR, const int U, const Tile * t)
             pf += 128 * U;
         }
         __m512i b0 = _mm512_loadu_si512(b), b1 = _mm512_loadu_si512(b + 64);
-        TN_ROWS(TN_STEP0)
+        TN_ROWS_U(TN_STEP, 0)
         if (U > 1) {
             b0 = _mm512_loadu_si512(b + 128);
             b1 = _mm512_loadu_si512(b + 192);
-            TN_ROWS(TN_STEP1)
+            TN_ROWS_U(TN_STEP, 1)
         }
         if (U > 2) {
             b0 = _mm512_loadu_si512(b + 256);
             b1 = _mm512_loadu_si512(b + 320);
-            TN_ROWS(TN_STEP2)
+            TN_ROWS_U(TN_STEP, 2)
         }
         if (U > 3) {
             b0 = _mm512_loadu_si512(b + 384);
             b1 = _mm512_loadu_si512(b + 448);
-            TN_ROWS(TN_STEP3)
+            TN_ROWS_U(TN_STEP, 3)
         }
         a += 4 * U;
         b += 128 * U;
     }
     for (; n > 0; --n) {
         const __m512i b0 = _mm512_loadu_si512(b), b1 = _mm512_loadu_si512(b + 64);
-        TN_ROWS(TN_STEP0)
+        TN_ROWS_U(TN_STEP, 0)
         a += 4;
         b += 128;
     }
@@ -241,8 +221,7 @@ static void vnni_forward(const TnQip * q, size_t M, const uint8_t * A, const int
     int8_t * panel = (int8_t *)(buf + s.panel);
     int32_t * pbias = (int32_t *)(buf + s.pbias);
     int32_t * part = (int32_t *)(buf + s.part); /* used only when K is blocked */
-    const size_t blocks = (M + q->mc - 1) / q->mc;
-    const size_t mcb = (M + blocks - 1) / blocks;
+    const size_t mcb = tn_qip_row_block(q, M);
     /* Prefetch B when it cannot stay in L2 between calls, or when there are rows enough
      * to hide the prefetches (see amx_forward). */
     const int prefetch = q->constB && (q->panels * q->kqp * TN_QIP_ROW_BYTES > TN_QIP_L2_B_BYTES || M >= 32);
@@ -250,18 +229,8 @@ static void vnni_forward(const TnQip * q, size_t M, const uint8_t * A, const int
         size_t mb = M - i0 < mcb ? M - i0 : mcb;
         for (size_t p = 0; p < q->panels; ++p) {
             size_t j0 = p * TN_QIP_PANEL, ncols = q->N - j0 < TN_QIP_PANEL ? q->N - j0 : TN_QIP_PANEL;
-            const int8_t * bp;
             const int32_t * bq;
-            if (q->constB) {
-                bp = q->packed + p * q->kqp * TN_QIP_ROW_BYTES;
-                bq = q->biasq + j0;
-            } else {
-                int32_t colsum[TN_QIP_PANEL];
-                tn_qip_pack_panel(B, q->N, q->K, q->transB, j0, q->kqp, panel, colsum);
-                tn_qip_panel_bias(q, j0, colsum, pbias);
-                bp = panel;
-                bq = pbias;
-            }
+            const int8_t * bp = tn_qip_panel(q, p, B, panel, pbias, &bq);
             const int8_t * next = prefetch && p + 1 < q->panels ? bp + q->kqp * TN_QIP_ROW_BYTES : NULL;
             vnni_panel(q, mb, A + i0 * q->K, bp, next, bq, q->norm + j0, ncols, part, C + i0 * q->N + j0);
         }
@@ -472,22 +441,6 @@ static void amx_pack_a(const uint8_t * A, size_t rows, size_t K, size_t kqp, uin
     }
 }
 
-/* Panel p of B: the packed one, or (constB = false) packed now into `panel`. */
-static const int8_t * amx_panel(const TnQip * q, size_t p, const int8_t * B, int8_t * panel, int32_t * pbias,
-    const int32_t ** biasq)
-{
-    const size_t j0 = p * TN_QIP_PANEL;
-    if (q->constB) {
-        *biasq = q->biasq + j0;
-        return q->packed + p * q->kqp * TN_QIP_ROW_BYTES;
-    }
-    int32_t colsum[TN_QIP_PANEL];
-    tn_qip_pack_panel(B, q->N, q->K, q->transB, j0, q->kqp, panel, colsum);
-    tn_qip_panel_bias(q, j0, colsum, pbias);
-    *biasq = pbias;
-    return panel;
-}
-
 /* Rows [0, M) on the tiles (a last partial group of 16 computes zero rows). */
 static void amx_forward(const TnQip * q, size_t M, const uint8_t * A, const int8_t * B, uint8_t * buf, uint8_t * C)
 {
@@ -518,7 +471,7 @@ static void amx_forward(const TnQip * q, size_t M, const uint8_t * A, const int8
         for (size_t p = 0; p < q->panels; ++p) {
             const size_t j0 = p * TN_QIP_PANEL;
             const int32_t * bq;
-            const int8_t * bp = amx_panel(q, p, B, panel, pbias, &bq);
+            const int8_t * bp = tn_qip_panel(q, p, B, panel, pbias, &bq);
             for (size_t pc = 0; pc < kqp; pc += kc) {
                 const size_t steps = (kqp - pc < kc ? kqp - pc : kc) / 16;
                 const int first = pc == 0, last = pc + 16 * steps == kqp;

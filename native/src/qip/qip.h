@@ -1,6 +1,8 @@
 /*
  * Quantized inner product (seed 004): the context shared by qip.c (creation, parameters,
- * packing, dispatch) and the per-ISA drivers in qip_scalar.c, qip_avx2.c, qip_avx512.c.
+ * packing, dispatch) and the per-ISA drivers in scalar.c, avx2.c, avx512.c. The drivers'
+ * inner loops are per level by nature (widening multiply-adds, VNNI, AMX); what they
+ * share (the row blocks, the panels of B, reading A) is here.
  *
  * What every algorithm computes (docs/kernels.md):
  *   acc[i][j]  = sum_k A[i][k] * B[k][j]                  exact, int32
@@ -28,6 +30,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #define TN_QIP_PANEL 32
 #define TN_QIP_ROW_BYTES (4 * TN_QIP_PANEL)
@@ -82,7 +85,7 @@ typedef struct {
 void tn_qip_scratch_layout(const TnQip * q, size_t M, TnQipScratch * s);
 
 /* One panel of B (columns j0 .. j0+31) packed as described above, plus each column's sum
- * over k (0 for columns >= N). Defined in qip_avx2.c: call it only when the CPU has AVX2
+ * over k (0 for columns >= N). Defined in avx2.c: call it only when the CPU has AVX2
  * (every algorithm but scalar). */
 void tn_qip_pack_panel(const int8_t * B, size_t N, size_t K, int transB, size_t j0, size_t kqp,
     int8_t * dst, int32_t * colsum);
@@ -103,6 +106,49 @@ static inline uint8_t tn_qip_requantize(int32_t acc, int32_t biasq, float norm, 
     f = f < -512.0f ? -512.0f : (f > 512.0f ? 512.0f : f);
     int32_t r = (int32_t)lrintf(f) + cZero;
     return (uint8_t)(r < 0 ? 0 : (r > 255 ? 255 : r));
+}
+
+/* Four bytes of A (one quad of k) as one 32-bit lane value. */
+static inline uint32_t tn_qip_load_u32(const uint8_t * p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* The last 1..3 bytes of a row, zero-extended (B is zero beyond K anyway). */
+static inline uint32_t tn_qip_load_tail(const uint8_t * p, size_t n)
+{
+    uint32_t v = p[0];
+    if (n > 1)
+        v |= (uint32_t)p[1] << 8;
+    if (n > 2)
+        v |= (uint32_t)p[2] << 16;
+    return v;
+}
+
+/* Rows per block of a Forward of M rows: blocks of at most q->mc rows, balanced. */
+static inline size_t tn_qip_row_block(const TnQip * q, size_t M)
+{
+    const size_t blocks = (M + q->mc - 1) / q->mc;
+    return (M + blocks - 1) / blocks;
+}
+
+/* Panel p of B and the bias' of its columns: the ones packed at SetParams (constB), or B
+ * packed now into panel and pbias (scratch). */
+static inline const int8_t * tn_qip_panel(const TnQip * q, size_t p, const int8_t * B, int8_t * panel,
+    int32_t * pbias, const int32_t ** biasq)
+{
+    const size_t j0 = p * TN_QIP_PANEL;
+    if (q->constB) {
+        *biasq = q->biasq + j0;
+        return q->packed + p * q->kqp * TN_QIP_ROW_BYTES;
+    }
+    int32_t colsum[TN_QIP_PANEL];
+    tn_qip_pack_panel(B, q->N, q->K, q->transB, j0, q->kqp, panel, colsum);
+    tn_qip_panel_bias(q, j0, colsum, pbias);
+    *biasq = pbias;
+    return panel;
 }
 
 /* Drivers: C[0 .. M) = A[0 .. M) x B. B is the per-call matrix when constB = false (else
