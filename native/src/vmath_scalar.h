@@ -51,8 +51,21 @@ static inline uint16_t tn_f32_to_bf16(float f)
 #define TN_LOG_P8 3.3333331174e-1f
 #define TN_SQRTHF 0.707106781186547524f
 
+/* y * 2^n for n <= -126 (y in [0.7, 1.5), so the result is below 2^-125, denormal or in
+ * the lowest binade): y * 2^(n + 149) is exact and normal, and rounding it to an integer
+ * rounds to the grid of 2^-149 exactly as the product y * 2^n would (nearest even); the
+ * integer is then the result's bit pattern. No arithmetic produces a denormal, which
+ * costs a microcode assist (about 10x slower) on x86. */
+#define TN_EXP_TINY_N (-126)
+static inline float tn_exp_tiny_f32(float y, int32_t n)
+{
+    float s = y * tn_bits_f32((uint32_t)(n + 149 + 127) << 23);
+    return tn_bits_f32((uint32_t)(int32_t)nearbyintf(s));
+}
+
 /* exp(x), relative error about 1 ulp; overflows to inf, gradual underflow to 0. The power
- * of two is applied in two halves so denormal results are rounded once, correctly. */
+ * of two is applied in two halves (or, for results below 2^-125, by tn_exp_tiny_f32), so
+ * denormal results are rounded once, correctly. */
 static inline float tn_exp_f32(float x)
 {
     if (x != x)
@@ -69,6 +82,8 @@ static inline float tn_exp_f32(float x)
     p = fmaf(p, r, TN_EXP_P5);
     float y = fmaf(p, r * r, r) + 1.0f;
     int32_t ni = (int32_t)n;
+    if (ni <= TN_EXP_TINY_N)
+        return tn_exp_tiny_f32(y, ni);
     int32_t j1 = ni >> 1, j2 = ni - j1;
     y = y * tn_bits_f32((uint32_t)(j1 + 127) << 23);
     return y * tn_bits_f32((uint32_t)(j2 + 127) << 23);
@@ -202,9 +217,9 @@ static inline float tn_erf_f32(float x)
 
 /* sin and cos: n = round(|x| * 2/pi), r = |x| - n*pi/2 by Cody-Waite with a 3-part pi/2
  * (FMA keeps each step exact but for one rounding), then the quadrant n mod 4 picks
- * +-sin(r) or +-cos(r). Absolute error below 1e-7 for |x| <= 1e6 (2.5e-6 at 4e6, where
- * n starts to miss the nearest integer); larger |x| still gives a value in [-1, 1]; inf
- * and NaN give NaN. */
+ * +-sin(r) or +-cos(r). Cody-Waite is accurate while n is the nearest integer and n*pi/2
+ * is exact enough (|x| <= 1e6); beyond TN_SINCOS_BIG, (n mod 4, r) come from
+ * tn_pio2_reduce_big instead, exact for every float. inf and NaN give NaN. */
 #define TN_2_OVER_PI 6.36619747e-01f
 #define TN_PIO2_1 1.570796371e+00f
 #define TN_PIO2_2 (-4.371138829e-08f)
@@ -216,6 +231,40 @@ static inline float tn_erf_f32(float x)
 #define TN_COS_C2 (-1.388720702e-03f)
 #define TN_COS_C3 2.441985635e-05f
 
+#define TN_SINCOS_BIG 131072.0f /* 2^17: above, the exact reduction */
+
+/* The bits of 2/pi after the binary point, 32 to a word, behind one zero word (the
+ * reduction below reads windows that start up to 31 bits before the point). */
+static const uint32_t TN_2_OVER_PI_BITS[8] = {
+    0x00000000u, 0xa2f9836eu, 0x4e441529u, 0xfc2757d1u, 0xf534ddc0u, 0xdb629599u, 0x3c439041u, 0xfe5163abu,
+};
+
+/* Exact argument reduction for a = |x| > TN_SINCOS_BIG (Payne-Hanek, in integers):
+ * a = m 2^e with m a 24-bit integer; bits of 2/pi worth 2^2 or more after multiplying by
+ * a only add multiples of 4 quadrants, so a 96-bit window W of 2/pi starting at bit e-1
+ * gives a * 2/pi = m W 2^-94 mod 4, wrong by less than 2^-70 of a quadrant. The top 2 bits
+ * of the 96-bit product are the quadrant, the rest the fraction, taken in [-1/2, 1/2)
+ * (rounding the quadrant up when it is >= 1/2); r = fraction * pi/2. Returns r, sets *q
+ * to the quadrant (mod 4). inf (and NaN) give NaN. */
+static inline float tn_pio2_reduce_big(float a, int32_t * q)
+{
+    uint32_t u = tn_f32_bits(a);
+    *q = 0;
+    if (u >= 0x7f800000u)
+        return a - a;
+    uint32_t m = (u & 0x007fffffu) | 0x00800000u;
+    int s = (int)(u >> 23) - 150 + 30; /* table bit of 2/pi bit e-1; >= 0 for a >= 2^-7 */
+    const uint32_t * t = TN_2_OVER_PI_BITS + (s >> 5);
+    unsigned __int128 w = ((unsigned __int128)t[0] << 96) | ((unsigned __int128)t[1] << 64) |
+                          ((unsigned __int128)t[2] << 32) | t[3];
+    w = (w << (s & 31)) >> 32; /* the 96-bit window */
+    unsigned __int128 p = w * m;
+    uint64_t top = (uint64_t)(p >> 32); /* product bits 32..95: quadrant, fraction */
+    int64_t f = (int64_t)(top << 2);    /* fraction - (1 if >= 1/2), in units of 2^-64 */
+    *q = (int32_t)((top >> 62) + (f < 0 ? 1u : 0u));
+    return (float)((double)f * (1.5707963267948966 * 0x1p-64));
+}
+
 static inline float tn_sincos_f32(float x, int cosine)
 {
     uint32_t sign = cosine ? 0u : tn_f32_bits(x) & 0x80000000u;
@@ -224,7 +273,10 @@ static inline float tn_sincos_f32(float x, int cosine)
     float r = fmaf(n, -TN_PIO2_1, a);
     r = fmaf(n, -TN_PIO2_2, r);
     r = fmaf(n, -TN_PIO2_3, r);
-    uint32_t q = (uint32_t)tn_cvttps_i32(n) + (uint32_t)cosine;
+    int32_t q0 = tn_cvttps_i32(n);
+    if (a > TN_SINCOS_BIG)
+        r = tn_pio2_reduce_big(a, &q0);
+    uint32_t q = (uint32_t)q0 + (uint32_t)cosine;
     float z = r * r;
     float ps = TN_SIN_S3;
     ps = fmaf(ps, z, TN_SIN_S2);

@@ -313,6 +313,28 @@ V_INLINE vfloat v_bitselect(vfloat a, vfloat b, vint m)
 V_INLINE void v_prefetch_l1(const void * p) { _mm_prefetch((const char *)p, _MM_HINT_T0); }
 V_INLINE void v_prefetch_l2(const void * p) { _mm_prefetch((const char *)p, _MM_HINT_T1); }
 
+/* ---- Added for the unary family (simd/vmath.h) ------------------------------------- */
+
+/* v_frexp for positive normal x only (other lanes: unspecified): the exponent and
+ * mantissa fields, without v_frexp's scaling of denormals. */
+V_INLINE vfloat v_frexp_normal(vfloat x, vfloat * e)
+{
+    vint u = v_as_int(x);
+    *e = vi_to_float(vi_sub(vi_srl(u, 23), vi_set1(127)));
+    return vi_as_float(vi_or(vi_and(u, vi_set1(0x007fffff)), vi_set1(0x3f800000)));
+}
+/* A multiply with a denormal result takes a microcode assist here (about 10x slower):
+ * callers that can meet many such lanes detour through integers (see v_exp). */
+#define V_SLOW_DENORMALS 1
+/* v_ldexp for y in [0.5, 2) and integral n in [-125, 128] (normal or overflowing result):
+ * exact, overflow gives +inf. n is added to y's exponent field; sums at or above the
+ * bits of +inf (y >= 1, n = 128) become +inf. */
+V_INLINE vfloat v_ldexp_normal(vfloat y, vfloat n)
+{
+    vint s = vi_add(v_as_int(y), vi_sll(v_to_int_trunc(n), 23));
+    return vi_as_float(vi_min(s, vi_set1(0x7f800000)));
+}
+
 #undef V1_
 #undef V2_
 

@@ -274,4 +274,16 @@ V_INLINE vfloat v_zip_hi(vfloat a, vfloat b)
 /* Lane l = t[i[l] & 15]. */
 V_INLINE vfloat v_permute(vfloat t, vint i) { return _mm512_permutexvar_ps(i, t); }
 
+/* ---- Added for the unary family (simd/vmath.h) ------------------------------------- */
+
+/* v_frexp for positive normal x only (other lanes: unspecified); the same two
+ * instructions here, fewer than v_frexp on AVX2, which must also scale denormals. */
+V_INLINE vfloat v_frexp_normal(vfloat x, vfloat * e) { return v_frexp(x, e); }
+/* Arithmetic with denormal results runs at full speed here (vscalefps included), so
+ * callers need no integer detour for them (see v_exp). */
+#define V_SLOW_DENORMALS 0
+/* v_ldexp for y in [0.5, 2) and integral n in [-125, 128] (normal or overflowing result):
+ * exact, overflow gives +inf. */
+V_INLINE vfloat v_ldexp_normal(vfloat y, vfloat n) { return v_ldexp(y, n); }
+
 #endif

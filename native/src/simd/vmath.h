@@ -11,7 +11,18 @@
 #include "vmath_scalar.h"
 
 /* exp(x), as tn_exp_f32: NaN survives the clamp (min/max with the constant first), the
- * power of two is applied with one rounding (denormal results included). */
+ * power of two is applied with one rounding. Where denormal results are slow
+ * (V_SLOW_DENORMALS: AVX2), vectors with a result below 2^-125 (n <= -126) or a NaN make
+ * the small ones as tn_exp_tiny_f32 does, as integers (no instruction produces a
+ * denormal), and the others add n to y's exponent field (exact: normal or overflowing);
+ * AVX-512's vscalefps rounds denormals at full speed. Same bits either way. */
+V_INLINE vfloat v_exp_tiny_(vfloat y, vfloat n, vmask tiny)
+{
+    vfloat res = v_ldexp(y, v_max(n, v_set1((float)TN_EXP_TINY_N + 1.0f)));
+    vfloat s = v_ldexp(y, v_add(v_min(n, v_set1((float)TN_EXP_TINY_N)), v_set1(149.0f)));
+    return v_select(tiny, vi_as_float(v_to_int_round(s)), res);
+}
+
 V_INLINE vfloat v_exp(vfloat x)
 {
     vfloat xs = v_min(v_set1(TN_EXP_MAX), v_max(v_set1(TN_EXP_MIN), x));
@@ -25,15 +36,17 @@ V_INLINE vfloat v_exp(vfloat x)
     p = v_fma(p, r, v_set1(TN_EXP_P4));
     p = v_fma(p, r, v_set1(TN_EXP_P5));
     vfloat y = v_add(v_fma(p, v_mul(r, r), r), v_set1(1.0f));
-    return v_ldexp(y, n);
+    if (!V_SLOW_DENORMALS)
+        return v_ldexp(y, n);
+    vmask normal = v_gt(n, v_set1((float)TN_EXP_TINY_N)); /* false for NaN */
+    if (__builtin_expect(!m_all(normal), 0))
+        return v_exp_tiny_(y, n, v_le(n, v_set1((float)TN_EXP_TINY_N)));
+    return v_ldexp_normal(y, n);
 }
 
-/* log(x), as tn_log_f32; zero, negative, inf and NaN lanes are patched afterwards, only in
- * vectors that hold any. */
-V_INLINE vfloat v_log(vfloat x)
+/* tn_log_f32's sequence from x = (1 + f) 2^e0, f in [0, 1). */
+V_INLINE vfloat v_log_core_(vfloat mm, vfloat e0)
 {
-    vfloat e0;
-    vfloat mm = v_frexp(x, &e0); /* [1, 2) */
     vmask big = v_ge(mm, v_set1(2.0f * TN_SQRTHF));
     vfloat e = v_select(big, v_add(e0, v_set1(1.0f)), e0);
     vfloat m = v_sub(v_select(big, v_mul(mm, v_set1(0.5f)), mm), v_set1(1.0f));
@@ -50,9 +63,20 @@ V_INLINE vfloat v_log(vfloat x)
     vfloat y = v_mul(v_mul(p, m), z);
     y = v_fma(e, v_set1(TN_LN2_LO), y);
     y = v_fma(z, v_set1(-0.5f), y);
-    vfloat r = v_fma(e, v_set1(TN_LN2_HI), v_add(m, y));
-    vmask special = m_not(m_and(v_gt(x, v_zero()), v_lt(x, v_set1(INFINITY))));
+    return v_fma(e, v_set1(TN_LN2_HI), v_add(m, y));
+}
+
+/* log(x), as tn_log_f32. Positive normal lanes take the cheap frexp; vectors that hold
+ * denormal, zero, negative, inf or NaN lanes are redone with the full frexp and patched. */
+V_INLINE vfloat v_log(vfloat x)
+{
+    vfloat e0;
+    vfloat mm = v_frexp_normal(x, &e0); /* before the call that reads e0 */
+    vfloat r = v_log_core_(mm, e0);
+    vmask special = m_not(m_and(v_ge(x, v_set1(FLT_MIN)), v_le(x, v_set1(FLT_MAX))));
     if (m_any(special)) {
+        mm = v_frexp(x, &e0);
+        r = v_log_core_(mm, e0);
         r = v_select(v_eq(x, v_set1(INFINITY)), x, r);
         r = v_select(v_eq(x, v_zero()), v_set1(-INFINITY), r);
         r = v_select(v_lt(x, v_zero()), v_set1(NAN), r);
@@ -64,8 +88,12 @@ V_INLINE vfloat v_log(vfloat x)
 /* min(c, |x|); NaN stays NaN (x86 min returns its second operand when either is NaN). */
 V_INLINE vfloat v_absmin_(vfloat x, float c) { return v_min(v_set1(c), v_abs(x)); }
 
-/* |p| (p >= +0) with the sign of x. */
-V_INLINE vfloat v_with_sign_(vfloat p, vfloat x) { return v_bitselect(p, x, vi_set1((int32_t)0x80000000u)); }
+/* p (sign bit clear) with the sign of x: an OR, as the scalar references do it (one
+ * operation fewer than a bit select on AVX2). */
+V_INLINE vfloat v_with_sign_(vfloat p, vfloat x)
+{
+    return vi_as_float(vi_or(v_as_int(p), vi_and(v_as_int(x), vi_set1((int32_t)0x80000000u))));
+}
 
 V_INLINE vfloat v_tanh(vfloat x)
 {
@@ -89,6 +117,24 @@ V_INLINE vfloat v_erf(vfloat x)
     return v_with_sign_(p, x);
 }
 
+/* Lanes of a above TN_SINCOS_BIG get (r, q) from the scalar exact reduction: the same
+ * integer code as the scalar level, so the same bits. Out of line and cold: large
+ * arguments are rare, and the common path keeps its registers. */
+static __attribute__((noinline, cold)) void v_sincos_big_(const vfloat * a, vmask big, vfloat * r, vint * q)
+{
+    float aa[16], rr[16];
+    int32_t qq[16];
+    unsigned bits = m_bits(big);
+    v_store(aa, *a);
+    v_store(rr, *r);
+    vi_store(qq, *q);
+    for (int l = 0; l < 16; ++l)
+        if (bits & (1u << l))
+            rr[l] = tn_pio2_reduce_big(aa[l], &qq[l]);
+    *r = v_load(rr);
+    *q = vi_load(qq);
+}
+
 V_INLINE vfloat v_sincos(vfloat x, int cosine)
 {
     vint sign = cosine ? vi_zero() : vi_and(v_as_int(x), vi_set1((int32_t)0x80000000u));
@@ -97,7 +143,11 @@ V_INLINE vfloat v_sincos(vfloat x, int cosine)
     vfloat r = v_fma(n, v_set1(-TN_PIO2_1), a);
     r = v_fma(n, v_set1(-TN_PIO2_2), r);
     r = v_fma(n, v_set1(-TN_PIO2_3), r);
-    vint q = vi_add(v_to_int_trunc(n), vi_set1(cosine));
+    vint q = v_to_int_trunc(n);
+    vmask big = v_gt(a, v_set1(TN_SINCOS_BIG));
+    if (__builtin_expect(m_any(big), 0))
+        v_sincos_big_(&a, big, &r, &q);
+    q = vi_add(q, vi_set1(cosine));
     vfloat z = v_mul(r, r);
     vfloat ps = v_set1(TN_SIN_S3);
     ps = v_fma(ps, z, v_set1(TN_SIN_S2));
@@ -122,7 +172,7 @@ V_INLINE vfloat v_powpos(vfloat b, vfloat e)
 {
     vint j = vi_srl(v_as_int(b), 20); /* v_lut8 uses its low 3 bits: the top mantissa bits */
     vfloat k;
-    vfloat m = v_frexp(b, &k);
+    vfloat m = v_frexp_normal(b, &k);
     vfloat r = v_fma(m, v_lut8(TN_LOG2T_C, j), v_set1(-1.0f));
     vfloat q = v_set1(TN_LOG2T_P3);
     q = v_fma(q, r, v_set1(TN_LOG2T_P2));

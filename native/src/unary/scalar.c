@@ -1,6 +1,6 @@
 /*
  * SynetUnaryOperation32f, scalar reference. Each operation maps every element on its own;
- * the math functions come from vmath_scalar.h, which the vector levels reproduce bit for
+ * the math functions come from vmath_scalar.h, which unary_simd.h reproduces bit for
  * bit, so all three levels give identical results. An unknown type fills dst with NaN.
  */
 #include "vmath_scalar.h"
