@@ -371,4 +371,7 @@ V_INLINE __m256 v_permute_half_(vfloat t, __m256i i)
 }
 V_INLINE vfloat v_permute(vfloat t, vint i) { return (vfloat){v_permute_half_(t, i.lo), v_permute_half_(t, i.hi)}; }
 
+/* Lanes that are not a positive normal float: zero, negative, denormal, inf or NaN. */
+V_INLINE vmask v_not_positive_normal(vfloat x) { return m_not(m_and(v_ge(x, v_set1(FLT_MIN)), v_le(x, v_set1(FLT_MAX)))); }
+
 #endif

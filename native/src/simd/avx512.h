@@ -276,6 +276,10 @@ V_INLINE vfloat v_permute(vfloat t, vint i) { return _mm512_permutexvar_ps(i, t)
 
 /* ---- Added for the unary family (simd/vmath.h) ------------------------------------- */
 
+/* Lanes that are not a positive normal float: zero, negative, denormal, inf or NaN (one
+ * vfpclassps). */
+V_INLINE vmask v_not_positive_normal(vfloat x) { return _mm512_fpclass_ps_mask(x, 0xff); }
+
 /* v_frexp for positive normal x only (other lanes: unspecified); the same two
  * instructions here, fewer than v_frexp on AVX2, which must also scale denormals. */
 V_INLINE vfloat v_frexp_normal(vfloat x, vfloat * e) { return v_frexp(x, e); }

@@ -73,7 +73,7 @@ V_INLINE vfloat v_log(vfloat x)
     vfloat e0;
     vfloat mm = v_frexp_normal(x, &e0); /* before the call that reads e0 */
     vfloat r = v_log_core_(mm, e0);
-    vmask special = m_not(m_and(v_ge(x, v_set1(FLT_MIN)), v_le(x, v_set1(FLT_MAX))));
+    vmask special = v_not_positive_normal(x);
     if (m_any(special)) {
         mm = v_frexp(x, &e0);
         r = v_log_core_(mm, e0);
@@ -196,7 +196,7 @@ V_INLINE vfloat v_powpos(vfloat b, vfloat e)
 /* Lanes where v_powpos does not apply: zero, negative, denormal, inf, NaN. */
 V_INLINE vmask v_pow_slow_lanes(vfloat b)
 {
-    return m_not(m_and(v_ge(b, v_set1(FLT_MIN)), v_le(b, v_set1(FLT_MAX))));
+    return v_not_positive_normal(b);
 }
 
 /* Lanes of p whose base is not a positive normal float get C's powf. Out of line and cold,
