@@ -1,26 +1,32 @@
 /*
- * Normalize layer family (seed 000), AVX-512 level: same algorithms and work layout as
- * normalize_scalar.c (see there).
+ * Normalize layer family (seed 000), vector levels: written once against the vector layer
+ * (simd/README.md), compiled by avx512.c and avx2.c. Same algorithms and work layout as
+ * scalar.c (see there):
  * - Statistics along a contiguous row (V2/L2 NHWC, V3 NCHW, V4 NCHW) are computed while the
- *   row stays in L1. When the whole tensor is in cache, V2 NHWC runs four rows side by side
- *   so that their reduction chains overlap.
+ *   row stays in L1. When the whole tensor is in cache, V2 NHWC and 16bV2 NHWC run four rows
+ *   side by side so that their reduction chains overlap.
  * - Statistics across rows (V2/L2/16bV2 NCHW: across channels; V3 NHWC: across spatial
  *   positions) stream whole rows into per-position accumulators (buf, or stack arrays).
- * - The output is always written as one sequential stream, row after row: interleaving
- *   several output rows measured clearly slower on large tensors.
- * - 16bV2 keeps the canonical 16-lane order: one __m512 accumulator per row in NHWC (lane =
- *   channel % 16) reduced with tn_avx512_hsum, and 16 lane arrays per position in NCHW
+ * - The output is written as one sequential stream, row after row: interleaving several
+ *   output rows measured clearly slower on large tensors.
+ * - Means are x0 + sum(x - x0) / n (x0 the row's first value): exact for constant rows.
+ *   One check per row of t = variance + eps (or sum of squares + eps) sends the rows out of
+ *   the fp32 range to the double slow paths of normalize_slow.h.
+ * - 16bV2 keeps the canonical 16-lane order of scalar.c: one vfloat accumulator per row in
+ *   NHWC (lane = channel % 16) reduced with v_hsum, and 16 lane arrays per position in NCHW
  *   reduced with the same tree.
  */
-#include "vmath_avx512.h"
-
+#include <float.h>
 #include <stdlib.h>
 
 #include "kernels.h"
+#include "normalize_slow.h"
 #include "tensorops.h"
 
-#define F TN_AVX512_F
+#define F 16
 #define TN_NORM_SUM_BLOCK 4096          /* long sums add partial sums of this many values */
+#define TN_NORM_CHUNK 2048              /* positions per chunk of the across-rows layer norms */
+#define TN_NORM_LANES_CHUNK 256         /* positions per chunk of 16bV2 NCHW (16 lane arrays) */
 /* V2 NHWC runs four rows side by side (overlapping their reduction chains) when the whole
  * tensor is in cache, where the kernel is latency-bound; larger tensors are bandwidth-bound
  * and stream faster row by row (measured). */
@@ -28,77 +34,81 @@
 #define TN_NORM_CACHED_BYTES (1024 * 1024)
 #endif
 
-#define INLINE static inline __attribute__((always_inline))
+/* min(n, 16) values; the other lanes read as +0 / are not written. */
+V_INLINE vfloat ld(const float * p, size_t n) { return v_load_n(p, n); }
+V_INLINE void st(float * p, vfloat v, size_t n) { v_store_n(p, v, n); }
 
-/* Mask of min(n, 16) lanes. */
-INLINE __mmask16 lanes(size_t n)
+/* a - b in the first min(n, 16) lanes, +0 in the others (tails of reductions). */
+V_INLINE vfloat sub_n(vfloat a, vfloat b, size_t n) { return n >= F ? v_sub(a, b) : v_keep(m_first(n), v_sub(a, b)); }
+
+/* Lanes whose t is outside [TN_NORM_TINY, FLT_MAX] (NaN included), among the first n. */
+V_INLINE unsigned slow_lanes(vfloat t, size_t n)
 {
-    return n >= F ? (__mmask16)0xffff : tn_avx512_tail_mask(n);
+    vmask ok = m_and(v_ge(t, v_set1(TN_NORM_TINY)), v_le(t, v_set1(FLT_MAX)));
+    return m_bits(m_andnot(ok, m_first(n)));
 }
 
-INLINE __m512 load(const float * p, __mmask16 k) { return _mm512_maskz_loadu_ps(k, p); }
-INLINE void store(float * p, __mmask16 k, __m512 v) { _mm512_mask_storeu_ps(p, k, v); }
-
 /* min(n, floats from p to its next 64-byte boundary). NumPy data is typically only 16-byte
- * aligned: a masked head of this many values makes the following full-vector stores whole
- * cache lines (a 64-byte store across two lines costs about twice as much). Only stores are
- * aligned this way: reductions keep their lane order independent of the address, so results
- * do not depend on where the input happens to lie. */
-INLINE size_t line_head(const void * p, size_t n)
+ * aligned: a head of this many values makes the following full-vector stores whole cache
+ * lines. Only stores are aligned this way: reductions keep their lane order independent of
+ * the address, so results do not depend on where the input happens to lie. */
+V_INLINE size_t line_head(const void * p, size_t n)
 {
     size_t h = ((size_t)0 - (size_t)(uintptr_t)p) % 64 / sizeof(float);
     return h < n ? h : n;
 }
 
 /* Prefetch into L2 the cache lines of [p, p + bytes), bytes > 0, all inside the tensor. */
-INLINE void prefetch_l2(const void * p, size_t bytes)
+V_INLINE void prefetch_l2(const void * p, size_t bytes)
 {
     const char * c = (const char *)p;
     for (size_t i = 0; i < bytes; i += 64)
-        _mm_prefetch(c + i, _MM_HINT_T1);
-    _mm_prefetch(c + bytes - 1, _MM_HINT_T1);
+        v_prefetch_l2(c + i);
+    v_prefetch_l2(c + bytes - 1);
 }
 
 static void fill_nan(float * dst, size_t n)
 {
     for (size_t i = 0; i < n; i += F)
-        store(dst + i, lanes(n - i), _mm512_set1_ps(NAN));
+        st(dst + i, v_set1(NAN), n - i);
 }
 
 /* ---- Row reductions (four accumulators) ------------------------------------------------ */
 
-INLINE float row_sum(const float * x, size_t n)
+/* sum(x - x0). */
+V_INLINE float row_sum_from(const float * x, size_t n, float x0)
 {
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    const vfloat o = v_set1(x0);
+    vfloat a0 = v_zero(), a1 = a0, a2 = a0, a3 = a0;
     size_t i = 0;
     for (; i + 4 * F <= n; i += 4 * F) {
-        a0 = _mm512_add_ps(a0, _mm512_loadu_ps(x + i + 0 * F));
-        a1 = _mm512_add_ps(a1, _mm512_loadu_ps(x + i + 1 * F));
-        a2 = _mm512_add_ps(a2, _mm512_loadu_ps(x + i + 2 * F));
-        a3 = _mm512_add_ps(a3, _mm512_loadu_ps(x + i + 3 * F));
+        a0 = v_add(a0, v_sub(v_load(x + i + 0 * F), o));
+        a1 = v_add(a1, v_sub(v_load(x + i + 1 * F), o));
+        a2 = v_add(a2, v_sub(v_load(x + i + 2 * F), o));
+        a3 = v_add(a3, v_sub(v_load(x + i + 3 * F), o));
     }
     for (; i < n; i += F)
-        a0 = _mm512_add_ps(a0, load(x + i, lanes(n - i)));
-    return tn_avx512_hsum(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+        a0 = v_add(a0, sub_n(ld(x + i, n - i), o, n - i));
+    return v_hsum(v_add(v_add(a0, a1), v_add(a2, a3)));
 }
 
-INLINE float row_sum_squares(const float * x, size_t n)
+V_INLINE float row_sum_squares(const float * x, size_t n)
 {
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    vfloat a0 = v_zero(), a1 = a0, a2 = a0, a3 = a0;
     size_t i = 0;
     for (; i + 4 * F <= n; i += 4 * F) {
-        __m512 x0 = _mm512_loadu_ps(x + i + 0 * F), x1 = _mm512_loadu_ps(x + i + 1 * F);
-        __m512 x2 = _mm512_loadu_ps(x + i + 2 * F), x3 = _mm512_loadu_ps(x + i + 3 * F);
-        a0 = _mm512_fmadd_ps(x0, x0, a0);
-        a1 = _mm512_fmadd_ps(x1, x1, a1);
-        a2 = _mm512_fmadd_ps(x2, x2, a2);
-        a3 = _mm512_fmadd_ps(x3, x3, a3);
+        vfloat x0 = v_load(x + i + 0 * F), x1 = v_load(x + i + 1 * F);
+        vfloat x2 = v_load(x + i + 2 * F), x3 = v_load(x + i + 3 * F);
+        a0 = v_fma(x0, x0, a0);
+        a1 = v_fma(x1, x1, a1);
+        a2 = v_fma(x2, x2, a2);
+        a3 = v_fma(x3, x3, a3);
     }
     for (; i < n; i += F) {
-        __m512 x0 = load(x + i, lanes(n - i));
-        a0 = _mm512_fmadd_ps(x0, x0, a0);
+        vfloat x0 = ld(x + i, n - i);
+        a0 = v_fma(x0, x0, a0);
     }
-    return tn_avx512_hsum(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    return v_hsum(v_add(v_add(a0, a1), v_add(a2, a3)));
 }
 
 /* Long sums of squares add partial sums of TN_NORM_SUM_BLOCK values (smaller error). */
@@ -110,219 +120,232 @@ static float sum_squares(const float * x, size_t n)
     return total;
 }
 
-INLINE float row_sum_squared_deviations(const float * x, size_t n, float mean)
+V_INLINE float row_sum_squared_deviations(const float * x, size_t n, float mean)
 {
-    const __m512 m = _mm512_set1_ps(mean);
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    const vfloat m = v_set1(mean);
+    vfloat a0 = v_zero(), a1 = a0, a2 = a0, a3 = a0;
     size_t i = 0;
     for (; i + 4 * F <= n; i += 4 * F) {
-        __m512 d0 = _mm512_sub_ps(_mm512_loadu_ps(x + i + 0 * F), m);
-        __m512 d1 = _mm512_sub_ps(_mm512_loadu_ps(x + i + 1 * F), m);
-        __m512 d2 = _mm512_sub_ps(_mm512_loadu_ps(x + i + 2 * F), m);
-        __m512 d3 = _mm512_sub_ps(_mm512_loadu_ps(x + i + 3 * F), m);
-        a0 = _mm512_fmadd_ps(d0, d0, a0);
-        a1 = _mm512_fmadd_ps(d1, d1, a1);
-        a2 = _mm512_fmadd_ps(d2, d2, a2);
-        a3 = _mm512_fmadd_ps(d3, d3, a3);
+        vfloat d0 = v_sub(v_load(x + i + 0 * F), m), d1 = v_sub(v_load(x + i + 1 * F), m);
+        vfloat d2 = v_sub(v_load(x + i + 2 * F), m), d3 = v_sub(v_load(x + i + 3 * F), m);
+        a0 = v_fma(d0, d0, a0);
+        a1 = v_fma(d1, d1, a1);
+        a2 = v_fma(d2, d2, a2);
+        a3 = v_fma(d3, d3, a3);
     }
     for (; i < n; i += F) {
-        __mmask16 k = lanes(n - i);
-        __m512 d = _mm512_maskz_sub_ps(k, load(x + i, k), m);
-        a0 = _mm512_fmadd_ps(d, d, a0);
+        vfloat d = sub_n(ld(x + i, n - i), m, n - i);
+        a0 = v_fma(d, d, a0);
     }
-    return tn_avx512_hsum(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    return v_hsum(v_add(v_add(a0, a1), v_add(a2, a3)));
 }
 
 /* ---- Statistics across rows (NCHW across channels, NHWC across spatial positions) --------
- * `rows` rows of `count` positions, `stride` values apart (NCHW: channels x spatial; NHWC:
- * spatial x channels). Whole rows are streamed, four at a time, into one accumulator per
- * position in buf; a second per-position array (the norm) is on the stack, so positions are
- * taken in chunks of at most TN_NORM_CHUNK (long enough to stream well). */
+ * `rows` rows of `count` positions, `stride` values apart. Whole rows are streamed into one
+ * accumulator per position. */
 
-#define TN_NORM_CHUNK 2048
-
-/* acc[p] = sum over the rows of f(x[r * stride + p]), p < w; f = identity or square. Sums run
- * four rows at a time, sums of squares (one FMA per value) one row at a time: measured
- * fastest for each. */
-INLINE void column_sums(const float * x, size_t rows, size_t stride, size_t w, int square, float * acc)
+/* acc[p] = sum over the rows r >= 1 of x[r * stride + p] - x[p], p < w: four rows at a time. */
+V_INLINE void column_deviation_sums(const float * x, size_t rows, size_t stride, size_t w, float * acc)
 {
-    size_t r = 0;
-    for (; !square && r + 4 <= rows; r += 4) {
+    for (size_t p = 0; p < w; p += F)
+        st(acc + p, v_zero(), w - p);
+    size_t r = 1;
+    for (; r + 4 <= rows; r += 4) {
         const float * q = x + r * stride;
         for (size_t p = 0; p < w; p += F) {
-            __mmask16 m = lanes(w - p);
-            __m512 x0 = load(q + p, m), x1 = load(q + stride + p, m);
-            __m512 x2 = load(q + 2 * stride + p, m), x3 = load(q + 3 * stride + p, m);
-            __m512 v = _mm512_add_ps(_mm512_add_ps(x0, x1), _mm512_add_ps(x2, x3));
-            store(acc + p, m, r ? _mm512_add_ps(load(acc + p, m), v) : v);
+            size_t n = w - p;
+            vfloat o = ld(x + p, n);
+            vfloat v = v_add(v_add(v_sub(ld(q + p, n), o), v_sub(ld(q + stride + p, n), o)),
+                             v_add(v_sub(ld(q + 2 * stride + p, n), o), v_sub(ld(q + 3 * stride + p, n), o)));
+            st(acc + p, v_add(ld(acc + p, n), v), n);
         }
     }
     for (; r < rows; ++r) {
         const float * q = x + r * stride;
         for (size_t p = 0; p < w; p += F) {
-            __mmask16 m = lanes(w - p);
-            __m512 x0 = load(q + p, m);
-            __m512 a = r ? load(acc + p, m) : _mm512_setzero_ps();
-            store(acc + p, m, square ? _mm512_fmadd_ps(x0, x0, a) : _mm512_add_ps(a, x0));
+            size_t n = w - p;
+            st(acc + p, v_add(ld(acc + p, n), v_sub(ld(q + p, n), ld(x + p, n))), n);
         }
     }
 }
 
-/* L2 normalization across channels (NCHW item): y = x * (scale[c] * k[s]); k in buf. Taking
- * the positions in chunks whose rows stay in L2 (with the next chunk prefetched) measured
- * slower here than two whole passes. */
-static void l2_across(const float * x, size_t C, size_t S, const float * scale, float eps, float * k, float * y)
+/* acc[p] = sum over the rows of x[r * stride + p]^2, p < w: one row (one FMA per value) at
+ * a time, measured fastest. */
+V_INLINE void column_sum_squares(const float * x, size_t rows, size_t stride, size_t w, float * acc)
 {
-    const __m512 ve = _mm512_set1_ps(eps), one = _mm512_set1_ps(1.0f);
-    for (size_t s0 = 0, w = S; s0 < S; s0 += w) {
-        float * ks = k + s0;
-        column_sums(x + s0, C, S, w, 1, ks);
-        for (size_t s = 0; s < w; s += F) {
-            __mmask16 m = lanes(w - s);
-            store(ks + s, m, _mm512_div_ps(one, _mm512_sqrt_ps(_mm512_add_ps(load(ks + s, m), ve))));
-        }
-        for (size_t c = 0; c < C; ++c) {
-            const float * p = x + c * S + s0;
-            float * q = y + c * S + s0;
-            const __m512 sc = _mm512_set1_ps(scale[c]);
-            size_t s = line_head(q, w);
-            if (s) {
-                __mmask16 m = tn_avx512_tail_mask(s);
-                store(q, m, _mm512_mul_ps(load(p, m), _mm512_mul_ps(sc, load(ks, m))));
-            }
-            for (; s + F <= w; s += F)
-                _mm512_store_ps(q + s, _mm512_mul_ps(_mm512_loadu_ps(p + s), _mm512_mul_ps(sc, _mm512_loadu_ps(ks + s))));
-            if (s < w) {
-                __mmask16 m = lanes(w - s);
-                store(q + s, m, _mm512_mul_ps(load(p + s, m), _mm512_mul_ps(sc, load(ks + s, m))));
-            }
+    for (size_t r = 0; r < rows; ++r) {
+        const float * q = x + r * stride;
+        for (size_t p = 0; p < w; p += F) {
+            size_t n = w - p;
+            vfloat x0 = ld(q + p, n);
+            st(acc + p, v_fma(x0, x0, r ? ld(acc + p, n) : v_zero()), n);
         }
     }
+}
+
+/* L2 normalization across channels (NCHW item): y = x * (scale[c] * k[s]); k in buf. */
+static void l2_across(const float * x, size_t C, size_t S, const float * scale, float eps, float * k, float * y)
+{
+    const vfloat ve = v_set1(eps), one = v_set1(1.0f);
+    unsigned slow = 0;
+    column_sum_squares(x, C, S, S, k);
+    for (size_t s = 0; s < S; s += F) {
+        vfloat t = v_add(ld(k + s, S - s), ve);
+        unsigned b = slow_lanes(t, S - s);
+        st(k + s, v_div(one, v_sqrt(t)), S - s);
+        slow |= b;
+        for (; b; b &= b - 1)   /* -1 marks the positions redone below (a true k is > 0) */
+            k[s + (size_t)__builtin_ctz(b)] = -1.0f;
+    }
+    for (size_t c = 0; c < C; ++c) {
+        const float * p = x + c * S;
+        float * q = y + c * S;
+        const vfloat sc = v_set1(scale[c]);
+        size_t s = line_head(q, S);
+        if (s)
+            st(q, v_mul(ld(p, s), v_mul(sc, ld(k, s))), s);
+        for (; s + F <= S; s += F)
+            v_store(q + s, v_mul(v_load(p + s), v_mul(sc, v_load(k + s))));
+        if (s < S)
+            st(q + s, v_mul(ld(p + s, S - s), v_mul(sc, ld(k + s, S - s))), S - s);
+    }
+    for (size_t s = 0; slow && s < S; ++s)
+        if (k[s] < 0.0f)
+            tn_norm_slow_l2(x + s, C, S, scale, 1, eps, y + s);
 }
 
 /* Layer norm across rows of one batch item; scale/shift per row (V2 NCHW) or per position
  * (V3 NHWC). mean (count floats) is buf. */
-INLINE void layer_norm_across(const float * x, size_t rows, size_t count, size_t stride, const float * scale,
-                              const float * shift, int perRow, float eps, float * mean, float * y)
+V_INLINE void layer_norm_across(const float * x, size_t rows, size_t count, size_t stride, const float * scale,
+                                const float * shift, int perRow, float eps, float * mean, float * y)
 {
-    const __m512 vinv = _mm512_set1_ps(1.0f / (float)rows), ve = _mm512_set1_ps(eps), one = _mm512_set1_ps(1.0f);
+    const vfloat vinv = v_set1(1.0f / (float)rows), ve = v_set1(eps), one = v_set1(1.0f);
     float norm[TN_NORM_CHUNK] __attribute__((aligned(64)));
+    uint16_t bad[TN_NORM_CHUNK / F];
     for (size_t p0 = 0; p0 < count; p0 += TN_NORM_CHUNK) {
         const size_t w = count - p0 < TN_NORM_CHUNK ? count - p0 : TN_NORM_CHUNK;
         const float * xs = x + p0;
         float * ys = y + p0, * ms = mean + p0;
-        /* Pass 1: means. */
-        column_sums(xs, rows, stride, w, 0, ms);
-        for (size_t p = 0; p < w; p += F) {
-            __mmask16 m = lanes(w - p);
-            store(ms + p, m, _mm512_mul_ps(load(ms + p, m), vinv));
-        }
+        /* Pass 1: means, x0 + sum(x - x0) / rows. */
+        column_deviation_sums(xs, rows, stride, w, ms);
+        for (size_t p = 0; p < w; p += F)
+            st(ms + p, v_add(ld(xs + p, w - p), v_mul(ld(ms + p, w - p), vinv)), w - p);
         /* Pass 2: sums of squared deviations, four rows at a time (norm's padding is zero). */
         size_t r = 0;
         for (; r + 4 <= rows; r += 4) {
             const float * q = xs + r * stride;
             for (size_t p = 0; p < w; p += F) {
-                __mmask16 m = lanes(w - p);
-                __m512 mu = load(ms + p, m);
-                __m512 d0 = _mm512_sub_ps(load(q + p, m), mu), d1 = _mm512_sub_ps(load(q + stride + p, m), mu);
-                __m512 d2 = _mm512_sub_ps(load(q + 2 * stride + p, m), mu), d3 = _mm512_sub_ps(load(q + 3 * stride + p, m), mu);
-                __m512 v = _mm512_fmadd_ps(d3, d3, _mm512_fmadd_ps(d2, d2, _mm512_fmadd_ps(d1, d1, _mm512_mul_ps(d0, d0))));
-                _mm512_store_ps(norm + p, r ? _mm512_add_ps(_mm512_load_ps(norm + p), v) : v);
+                size_t n = w - p;
+                vfloat mu = ld(ms + p, n);
+                vfloat d0 = v_sub(ld(q + p, n), mu), d1 = v_sub(ld(q + stride + p, n), mu);
+                vfloat d2 = v_sub(ld(q + 2 * stride + p, n), mu), d3 = v_sub(ld(q + 3 * stride + p, n), mu);
+                vfloat v = v_fma(d3, d3, v_fma(d2, d2, v_fma(d1, d1, v_mul(d0, d0))));
+                v_store_aligned(norm + p, r ? v_add(v_load_aligned(norm + p), v) : v);
             }
         }
         for (; r < rows; ++r)
             for (size_t p = 0; p < w; p += F) {
-                __mmask16 m = lanes(w - p);
-                __m512 d = _mm512_sub_ps(load(xs + r * stride + p, m), load(ms + p, m));
-                _mm512_store_ps(norm + p, _mm512_fmadd_ps(d, d, r ? _mm512_load_ps(norm + p) : _mm512_setzero_ps()));
+                vfloat d = v_sub(ld(xs + r * stride + p, w - p), ld(ms + p, w - p));
+                v_store_aligned(norm + p, v_fma(d, d, r ? v_load_aligned(norm + p) : v_zero()));
             }
         /* norm = 1 / sqrt(var + eps), times scale when scale is per position. */
+        unsigned slow = 0;
         for (size_t p = 0; p < w; p += F) {
-            __m512 v = _mm512_div_ps(one, _mm512_sqrt_ps(_mm512_fmadd_ps(_mm512_load_ps(norm + p), vinv, ve)));
-            _mm512_store_ps(norm + p, perRow ? v : _mm512_mul_ps(v, load(scale + p0 + p, lanes(w - p))));
+            vfloat t = v_fma(v_load_aligned(norm + p), vinv, ve);
+            bad[p / F] = (uint16_t)slow_lanes(t, w - p);
+            slow |= bad[p / F];
+            vfloat v = v_div(one, v_sqrt(t));
+            v_store_aligned(norm + p, perRow ? v : v_mul(v, ld(scale + p0 + p, w - p)));
         }
         /* Pass 3: output. */
         if (perRow) {
             for (r = 0; r < rows; ++r) {
                 const float * q = xs + r * stride;
                 float * o = ys + r * stride;
-                const __m512 sc = _mm512_set1_ps(scale[r]), sh = _mm512_set1_ps(shift[r]);
+                const vfloat sc = v_set1(scale[r]), sh = v_set1(shift[r]);
                 size_t p = 0;
                 for (; p + F <= w; p += F) {
-                    __m512 d = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(q + p), _mm512_loadu_ps(ms + p)), _mm512_load_ps(norm + p));
-                    _mm512_storeu_ps(o + p, _mm512_fmadd_ps(d, sc, sh));
+                    vfloat d = v_mul(v_sub(v_load(q + p), v_load(ms + p)), v_load_aligned(norm + p));
+                    v_store(o + p, v_fma(d, sc, sh));
                 }
                 if (p < w) {
-                    __mmask16 m = lanes(w - p);
-                    __m512 d = _mm512_mul_ps(_mm512_sub_ps(load(q + p, m), load(ms + p, m)), _mm512_load_ps(norm + p));
-                    store(o + p, m, _mm512_fmadd_ps(d, sc, sh));
+                    vfloat d = v_mul(v_sub(ld(q + p, w - p), ld(ms + p, w - p)), v_load_aligned(norm + p));
+                    st(o + p, v_fma(d, sc, sh), w - p);
                 }
             }
         } else {
-            /* One row at a time: the output is written as one sequential stream. */
             const float * sh = shift + p0;
             for (r = 0; r < rows; ++r)
                 for (size_t p = 0; p < w; p += F) {
-                    __mmask16 m = lanes(w - p);
-                    __m512 d = _mm512_sub_ps(load(xs + r * stride + p, m), load(ms + p, m));
-                    store(ys + r * stride + p, m, _mm512_fmadd_ps(d, _mm512_load_ps(norm + p), load(sh + p, m)));
+                    size_t n = w - p;
+                    vfloat d = v_sub(ld(xs + r * stride + p, n), ld(ms + p, n));
+                    st(ys + r * stride + p, v_fma(d, v_load_aligned(norm + p), ld(sh + p, n)), n);
                 }
         }
+        /* Positions out of the fp32 range: redone in double (the input is intact). */
+        for (size_t j = 0; slow && j * F < w; ++j)
+            for (unsigned b = bad[j]; b; b &= b - 1) {
+                size_t p = j * F + (size_t)__builtin_ctz(b);
+                tn_norm_slow_layer(xs + p, rows, stride, perRow ? scale : scale + p0 + p,
+                                   perRow ? shift : shift + p0 + p, perRow ? 1 : 0, eps, ys + p);
+            }
     }
 }
 
 /* ---- V1: L2 normalization ---------------------------------------------------------------- */
 
 /* y = x * (scale[c] * k), scale per element (step 1) or one value (step 0). */
-INLINE void scale_row(const float * x, size_t n, const float * scale, size_t step, float k, float * y)
+V_INLINE void scale_row(const float * x, size_t n, const float * scale, size_t step, float k, float * y)
 {
-    const __m512 vk = _mm512_set1_ps(k);
+    const vfloat vk = v_set1(k);
     if (step == 0) {
-        const __m512 a = _mm512_set1_ps(scale[0] * k);
+        const vfloat a = v_set1(scale[0] * k);
         size_t i = line_head(y, n);
         if (i)
-            store(y, tn_avx512_tail_mask(i), _mm512_mul_ps(load(x, tn_avx512_tail_mask(i)), a));
+            st(y, v_mul(ld(x, i), a), i);
         for (; i + 2 * F <= n; i += 2 * F) {
-            _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), a));
-            _mm512_storeu_ps(y + i + F, _mm512_mul_ps(_mm512_loadu_ps(x + i + F), a));
+            v_store(y + i, v_mul(v_load(x + i), a));
+            v_store(y + i + F, v_mul(v_load(x + i + F), a));
         }
-        for (; i < n; i += F) {
-            __mmask16 m = lanes(n - i);
-            store(y + i, m, _mm512_mul_ps(load(x + i, m), a));
-        }
+        for (; i < n; i += F)
+            st(y + i, v_mul(ld(x + i, n - i), a), n - i);
     } else {
-        for (size_t i = 0; i < n; i += F) {
-            __mmask16 m = lanes(n - i);
-            store(y + i, m, _mm512_mul_ps(load(x + i, m), _mm512_mul_ps(load(scale + i, m), vk)));
-        }
+        for (size_t i = 0; i < n; i += F)
+            st(y + i, v_mul(ld(x + i, n - i), v_mul(ld(scale + i, n - i), vk)), n - i);
     }
 }
 
-void tn_avx512_SynetNormalizeLayerForward(const float * src, size_t batch, size_t channels, size_t spatial,
-                                          const float * scale, const float * eps, int acrossSpatial, int format,
-                                          float * buf, float * dst)
+void TN_ISA(SynetNormalizeLayerForward)(const float * src, size_t batch, size_t channels, size_t spatial,
+                                        const float * scale, const float * eps, int acrossSpatial, int format,
+                                        float * buf, float * dst)
 {
     const size_t size = channels * spatial;
     const float e = eps[0];
+    const int nhwc = format == TnTensorFormatNhwc;
     if (size == 0)
         return;
     if (acrossSpatial) {
         for (size_t b = 0; b < batch; ++b) {
             const float * x = src + b * size;
             float * y = dst + b * size;
-            float k = 1.0f / sqrtf(sum_squares(x, size) + e);
-            if (format == TnTensorFormatNhwc)
+            float t = sum_squares(x, size) + e, k = 1.0f / sqrtf(t);
+            if (!tn_norm_fast_ok(t))
+                tn_norm_slow_l2_item(x, channels, spatial, nhwc, scale, e, y);
+            else if (nhwc)
                 for (size_t s = 0; s < spatial; ++s)
                     scale_row(x + s * channels, channels, scale, 1, k, y + s * channels);
             else
                 for (size_t c = 0; c < channels; ++c)
                     scale_row(x + c * spatial, spatial, scale + c, 0, k, y + c * spatial);
         }
-    } else if (format == TnTensorFormatNhwc || spatial == 1) {
+    } else if (nhwc || spatial == 1) {
         for (size_t s = 0; s < batch * spatial; ++s) {
             const float * x = src + s * channels;
-            float k = 1.0f / sqrtf(row_sum_squares(x, channels) + e);
-            scale_row(x, channels, scale, 1, k, dst + s * channels);
+            float t = row_sum_squares(x, channels) + e;
+            if (tn_norm_fast_ok(t))
+                scale_row(x, channels, scale, 1, 1.0f / sqrtf(t), dst + s * channels);
+            else
+                tn_norm_slow_l2(x, channels, 1, scale, 1, e, dst + s * channels);
         }
     } else {
         float * own = buf ? NULL : malloc(spatial * sizeof(float));
@@ -340,108 +363,117 @@ void tn_avx512_SynetNormalizeLayerForward(const float * src, size_t batch, size_
 
 /* R (<= 4) consecutive rows of n values side by side, scale/shift per element (V2 NHWC);
  * two accumulators per row. */
-INLINE void layer_norm_rows(const float * x, size_t R, size_t n, const float * scale, const float * shift, float eps,
-                            float * y)
+V_INLINE void layer_norm_rows(const float * x, size_t R, size_t n, const float * scale, const float * shift, float eps,
+                              float * y)
 {
     const float inv = 1.0f / (float)n;
     const size_t n2 = n - n % (2 * F);
-    __m512 a[4], b[4], m[4], k[4];
-    for (size_t r = 0; r < R; ++r)
-        a[r] = b[r] = _mm512_setzero_ps();
+    vfloat a[4], b[4], m[4], k[4], o[4];
+    float t[4];
+    for (size_t r = 0; r < R; ++r) {
+        a[r] = b[r] = v_zero();
+        o[r] = v_set1(x[r * n]);
+    }
     size_t i = 0;
     for (; i < n2; i += 2 * F)
         for (size_t r = 0; r < R; ++r) {
-            a[r] = _mm512_add_ps(a[r], _mm512_loadu_ps(x + r * n + i));
-            b[r] = _mm512_add_ps(b[r], _mm512_loadu_ps(x + r * n + i + F));
+            a[r] = v_add(a[r], v_sub(v_load(x + r * n + i), o[r]));
+            b[r] = v_add(b[r], v_sub(v_load(x + r * n + i + F), o[r]));
         }
-    for (; i < n; i += F) {
-        __mmask16 t = lanes(n - i);
+    for (; i < n; i += F)
         for (size_t r = 0; r < R; ++r)
-            a[r] = _mm512_add_ps(a[r], load(x + r * n + i, t));
-    }
+            a[r] = v_add(a[r], sub_n(ld(x + r * n + i, n - i), o[r], n - i));
     for (size_t r = 0; r < R; ++r) {
-        m[r] = _mm512_set1_ps(tn_avx512_hsum(_mm512_add_ps(a[r], b[r])) * inv);
-        a[r] = b[r] = _mm512_setzero_ps();
+        m[r] = v_set1(x[r * n] + v_hsum(v_add(a[r], b[r])) * inv);
+        a[r] = b[r] = v_zero();
     }
     for (i = 0; i < n2; i += 2 * F)
         for (size_t r = 0; r < R; ++r) {
-            __m512 d0 = _mm512_sub_ps(_mm512_loadu_ps(x + r * n + i), m[r]);
-            __m512 d1 = _mm512_sub_ps(_mm512_loadu_ps(x + r * n + i + F), m[r]);
-            a[r] = _mm512_fmadd_ps(d0, d0, a[r]);
-            b[r] = _mm512_fmadd_ps(d1, d1, b[r]);
+            vfloat d0 = v_sub(v_load(x + r * n + i), m[r]);
+            vfloat d1 = v_sub(v_load(x + r * n + i + F), m[r]);
+            a[r] = v_fma(d0, d0, a[r]);
+            b[r] = v_fma(d1, d1, b[r]);
         }
-    for (; i < n; i += F) {
-        __mmask16 t = lanes(n - i);
+    for (; i < n; i += F)
         for (size_t r = 0; r < R; ++r) {
-            __m512 d = _mm512_maskz_sub_ps(t, load(x + r * n + i, t), m[r]);
-            a[r] = _mm512_fmadd_ps(d, d, a[r]);
+            vfloat d = sub_n(ld(x + r * n + i, n - i), m[r], n - i);
+            a[r] = v_fma(d, d, a[r]);
+        }
+    for (size_t r = 0; r < R; ++r) {
+        t[r] = v_hsum(v_add(a[r], b[r])) * inv + eps;
+        k[r] = v_set1(1.0f / sqrtf(t[r]));
+    }
+    /* The output is written row after row: one sequential stream. */
+    for (size_t r = 0; r < R; ++r) {
+        if (!tn_norm_fast_ok(t[r])) {
+            tn_norm_slow_layer(x + r * n, n, 1, scale, shift, 1, eps, y + r * n);
+            continue;
+        }
+        for (i = 0; i < n; i += F) {
+            vfloat d = v_mul(v_sub(ld(x + r * n + i, n - i), m[r]), k[r]);
+            st(y + r * n + i, v_fma(d, ld(scale + i, n - i), ld(shift + i, n - i)), n - i);
         }
     }
-    for (size_t r = 0; r < R; ++r)
-        k[r] = _mm512_set1_ps(1.0f / sqrtf(tn_avx512_hsum(_mm512_add_ps(a[r], b[r])) * inv + eps));
-    /* The output is written row after row: one sequential stream. */
-    for (size_t r = 0; r < R; ++r)
-        for (i = 0; i < n; i += F) {
-            __mmask16 t = lanes(n - i);
-            __m512 d = _mm512_mul_ps(_mm512_sub_ps(load(x + r * n + i, t), m[r]), k[r]);
-            store(y + r * n + i, t, _mm512_fmadd_ps(d, load(scale + i, t), load(shift + i, t)));
-        }
 }
 
-/* One long row, four accumulators, scale/shift per element (V2 NHWC). */
-INLINE void layer_norm_row(const float * x, size_t n, const float * scale, const float * shift, float eps, float * y)
+/* The statistics of one long row (four accumulators): mean and t = variance + eps. */
+V_INLINE float row_stats(const float * x, size_t n, float eps, float * mean)
 {
     const float inv = 1.0f / (float)n;
-    const float mean = row_sum(x, n) * inv;
-    const float norm = 1.0f / sqrtf(row_sum_squared_deviations(x, n, mean) * inv + eps);
-    const __m512 m = _mm512_set1_ps(mean), k = _mm512_set1_ps(norm);
+    *mean = x[0] + row_sum_from(x, n, x[0]) * inv;
+    return row_sum_squared_deviations(x, n, *mean) * inv + eps;
+}
+
+/* One long row, scale/shift per element (V2 NHWC). */
+V_INLINE void layer_norm_row(const float * x, size_t n, const float * scale, const float * shift, float eps, float * y)
+{
+    float mean;
+    const float t = row_stats(x, n, eps, &mean);
+    if (!tn_norm_fast_ok(t)) {
+        tn_norm_slow_layer(x, n, 1, scale, shift, 1, eps, y);
+        return;
+    }
+    const vfloat m = v_set1(mean), k = v_set1(1.0f / sqrtf(t));
     size_t i = line_head(y, n);
-    if (i) {
-        __mmask16 t = tn_avx512_tail_mask(i);
-        __m512 d = _mm512_mul_ps(_mm512_sub_ps(load(x, t), m), k);
-        store(y, t, _mm512_fmadd_ps(d, load(scale, t), load(shift, t)));
-    }
+    if (i)
+        st(y, v_fma(v_mul(v_sub(ld(x, i), m), k), ld(scale, i), ld(shift, i)), i);
     for (; i + 2 * F <= n; i += 2 * F) {
-        __m512 d0 = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), m), k);
-        __m512 d1 = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i + F), m), k);
-        _mm512_store_ps(y + i, _mm512_fmadd_ps(d0, _mm512_loadu_ps(scale + i), _mm512_loadu_ps(shift + i)));
-        _mm512_store_ps(y + i + F, _mm512_fmadd_ps(d1, _mm512_loadu_ps(scale + i + F), _mm512_loadu_ps(shift + i + F)));
+        vfloat d0 = v_mul(v_sub(v_load(x + i), m), k);
+        vfloat d1 = v_mul(v_sub(v_load(x + i + F), m), k);
+        v_store(y + i, v_fma(d0, v_load(scale + i), v_load(shift + i)));
+        v_store(y + i + F, v_fma(d1, v_load(scale + i + F), v_load(shift + i + F)));
     }
-    for (; i < n; i += F) {
-        __mmask16 t = lanes(n - i);
-        __m512 d = _mm512_mul_ps(_mm512_sub_ps(load(x + i, t), m), k);
-        store(y + i, t, _mm512_fmadd_ps(d, load(scale + i, t), load(shift + i, t)));
-    }
+    for (; i < n; i += F)
+        st(y + i, v_fma(v_mul(v_sub(ld(x + i, n - i), m), k), ld(scale + i, n - i), ld(shift + i, n - i)), n - i);
 }
 
 /* One contiguous row with one scale and shift (V3 NCHW). */
-INLINE void layer_norm_row1(const float * x, size_t n, float scale, float shift, float eps, float * y)
+V_INLINE void layer_norm_row1(const float * x, size_t n, const float * scale, const float * shift, float eps, float * y)
 {
-    const float inv = 1.0f / (float)n;
-    const float mean = row_sum(x, n) * inv;
-    const float norm = 1.0f / sqrtf(row_sum_squared_deviations(x, n, mean) * inv + eps);
-    const __m512 m = _mm512_set1_ps(mean), k = _mm512_set1_ps(norm);
-    const __m512 sc = _mm512_set1_ps(scale), sh = _mm512_set1_ps(shift);
+    float mean;
+    const float t = row_stats(x, n, eps, &mean);
+    if (!tn_norm_fast_ok(t)) {
+        tn_norm_slow_layer(x, n, 1, scale, shift, 0, eps, y);
+        return;
+    }
+    const vfloat m = v_set1(mean), k = v_set1(1.0f / sqrtf(t));
+    const vfloat sc = v_set1(scale[0]), sh = v_set1(shift[0]);
     size_t i = line_head(y, n);
-    if (i) {
-        __mmask16 t = tn_avx512_tail_mask(i);
-        store(y, t, _mm512_fmadd_ps(_mm512_mul_ps(_mm512_sub_ps(load(x, t), m), k), sc, sh));
-    }
+    if (i)
+        st(y, v_fma(v_mul(v_sub(ld(x, i), m), k), sc, sh), i);
     for (; i + 2 * F <= n; i += 2 * F) {
-        __m512 d0 = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), m), k);
-        __m512 d1 = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i + F), m), k);
-        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(d0, sc, sh));
-        _mm512_storeu_ps(y + i + F, _mm512_fmadd_ps(d1, sc, sh));
+        vfloat d0 = v_mul(v_sub(v_load(x + i), m), k);
+        vfloat d1 = v_mul(v_sub(v_load(x + i + F), m), k);
+        v_store(y + i, v_fma(d0, sc, sh));
+        v_store(y + i + F, v_fma(d1, sc, sh));
     }
-    for (; i < n; i += F) {
-        __mmask16 t = lanes(n - i);
-        store(y + i, t, _mm512_fmadd_ps(_mm512_mul_ps(_mm512_sub_ps(load(x + i, t), m), k), sc, sh));
-    }
+    for (; i < n; i += F)
+        st(y + i, v_fma(v_mul(v_sub(ld(x + i, n - i), m), k), sc, sh), n - i);
 }
 
-void tn_avx512_SynetNormalizeLayerForwardV2(const float * src, size_t batch, size_t channels, size_t spatial,
-                                            const float * scale, const float * shift, const float * eps, int format,
-                                            float * buf, float * dst)
+void TN_ISA(SynetNormalizeLayerForwardV2)(const float * src, size_t batch, size_t channels, size_t spatial,
+                                          const float * scale, const float * shift, const float * eps, int format,
+                                          float * buf, float * dst)
 {
     const size_t size = channels * spatial;
     const float e = eps[0];
@@ -471,9 +503,9 @@ void tn_avx512_SynetNormalizeLayerForwardV2(const float * src, size_t batch, siz
     }
 }
 
-void tn_avx512_SynetNormalizeLayerForwardV3(const float * src, size_t batch, size_t channels, size_t spatial,
-                                            const float * scale, const float * shift, const float * eps, int format,
-                                            float * buf, float * dst)
+void TN_ISA(SynetNormalizeLayerForwardV3)(const float * src, size_t batch, size_t channels, size_t spatial,
+                                          const float * scale, const float * shift, const float * eps, int format,
+                                          float * buf, float * dst)
 {
     const size_t size = channels * spatial;
     const float e = eps[0];
@@ -481,7 +513,7 @@ void tn_avx512_SynetNormalizeLayerForwardV3(const float * src, size_t batch, siz
         return;
     if (format != TnTensorFormatNhwc || channels == 1) {
         for (size_t i = 0; i < batch * channels; ++i)
-            layer_norm_row1(src + i * spatial, spatial, scale[i % channels], shift[i % channels], e, dst + i * spatial);
+            layer_norm_row1(src + i * spatial, spatial, scale + i % channels, shift + i % channels, e, dst + i * spatial);
     } else {
         float * own = buf ? NULL : malloc(channels * sizeof(float));
         if (!buf && !own) {
@@ -496,12 +528,12 @@ void tn_avx512_SynetNormalizeLayerForwardV3(const float * src, size_t batch, siz
 
 /* ---- V4: channel norm -------------------------------------------------------------------- */
 
-void tn_avx512_SynetNormalizeLayerForwardV4(const float * src, size_t batch, size_t channels, size_t spatial,
-                                            const float * scale, const float * shift, const float * eps, int format,
-                                            float * buf, float * dst)
+void TN_ISA(SynetNormalizeLayerForwardV4)(const float * src, size_t batch, size_t channels, size_t spatial,
+                                          const float * scale, const float * shift, const float * eps, int format,
+                                          float * buf, float * dst)
 {
     const size_t size = channels * spatial;
-    const float e = eps[0], inv = 1.0f / (float)channels;
+    const float e = eps[0];
     const int nhwc = format == TnTensorFormatNhwc;
     float * own = NULL;
     if (size == 0)
@@ -521,148 +553,123 @@ void tn_avx512_SynetNormalizeLayerForwardV4(const float * src, size_t batch, siz
             for (; s + 4 <= spatial; s += 4) {
                 const float * p = x + s * channels;
                 for (size_t c = 0; c < channels; c += F) {
-                    __mmask16 m = lanes(channels - c);
-                    __m512 x0 = load(p + c, m), x1 = load(p + channels + c, m);
-                    __m512 x2 = load(p + 2 * channels + c, m), x3 = load(p + 3 * channels + c, m);
-                    __m512 q = _mm512_fmadd_ps(x1, x1, _mm512_mul_ps(x0, x0));
-                    q = _mm512_fmadd_ps(x2, x2, q);
-                    q = _mm512_fmadd_ps(x3, x3, q);
-                    store(buf + c, m, s ? _mm512_add_ps(load(buf + c, m), q) : q);
+                    size_t n = channels - c;
+                    vfloat x0 = ld(p + c, n), x1 = ld(p + channels + c, n);
+                    vfloat x2 = ld(p + 2 * channels + c, n), x3 = ld(p + 3 * channels + c, n);
+                    vfloat q = v_fma(x1, x1, v_mul(x0, x0));
+                    q = v_fma(x2, x2, q);
+                    q = v_fma(x3, x3, q);
+                    st(buf + c, s ? v_add(ld(buf + c, n), q) : q, n);
                 }
             }
             for (; s < spatial; ++s) {
                 const float * p = x + s * channels;
                 for (size_t c = 0; c < channels; c += F) {
-                    __mmask16 m = lanes(channels - c);
-                    __m512 x0 = load(p + c, m);
-                    store(buf + c, m, _mm512_fmadd_ps(x0, x0, s ? load(buf + c, m) : _mm512_setzero_ps()));
+                    size_t n = channels - c;
+                    vfloat x0 = ld(p + c, n);
+                    st(buf + c, v_fma(x0, x0, s ? ld(buf + c, n) : v_zero()), n);
                 }
             }
         } else {
             for (size_t c = 0; c < channels; ++c)
                 buf[c] = sum_squares(x + c * spatial, spatial);
         }
-        float sum = 0.0f;
-        for (size_t c = 0; c < channels; ++c) {
-            buf[c] = sqrtf(buf[c]);
-            sum += buf[c];
-        }
-        const float norm = 1.0f / (sum * inv + e);
-        for (size_t c = 0; c < channels; ++c)
-            buf[c] = 1.0f + scale[c] * buf[c] * norm;
+        tn_norm_v4_factors(x, channels, spatial, nhwc, scale, e, buf);
         if (nhwc) {
             for (size_t s = 0; s < spatial; ++s) {
                 const float * p = x + s * channels;
                 float * q = y + s * channels;
                 for (size_t c = 0; c < channels; c += F) {
-                    __mmask16 m = lanes(channels - c);
-                    store(q + c, m, _mm512_fmadd_ps(load(p + c, m), load(buf + c, m), load(shift + c, m)));
+                    size_t n = channels - c;
+                    st(q + c, v_fma(ld(p + c, n), ld(buf + c, n), ld(shift + c, n)), n);
                 }
             }
         } else {
             for (size_t c = 0; c < channels; ++c) {
                 const float * p = x + c * spatial;
                 float * q = y + c * spatial;
-                const __m512 a = _mm512_set1_ps(buf[c]), sh = _mm512_set1_ps(shift[c]);
+                const vfloat a = v_set1(buf[c]), sh = v_set1(shift[c]);
                 size_t s = line_head(q, spatial);
-                if (s) {
-                    __mmask16 m = tn_avx512_tail_mask(s);
-                    store(q, m, _mm512_fmadd_ps(load(p, m), a, sh));
-                }
+                if (s)
+                    st(q, v_fma(ld(p, s), a, sh), s);
                 for (; s + 2 * F <= spatial; s += 2 * F) {
-                    _mm512_storeu_ps(q + s, _mm512_fmadd_ps(_mm512_loadu_ps(p + s), a, sh));
-                    _mm512_storeu_ps(q + s + F, _mm512_fmadd_ps(_mm512_loadu_ps(p + s + F), a, sh));
+                    v_store(q + s, v_fma(v_load(p + s), a, sh));
+                    v_store(q + s + F, v_fma(v_load(p + s + F), a, sh));
                 }
-                for (; s < spatial; s += F) {
-                    __mmask16 m = lanes(spatial - s);
-                    store(q + s, m, _mm512_fmadd_ps(load(p + s, m), a, sh));
-                }
+                for (; s < spatial; s += F)
+                    st(q + s, v_fma(ld(p + s, spatial - s), a, sh), spatial - s);
             }
         }
     }
     free(own);
 }
 
-/* ---- 16bV2: BF16 layer norm across channels (canonical order, see normalize_scalar.c) -- */
-
-/* fp32 -> bf16 of 16 lanes. hw (the CPU has AVX512_BF16, checked once per call): one
- * VCVTNEPS2BF16, which rounds exactly as tn_avx512_f32_to_bf16 (to nearest even, NaN made
- * quiet with its sign: checked over all 2^32 inputs) except that it flushes denormal inputs
- * to zero, so vectors with any denormal lane take the integer sequence. Written as inline
- * assembly so that the instruction is only ever reached when hw is set. */
-INLINE __m256i to_bf16(__m512 v, int hw)
-{
-    if (hw && !_mm512_fpclass_ps_mask(v, 0x20)) {
-        __m256i r;
-        __asm__("vcvtneps2bf16 %1, %0" : "=v"(r) : "v"(v));
-        return r;
-    }
-    return tn_avx512_f32_to_bf16(v);
-}
-
-INLINE void store_bf16(uint16_t * p, __m512 v, int hw) { _mm256_storeu_si256((__m256i *)p, to_bf16(v, hw)); }
-
-INLINE void mask_store_bf16(uint16_t * p, __mmask16 m, __m512 v, int hw) { _mm256_mask_storeu_epi16(p, m, to_bf16(v, hw)); }
+/* ---- 16bV2: BF16 layer norm across channels (canonical order, see scalar.c) ------------- */
 
 /* NHWC: R (<= 4) consecutive rows of n channels at once. Each row has its own accumulator
  * (channel c is lane c % 16), so the serial canonical chains of the rows overlap. The BF16
  * row stays in L1 and is converted again in each pass. */
-INLINE void layer_norm_rows_bf16(const uint16_t * x, size_t R, size_t n, const float * scale, const float * shift,
-                                 float eps, int hw, uint16_t * y)
+V_INLINE void layer_norm_rows_bf16(const uint16_t * x, size_t R, size_t n, const float * scale, const float * shift,
+                                   float eps, uint16_t * y)
 {
     const float inv = 1.0f / (float)n;
-    const __mmask16 tail = tn_avx512_tail_mask(n % F);
-    const size_t body = n - n % F;
-    __m512 a[4], m[4], k[4];
-    for (size_t r = 0; r < R; ++r)
-        a[r] = _mm512_setzero_ps();
+    const size_t tail = n % F, body = n - tail;
+    const vmask tm = m_first(tail);
+    vfloat a[4], m[4], k[4], o[4];
+    float t[4];
+    for (size_t r = 0; r < R; ++r) {
+        a[r] = v_zero();
+        o[r] = v_set1(tn_bf16_to_f32(x[r * n]));
+    }
     for (size_t i = 0; i < body; i += F)
         for (size_t r = 0; r < R; ++r)
-            a[r] = _mm512_add_ps(a[r], tn_avx512_load_bf16(x + r * n + i));
+            a[r] = v_add(a[r], v_sub(v_load_bf16(x + r * n + i), o[r]));
     if (tail)
         for (size_t r = 0; r < R; ++r)
-            a[r] = _mm512_add_ps(a[r], tn_avx512_maskz_load_bf16(tail, x + r * n + body));
+            a[r] = v_add(a[r], v_keep(tm, v_sub(v_load_bf16_n(x + r * n + body, tail), o[r])));
     for (size_t r = 0; r < R; ++r) {
-        m[r] = _mm512_set1_ps(tn_avx512_hsum(a[r]) * inv);
-        a[r] = _mm512_setzero_ps();
+        m[r] = v_set1(tn_bf16_to_f32(x[r * n]) + v_hsum(a[r]) * inv);
+        a[r] = v_zero();
     }
     for (size_t i = 0; i < body; i += F)
         for (size_t r = 0; r < R; ++r) {
-            __m512 d = _mm512_sub_ps(tn_avx512_load_bf16(x + r * n + i), m[r]);
-            a[r] = _mm512_fmadd_ps(d, d, a[r]);
+            vfloat d = v_sub(v_load_bf16(x + r * n + i), m[r]);
+            a[r] = v_fma(d, d, a[r]);
         }
     if (tail)
         for (size_t r = 0; r < R; ++r) {
-            __m512 d = _mm512_maskz_sub_ps(tail, tn_avx512_maskz_load_bf16(tail, x + r * n + body), m[r]);
-            a[r] = _mm512_fmadd_ps(d, d, a[r]);
+            vfloat d = v_keep(tm, v_sub(v_load_bf16_n(x + r * n + body, tail), m[r]));
+            a[r] = v_fma(d, d, a[r]);
         }
-    for (size_t r = 0; r < R; ++r)
-        k[r] = _mm512_set1_ps(1.0f / sqrtf(tn_avx512_hsum(a[r]) * inv + eps));
+    for (size_t r = 0; r < R; ++r) {
+        t[r] = v_hsum(a[r]) * inv + eps;
+        k[r] = v_set1(1.0f / sqrtf(t[r]));
+    }
     /* The output is written row after row: one sequential stream. */
     for (size_t r = 0; r < R; ++r) {
+        if (!tn_norm_fast_ok(t[r])) {
+            tn_norm_slow_layer_bf16(x + r * n, n, 1, scale, shift, 1, eps, y + r * n);
+            continue;
+        }
         for (size_t i = 0; i < body; i += F) {
-            __m512 d = _mm512_sub_ps(tn_avx512_load_bf16(x + r * n + i), m[r]);
-            store_bf16(y + r * n + i, _mm512_fmadd_ps(_mm512_mul_ps(d, k[r]), _mm512_loadu_ps(scale + i), _mm512_loadu_ps(shift + i)), hw);
+            vfloat d = v_sub(v_load_bf16(x + r * n + i), m[r]);
+            v_store_bf16(y + r * n + i, v_fma(v_mul(d, k[r]), v_load(scale + i), v_load(shift + i)));
         }
         if (tail) {
-            __m512 d = _mm512_sub_ps(tn_avx512_maskz_load_bf16(tail, x + r * n + body), m[r]);
-            mask_store_bf16(y + r * n + body, tail, _mm512_fmadd_ps(_mm512_mul_ps(d, k[r]), load(scale + body, tail), load(shift + body, tail)), hw);
+            vfloat d = v_sub(v_load_bf16_n(x + r * n + body, tail), m[r]);
+            v_store_bf16_n(y + r * n + body, v_fma(v_mul(d, k[r]), ld(scale + body, tail), ld(shift + body, tail)), tail);
         }
     }
 }
 
-/* NCHW: rows streamed as in layer_norm_across, with the canonical lanes: for every position,
- * channel c adds into lane[c % 16] (16 stack arrays of TN_NORM_LANES_CHUNK positions, so the
- * positions are taken in chunks of that many). */
-#define TN_NORM_LANES_CHUNK 256
-
-/* lane[c % 16][p] (+)= x[c * S + p] for one channel c: the first 16 channels start the lanes. */
-INLINE void lanes_add(const uint16_t * x, size_t c, size_t w, float (*lane)[TN_NORM_LANES_CHUNK])
+/* lane[c % 16][p] (+)= x[c * S + p] - x[p] for one channel c (x0 = channel 0): the first 16
+ * channels start the lanes. */
+V_INLINE void lanes_add(const uint16_t * x, const uint16_t * x0, size_t c, size_t w, float (*lane)[TN_NORM_LANES_CHUNK])
 {
     float * a = lane[c % 16];
     for (size_t p = 0; p < w; p += F) {
-        __m512 v = tn_avx512_maskz_load_bf16(lanes(w - p), x + p);
-        _mm512_store_ps(a + p, _mm512_add_ps(c < 16 ? _mm512_setzero_ps() : _mm512_load_ps(a + p), v));
+        vfloat v = v_sub(v_load_bf16_n(x + p, w - p), v_load_bf16_n(x0 + p, w - p));
+        v_store_aligned(a + p, v_add(c < 16 ? v_zero() : v_load_aligned(a + p), v));
     }
 }
 
@@ -672,48 +679,52 @@ static void lanes_tree(float (*lane)[TN_NORM_LANES_CHUNK], size_t L, size_t w)
 {
     for (size_t i = 0; i < 8 && i + 8 < L; ++i)
         for (size_t p = 0; p < w; p += F)
-            _mm512_store_ps(lane[i] + p, _mm512_add_ps(_mm512_load_ps(lane[i] + p), _mm512_load_ps(lane[i + 8] + p)));
+            v_store_aligned(lane[i] + p, v_add(v_load_aligned(lane[i] + p), v_load_aligned(lane[i + 8] + p)));
     size_t L1 = L < 8 ? L : 8;
     for (size_t i = 0; i < 4 && i + 4 < L1; ++i)
         for (size_t p = 0; p < w; p += F)
-            _mm512_store_ps(lane[i] + p, _mm512_add_ps(_mm512_load_ps(lane[i] + p), _mm512_load_ps(lane[i + 4] + p)));
+            v_store_aligned(lane[i] + p, v_add(v_load_aligned(lane[i] + p), v_load_aligned(lane[i + 4] + p)));
     size_t L2 = L1 < 4 ? L1 : 4;
     for (size_t i = 0; i < 2 && i + 2 < L2; ++i)
         for (size_t p = 0; p < w; p += F)
-            _mm512_store_ps(lane[i] + p, _mm512_add_ps(_mm512_load_ps(lane[i] + p), _mm512_load_ps(lane[i + 2] + p)));
+            v_store_aligned(lane[i] + p, v_add(v_load_aligned(lane[i] + p), v_load_aligned(lane[i + 2] + p)));
     if (L2 > 1)
         for (size_t p = 0; p < w; p += F)
-            _mm512_store_ps(lane[0] + p, _mm512_add_ps(_mm512_load_ps(lane[0] + p), _mm512_load_ps(lane[1] + p)));
+            v_store_aligned(lane[0] + p, v_add(v_load_aligned(lane[0] + p), v_load_aligned(lane[1] + p)));
 }
 
 static void layer_norm_across_bf16(const uint16_t * x, size_t C, size_t S, const float * scale, const float * shift,
-                                   float eps, int hw, uint16_t * y)
+                                   float eps, uint16_t * y)
 {
     const size_t L = C < 16 ? C : 16;
-    const __m512 vinv = _mm512_set1_ps(1.0f / (float)C), ve = _mm512_set1_ps(eps), one = _mm512_set1_ps(1.0f);
+    const vfloat vinv = v_set1(1.0f / (float)C), ve = v_set1(eps), one = v_set1(1.0f);
     float lane[16][TN_NORM_LANES_CHUNK] __attribute__((aligned(64)));
     float mean[TN_NORM_LANES_CHUNK] __attribute__((aligned(64)));
     float norm[TN_NORM_LANES_CHUNK] __attribute__((aligned(64)));
+    uint16_t bad[TN_NORM_LANES_CHUNK / F];
     for (size_t s0 = 0; s0 < S; s0 += TN_NORM_LANES_CHUNK) {
         const size_t w = S - s0 < TN_NORM_LANES_CHUNK ? S - s0 : TN_NORM_LANES_CHUNK;
         const uint16_t * xs = x + s0;
         uint16_t * ys = y + s0;
         for (size_t c = 0; c < C; ++c)
-            lanes_add(xs + c * S, c, w, lane);
+            lanes_add(xs + c * S, xs, c, w, lane);
         lanes_tree(lane, L, w);
         for (size_t p = 0; p < w; p += F)
-            _mm512_store_ps(mean + p, _mm512_mul_ps(_mm512_load_ps(lane[0] + p), vinv));
+            v_store_aligned(mean + p, v_add(v_load_bf16_n(xs + p, w - p), v_mul(v_load_aligned(lane[0] + p), vinv)));
         for (size_t c = 0; c < C; ++c) {
             float * a = lane[c % 16];
             for (size_t p = 0; p < w; p += F) {
-                __m512 d = _mm512_sub_ps(tn_avx512_maskz_load_bf16(lanes(w - p), xs + c * S + p), _mm512_load_ps(mean + p));
-                _mm512_store_ps(a + p, _mm512_fmadd_ps(d, d, c < 16 ? _mm512_setzero_ps() : _mm512_load_ps(a + p)));
+                vfloat d = v_sub(v_load_bf16_n(xs + c * S + p, w - p), v_load_aligned(mean + p));
+                v_store_aligned(a + p, v_fma(d, d, c < 16 ? v_zero() : v_load_aligned(a + p)));
             }
         }
         lanes_tree(lane, L, w);
+        unsigned slow = 0;
         for (size_t p = 0; p < w; p += F) {
-            __m512 v = _mm512_add_ps(_mm512_mul_ps(_mm512_load_ps(lane[0] + p), vinv), ve);
-            _mm512_store_ps(norm + p, _mm512_div_ps(one, _mm512_sqrt_ps(v)));
+            vfloat t = v_add(v_mul(v_load_aligned(lane[0] + p), vinv), ve);
+            bad[p / F] = (uint16_t)slow_lanes(t, w - p);
+            slow |= bad[p / F];
+            v_store_aligned(norm + p, v_div(one, v_sqrt(t)));
         }
         /* The rows' next chunks are only short segments, which the hardware prefetchers
          * hardly pick up: prefetch them into L2 while this chunk is written. */
@@ -721,41 +732,46 @@ static void layer_norm_across_bf16(const uint16_t * x, size_t C, size_t S, const
         for (size_t c = 0; c < C; ++c) {
             const uint16_t * q = xs + c * S;
             uint16_t * o = ys + c * S;
-            const __m512 sc = _mm512_set1_ps(scale[c]), sh = _mm512_set1_ps(shift[c]);
+            const vfloat sc = v_set1(scale[c]), sh = v_set1(shift[c]);
             if (wn)
                 prefetch_l2(q + w, wn * sizeof(uint16_t));
             size_t p = 0;
             for (; p + F <= w; p += F) {
-                __m512 d = _mm512_sub_ps(tn_avx512_load_bf16(q + p), _mm512_load_ps(mean + p));
-                store_bf16(o + p, _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_load_ps(norm + p)), sc, sh), hw);
+                vfloat d = v_sub(v_load_bf16(q + p), v_load_aligned(mean + p));
+                v_store_bf16(o + p, v_fma(v_mul(d, v_load_aligned(norm + p)), sc, sh));
             }
             if (p < w) {
-                __mmask16 m = lanes(w - p);
-                __m512 d = _mm512_sub_ps(tn_avx512_maskz_load_bf16(m, q + p), _mm512_load_ps(mean + p));
-                mask_store_bf16(o + p, m, _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_load_ps(norm + p)), sc, sh), hw);
+                vfloat d = v_sub(v_load_bf16_n(q + p, w - p), v_load_aligned(mean + p));
+                v_store_bf16_n(o + p, v_fma(v_mul(d, v_load_aligned(norm + p)), sc, sh), w - p);
             }
         }
+        for (size_t j = 0; slow && j * F < w; ++j)
+            for (unsigned b = bad[j]; b; b &= b - 1) {
+                size_t p = j * F + (size_t)__builtin_ctz(b);
+                tn_norm_slow_layer_bf16(xs + p, C, S, scale, shift, 1, eps, ys + p);
+            }
     }
 }
 
-void tn_avx512_SynetNormalizeLayerForward16bV2(const uint16_t * src, size_t batch, size_t channels, size_t spatial,
-                                               const float * scale, const float * shift, const float * eps,
-                                               int format, float * buf, uint16_t * dst)
+void TN_ISA(SynetNormalizeLayerForward16bV2)(const uint16_t * src, size_t batch, size_t channels, size_t spatial,
+                                             const float * scale, const float * shift, const float * eps,
+                                             int format, float * buf, uint16_t * dst)
 {
     const size_t size = channels * spatial;
     const float e = eps[0];
     (void)buf; /* no scratch needed */
-    const int hw = (TnCpuFeatures() & TnCpuAvx512bf16) != 0;
     if (size == 0)
         return;
     if (format == TnTensorFormatNhwc || spatial == 1) {
         size_t rows = batch * spatial, r = 0;
         for (; r + 4 <= rows; r += 4)
-            layer_norm_rows_bf16(src + r * channels, 4, channels, scale, shift, e, hw, dst + r * channels);
+            layer_norm_rows_bf16(src + r * channels, 4, channels, scale, shift, e, dst + r * channels);
         for (; r < rows; ++r)
-            layer_norm_rows_bf16(src + r * channels, 1, channels, scale, shift, e, hw, dst + r * channels);
+            layer_norm_rows_bf16(src + r * channels, 1, channels, scale, shift, e, dst + r * channels);
     } else {
         for (size_t b = 0; b < batch; ++b)
-            layer_norm_across_bf16(src + b * size, channels, spatial, scale, shift, e, hw, dst + b * size);
+            layer_norm_across_bf16(src + b * size, channels, spatial, scale, shift, e, dst + b * size);
     }
 }
+
+#undef F
