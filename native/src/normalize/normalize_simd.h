@@ -58,6 +58,14 @@ V_INLINE size_t line_head(const void * p, size_t n)
     return h < n ? h : n;
 }
 
+/* Heads and tails of output rows of n >= 16 values are written as full vectors that overlap
+ * their neighbours (the overlap gets the same values twice): masked stores are slow on some
+ * CPUs (AVX2's VMASKMOVPS on AMD made (1,4096,1024) 1.6x slower). head_n: the values the
+ * head store writes (h: the values up to the line boundary); tail_at: where the last vector
+ * of the row starts (i: the first value not written yet). */
+V_INLINE size_t head_n(size_t h, size_t n) { return h && n >= F ? F : h; }
+V_INLINE size_t tail_at(size_t i, size_t n) { return n >= F ? n - F : i; }
+
 /* Prefetch into L2 the cache lines of [p, p + bytes), bytes > 0, all inside the tensor. */
 V_INLINE void prefetch_l2(const void * p, size_t bytes)
 {
@@ -187,31 +195,39 @@ V_INLINE void column_sum_squares(const float * x, size_t rows, size_t stride, si
 static void l2_across(const float * x, size_t C, size_t S, const float * scale, float eps, float * k, float * y)
 {
     const vfloat ve = v_set1(eps), one = v_set1(1.0f);
-    unsigned slow = 0;
-    column_sum_squares(x, C, S, S, k);
-    for (size_t s = 0; s < S; s += F) {
-        vfloat t = v_add(ld(k + s, S - s), ve);
-        unsigned b = slow_lanes(t, S - s);
-        st(k + s, v_div(one, v_sqrt(t)), S - s);
-        slow |= b;
-        for (; b; b &= b - 1)   /* -1 marks the positions redone below (a true k is > 0) */
-            k[s + (size_t)__builtin_ctz(b)] = -1.0f;
+    /* Whole rows in one chunk: chunks of positions whose rows stay in L2 (128 to 736 of
+     * (512, 1444)) measured 10-15% slower than two whole passes. */
+    for (size_t s0 = 0, w = S; s0 < S; s0 += w) {
+        const float * xs = x + s0;
+        float * ks = k + s0, * ys = y + s0;
+        unsigned slow = 0;
+        column_sum_squares(xs, C, S, w, ks);
+        for (size_t s = 0; s < w; s += F) {
+            vfloat t = v_add(ld(ks + s, w - s), ve);
+            unsigned b = slow_lanes(t, w - s);
+            st(ks + s, v_div(one, v_sqrt(t)), w - s);
+            slow |= b;
+            for (; b; b &= b - 1)   /* -1 marks the positions redone below (a true k is > 0) */
+                ks[s + (size_t)__builtin_ctz(b)] = -1.0f;
+        }
+        for (size_t c = 0; c < C; ++c) {
+            const float * p = xs + c * S;
+            float * q = ys + c * S;
+            const vfloat sc = v_set1(scale[c]);
+            size_t s = line_head(q, w), h = head_n(s, w);
+            if (h)
+                st(q, v_mul(ld(p, h), v_mul(sc, ld(ks, h))), h);
+            for (; s + F <= w; s += F)
+                v_store(q + s, v_mul(v_load(p + s), v_mul(sc, v_load(ks + s))));
+            if (s < w) {
+                size_t j = tail_at(s, w);
+                st(q + j, v_mul(ld(p + j, w - j), v_mul(sc, ld(ks + j, w - j))), w - j);
+            }
+        }
+        for (size_t s = 0; slow && s < w; ++s)
+            if (ks[s] < 0.0f)
+                tn_norm_slow_l2(xs + s, C, S, scale, 1, eps, ys + s);
     }
-    for (size_t c = 0; c < C; ++c) {
-        const float * p = x + c * S;
-        float * q = y + c * S;
-        const vfloat sc = v_set1(scale[c]);
-        size_t s = line_head(q, S);
-        if (s)
-            st(q, v_mul(ld(p, s), v_mul(sc, ld(k, s))), s);
-        for (; s + F <= S; s += F)
-            v_store(q + s, v_mul(v_load(p + s), v_mul(sc, v_load(k + s))));
-        if (s < S)
-            st(q + s, v_mul(ld(p + s, S - s), v_mul(sc, ld(k + s, S - s))), S - s);
-    }
-    for (size_t s = 0; slow && s < S; ++s)
-        if (k[s] < 0.0f)
-            tn_norm_slow_l2(x + s, C, S, scale, 1, eps, y + s);
 }
 
 /* Layer norm across rows of one batch item; scale/shift per row (V2 NCHW) or per position
@@ -269,18 +285,24 @@ V_INLINE void layer_norm_across(const float * x, size_t rows, size_t count, size
                     v_store(o + p, v_fma(d, sc, sh));
                 }
                 if (p < w) {
-                    vfloat d = v_mul(v_sub(ld(q + p, w - p), ld(ms + p, w - p)), v_load_aligned(norm + p));
-                    st(o + p, v_fma(d, sc, sh), w - p);
+                    size_t j = tail_at(p, w);
+                    vfloat d = v_mul(v_sub(ld(q + j, w - j), ld(ms + j, w - j)), ld(norm + j, w - j));
+                    st(o + j, v_fma(d, sc, sh), w - j);
                 }
             }
         } else {
             const float * sh = shift + p0;
-            for (r = 0; r < rows; ++r)
-                for (size_t p = 0; p < w; p += F) {
-                    size_t n = w - p;
-                    vfloat d = v_sub(ld(xs + r * stride + p, n), ld(ms + p, n));
-                    st(ys + r * stride + p, v_fma(d, v_load_aligned(norm + p), ld(sh + p, n)), n);
+            for (r = 0; r < rows; ++r) {
+                const float * q = xs + r * stride;
+                float * o = ys + r * stride;
+                size_t p = 0;
+                for (; p + F <= w; p += F)
+                    v_store(o + p, v_fma(v_sub(v_load(q + p), v_load(ms + p)), v_load_aligned(norm + p), v_load(sh + p)));
+                if (p < w) {
+                    size_t j = tail_at(p, w);
+                    st(o + j, v_fma(v_sub(ld(q + j, w - j), ld(ms + j, w - j)), ld(norm + j, w - j), ld(sh + j, w - j)), w - j);
                 }
+            }
         }
         /* Positions out of the fp32 range: redone in double (the input is intact). */
         for (size_t j = 0; slow && j * F < w; ++j)
@@ -300,18 +322,27 @@ V_INLINE void scale_row(const float * x, size_t n, const float * scale, size_t s
     const vfloat vk = v_set1(k);
     if (step == 0) {
         const vfloat a = v_set1(scale[0] * k);
-        size_t i = line_head(y, n);
-        if (i)
-            st(y, v_mul(ld(x, i), a), i);
+        size_t i = line_head(y, n), h = head_n(i, n);
+        if (h)
+            st(y, v_mul(ld(x, h), a), h);
         for (; i + 2 * F <= n; i += 2 * F) {
             v_store(y + i, v_mul(v_load(x + i), a));
             v_store(y + i + F, v_mul(v_load(x + i + F), a));
         }
-        for (; i < n; i += F)
-            st(y + i, v_mul(ld(x + i, n - i), a), n - i);
+        for (; i + F <= n; i += F)
+            v_store(y + i, v_mul(v_load(x + i), a));
+        if (i < n) {
+            size_t j = tail_at(i, n);
+            st(y + j, v_mul(ld(x + j, n - j), a), n - j);
+        }
     } else {
-        for (size_t i = 0; i < n; i += F)
-            st(y + i, v_mul(ld(x + i, n - i), v_mul(ld(scale + i, n - i), vk)), n - i);
+        size_t i = 0;
+        for (; i + F <= n; i += F)
+            v_store(y + i, v_mul(v_load(x + i), v_mul(v_load(scale + i), vk)));
+        if (i < n) {
+            size_t j = tail_at(i, n);
+            st(y + j, v_mul(ld(x + j, n - j), v_mul(ld(scale + j, n - j), vk)), n - j);
+        }
     }
 }
 
@@ -409,9 +440,13 @@ V_INLINE void layer_norm_rows(const float * x, size_t R, size_t n, const float *
             tn_norm_slow_layer(x + r * n, n, 1, scale, shift, 1, eps, y + r * n);
             continue;
         }
-        for (i = 0; i < n; i += F) {
-            vfloat d = v_mul(v_sub(ld(x + r * n + i, n - i), m[r]), k[r]);
-            st(y + r * n + i, v_fma(d, ld(scale + i, n - i), ld(shift + i, n - i)), n - i);
+        const float * q = x + r * n;
+        float * o = y + r * n;
+        for (i = 0; i + F <= n; i += F)
+            v_store(o + i, v_fma(v_mul(v_sub(v_load(q + i), m[r]), k[r]), v_load(scale + i), v_load(shift + i)));
+        if (i < n) {
+            size_t j = tail_at(i, n);
+            st(o + j, v_fma(v_mul(v_sub(ld(q + j, n - j), m[r]), k[r]), ld(scale + j, n - j), ld(shift + j, n - j)), n - j);
         }
     }
 }
@@ -434,17 +469,21 @@ V_INLINE void layer_norm_row(const float * x, size_t n, const float * scale, con
         return;
     }
     const vfloat m = v_set1(mean), k = v_set1(1.0f / sqrtf(t));
-    size_t i = line_head(y, n);
-    if (i)
-        st(y, v_fma(v_mul(v_sub(ld(x, i), m), k), ld(scale, i), ld(shift, i)), i);
+    size_t i = line_head(y, n), h = head_n(i, n);
+    if (h)
+        st(y, v_fma(v_mul(v_sub(ld(x, h), m), k), ld(scale, h), ld(shift, h)), h);
     for (; i + 2 * F <= n; i += 2 * F) {
         vfloat d0 = v_mul(v_sub(v_load(x + i), m), k);
         vfloat d1 = v_mul(v_sub(v_load(x + i + F), m), k);
         v_store(y + i, v_fma(d0, v_load(scale + i), v_load(shift + i)));
         v_store(y + i + F, v_fma(d1, v_load(scale + i + F), v_load(shift + i + F)));
     }
-    for (; i < n; i += F)
-        st(y + i, v_fma(v_mul(v_sub(ld(x + i, n - i), m), k), ld(scale + i, n - i), ld(shift + i, n - i)), n - i);
+    for (; i + F <= n; i += F)
+        v_store(y + i, v_fma(v_mul(v_sub(v_load(x + i), m), k), v_load(scale + i), v_load(shift + i)));
+    if (i < n) {
+        size_t j = tail_at(i, n);
+        st(y + j, v_fma(v_mul(v_sub(ld(x + j, n - j), m), k), ld(scale + j, n - j), ld(shift + j, n - j)), n - j);
+    }
 }
 
 /* One contiguous row with one scale and shift (V3 NCHW). */
@@ -458,17 +497,21 @@ V_INLINE void layer_norm_row1(const float * x, size_t n, const float * scale, co
     }
     const vfloat m = v_set1(mean), k = v_set1(1.0f / sqrtf(t));
     const vfloat sc = v_set1(scale[0]), sh = v_set1(shift[0]);
-    size_t i = line_head(y, n);
-    if (i)
-        st(y, v_fma(v_mul(v_sub(ld(x, i), m), k), sc, sh), i);
+    size_t i = line_head(y, n), h = head_n(i, n);
+    if (h)
+        st(y, v_fma(v_mul(v_sub(ld(x, h), m), k), sc, sh), h);
     for (; i + 2 * F <= n; i += 2 * F) {
         vfloat d0 = v_mul(v_sub(v_load(x + i), m), k);
         vfloat d1 = v_mul(v_sub(v_load(x + i + F), m), k);
         v_store(y + i, v_fma(d0, sc, sh));
         v_store(y + i + F, v_fma(d1, sc, sh));
     }
-    for (; i < n; i += F)
-        st(y + i, v_fma(v_mul(v_sub(ld(x + i, n - i), m), k), sc, sh), n - i);
+    for (; i + F <= n; i += F)
+        v_store(y + i, v_fma(v_mul(v_sub(v_load(x + i), m), k), sc, sh));
+    if (i < n) {
+        size_t j = tail_at(i, n);
+        st(y + j, v_fma(v_mul(v_sub(ld(x + j, n - j), m), k), sc, sh), n - j);
+    }
 }
 
 void TN_ISA(SynetNormalizeLayerForwardV2)(const float * src, size_t batch, size_t channels, size_t spatial,
@@ -579,9 +622,12 @@ void TN_ISA(SynetNormalizeLayerForwardV4)(const float * src, size_t batch, size_
             for (size_t s = 0; s < spatial; ++s) {
                 const float * p = x + s * channels;
                 float * q = y + s * channels;
-                for (size_t c = 0; c < channels; c += F) {
-                    size_t n = channels - c;
-                    st(q + c, v_fma(ld(p + c, n), ld(buf + c, n), ld(shift + c, n)), n);
+                size_t c = 0;
+                for (; c + F <= channels; c += F)
+                    v_store(q + c, v_fma(v_load(p + c), v_load(buf + c), v_load(shift + c)));
+                if (c < channels) {
+                    size_t j = tail_at(c, channels), n = channels - j;
+                    st(q + j, v_fma(ld(p + j, n), ld(buf + j, n), ld(shift + j, n)), n);
                 }
             }
         } else {
@@ -589,15 +635,19 @@ void TN_ISA(SynetNormalizeLayerForwardV4)(const float * src, size_t batch, size_
                 const float * p = x + c * spatial;
                 float * q = y + c * spatial;
                 const vfloat a = v_set1(buf[c]), sh = v_set1(shift[c]);
-                size_t s = line_head(q, spatial);
-                if (s)
-                    st(q, v_fma(ld(p, s), a, sh), s);
+                size_t s = line_head(q, spatial), h = head_n(s, spatial);
+                if (h)
+                    st(q, v_fma(ld(p, h), a, sh), h);
                 for (; s + 2 * F <= spatial; s += 2 * F) {
                     v_store(q + s, v_fma(v_load(p + s), a, sh));
                     v_store(q + s + F, v_fma(v_load(p + s + F), a, sh));
                 }
-                for (; s < spatial; s += F)
-                    st(q + s, v_fma(ld(p + s, spatial - s), a, sh), spatial - s);
+                for (; s + F <= spatial; s += F)
+                    v_store(q + s, v_fma(v_load(p + s), a, sh));
+                if (s < spatial) {
+                    size_t j = tail_at(s, spatial);
+                    st(q + j, v_fma(ld(p + j, spatial - j), a, sh), spatial - j);
+                }
             }
         }
     }
@@ -606,12 +656,46 @@ void TN_ISA(SynetNormalizeLayerForwardV4)(const float * src, size_t batch, size_
 
 /* ---- 16bV2: BF16 layer norm across channels (canonical order, see scalar.c) ------------- */
 
-/* NHWC: R (<= 4) consecutive rows of n channels at once. Each row has its own accumulator
- * (channel c is lane c % 16), so the serial canonical chains of the rows overlap. The BF16
- * row stays in L1 and is converted again in each pass. */
-V_INLINE void layer_norm_rows_bf16(const uint16_t * x, size_t R, size_t n, const float * scale, const float * shift,
-                                   float eps, uint16_t * y)
+/* The BF16 store of a full vector of results. Different by nature per level: on AVX-512
+ * CPUs with AVX512_BF16 (hw, checked once per call), one VCVTNEPS2BF16 rounds exactly as
+ * v_store_bf16 (to nearest even, NaN made quiet with its sign: checked over all 2^32 inputs)
+ * except that it flushes denormal inputs, so vectors with a denormal lane take the layer's
+ * sequence. Inline assembly, so that the instruction is only reached when hw is set. */
+#ifdef TN_NORM_AVX512
+V_INLINE void store_bf16(uint16_t * p, vfloat v, int hw)
 {
+    if (hw && !_mm512_fpclass_ps_mask(v, 0x20)) {
+        __m256i r;
+        __asm__("vcvtneps2bf16 %1, %0" : "=v"(r) : "v"(v));
+        _mm256_storeu_si256((__m256i *)p, r);
+    } else {
+        v_store_bf16(p, v);
+    }
+}
+#define HW_BF16() ((TnCpuFeatures() & TnCpuAvx512bf16) != 0)
+#else
+V_INLINE void store_bf16(uint16_t * p, vfloat v, int hw)
+{
+    (void)hw;
+    v_store_bf16(p, v);
+}
+#define HW_BF16() 0
+#endif
+
+/* NHWC: R (<= 4) consecutive rows of n channels at once. Each row has its own accumulator
+ * (channel c is lane c % 16), so the serial canonical chains of the rows overlap. Rows of up
+ * to TN_NORM_BF16_ROW channels are converted to fp32 once, into a stack copy that passes 2
+ * and 3 read (exact: the same values); longer rows are converted again in each pass. */
+#define TN_NORM_BF16_ROW 1024
+V_INLINE vfloat row_bf16(const uint16_t * x, const float * copy, size_t i, int copied)
+{
+    return copied ? v_load_aligned(copy + i) : v_load_bf16(x + i);
+}
+
+V_INLINE void layer_norm_rows_bf16_(const uint16_t * x, size_t R, size_t n, const float * scale, const float * shift,
+                                    float eps, int hw, int copied, uint16_t * y)
+{
+    float copy[4][copied ? TN_NORM_BF16_ROW : 1] __attribute__((aligned(64)));
     const float inv = 1.0f / (float)n;
     const size_t tail = n % F, body = n - tail;
     const vmask tm = m_first(tail);
@@ -622,23 +706,32 @@ V_INLINE void layer_norm_rows_bf16(const uint16_t * x, size_t R, size_t n, const
         o[r] = v_set1(tn_bf16_to_f32(x[r * n]));
     }
     for (size_t i = 0; i < body; i += F)
-        for (size_t r = 0; r < R; ++r)
-            a[r] = v_add(a[r], v_sub(v_load_bf16(x + r * n + i), o[r]));
+        for (size_t r = 0; r < R; ++r) {
+            vfloat v = v_load_bf16(x + r * n + i);
+            if (copied)
+                v_store_aligned(copy[r] + i, v);
+            a[r] = v_add(a[r], v_sub(v, o[r]));
+        }
     if (tail)
-        for (size_t r = 0; r < R; ++r)
-            a[r] = v_add(a[r], v_keep(tm, v_sub(v_load_bf16_n(x + r * n + body, tail), o[r])));
+        for (size_t r = 0; r < R; ++r) {
+            vfloat v = v_load_bf16_n(x + r * n + body, tail);
+            if (copied)
+                v_store_aligned(copy[r] + body, v);
+            a[r] = v_add(a[r], v_keep(tm, v_sub(v, o[r])));
+        }
     for (size_t r = 0; r < R; ++r) {
         m[r] = v_set1(tn_bf16_to_f32(x[r * n]) + v_hsum(a[r]) * inv);
         a[r] = v_zero();
     }
     for (size_t i = 0; i < body; i += F)
         for (size_t r = 0; r < R; ++r) {
-            vfloat d = v_sub(v_load_bf16(x + r * n + i), m[r]);
+            vfloat d = v_sub(row_bf16(x + r * n, copy[r], i, copied), m[r]);
             a[r] = v_fma(d, d, a[r]);
         }
     if (tail)
         for (size_t r = 0; r < R; ++r) {
-            vfloat d = v_keep(tm, v_sub(v_load_bf16_n(x + r * n + body, tail), m[r]));
+            vfloat v = copied ? v_load_aligned(copy[r] + body) : v_load_bf16_n(x + r * n + body, tail);
+            vfloat d = v_keep(tm, v_sub(v, m[r]));
             a[r] = v_fma(d, d, a[r]);
         }
     for (size_t r = 0; r < R; ++r) {
@@ -652,14 +745,23 @@ V_INLINE void layer_norm_rows_bf16(const uint16_t * x, size_t R, size_t n, const
             continue;
         }
         for (size_t i = 0; i < body; i += F) {
-            vfloat d = v_sub(v_load_bf16(x + r * n + i), m[r]);
-            v_store_bf16(y + r * n + i, v_fma(v_mul(d, k[r]), v_load(scale + i), v_load(shift + i)));
+            vfloat d = v_sub(row_bf16(x + r * n, copy[r], i, copied), m[r]);
+            store_bf16(y + r * n + i, v_fma(v_mul(d, k[r]), v_load(scale + i), v_load(shift + i)), hw);
         }
         if (tail) {
             vfloat d = v_sub(v_load_bf16_n(x + r * n + body, tail), m[r]);
             v_store_bf16_n(y + r * n + body, v_fma(v_mul(d, k[r]), ld(scale + body, tail), ld(shift + body, tail)), tail);
         }
     }
+}
+
+static void layer_norm_rows_bf16(const uint16_t * x, size_t R, size_t n, const float * scale, const float * shift,
+                                 float eps, int hw, uint16_t * y)
+{
+    if (n <= TN_NORM_BF16_ROW)
+        layer_norm_rows_bf16_(x, R, n, scale, shift, eps, hw, 1, y);
+    else
+        layer_norm_rows_bf16_(x, R, n, scale, shift, eps, hw, 0, y);
 }
 
 /* lane[c % 16][p] (+)= x[c * S + p] - x[p] for one channel c (x0 = channel 0): the first 16
@@ -694,7 +796,7 @@ static void lanes_tree(float (*lane)[TN_NORM_LANES_CHUNK], size_t L, size_t w)
 }
 
 static void layer_norm_across_bf16(const uint16_t * x, size_t C, size_t S, const float * scale, const float * shift,
-                                   float eps, uint16_t * y)
+                                   float eps, int hw, uint16_t * y)
 {
     const size_t L = C < 16 ? C : 16;
     const vfloat vinv = v_set1(1.0f / (float)C), ve = v_set1(eps), one = v_set1(1.0f);
@@ -738,7 +840,7 @@ static void layer_norm_across_bf16(const uint16_t * x, size_t C, size_t S, const
             size_t p = 0;
             for (; p + F <= w; p += F) {
                 vfloat d = v_sub(v_load_bf16(q + p), v_load_aligned(mean + p));
-                v_store_bf16(o + p, v_fma(v_mul(d, v_load_aligned(norm + p)), sc, sh));
+                store_bf16(o + p, v_fma(v_mul(d, v_load_aligned(norm + p)), sc, sh), hw);
             }
             if (p < w) {
                 vfloat d = v_sub(v_load_bf16_n(q + p, w - p), v_load_aligned(mean + p));
@@ -759,19 +861,21 @@ void TN_ISA(SynetNormalizeLayerForward16bV2)(const uint16_t * src, size_t batch,
 {
     const size_t size = channels * spatial;
     const float e = eps[0];
+    const int hw = HW_BF16();
     (void)buf; /* no scratch needed */
     if (size == 0)
         return;
     if (format == TnTensorFormatNhwc || spatial == 1) {
         size_t rows = batch * spatial, r = 0;
         for (; r + 4 <= rows; r += 4)
-            layer_norm_rows_bf16(src + r * channels, 4, channels, scale, shift, e, dst + r * channels);
+            layer_norm_rows_bf16(src + r * channels, 4, channels, scale, shift, e, hw, dst + r * channels);
         for (; r < rows; ++r)
-            layer_norm_rows_bf16(src + r * channels, 1, channels, scale, shift, e, dst + r * channels);
+            layer_norm_rows_bf16(src + r * channels, 1, channels, scale, shift, e, hw, dst + r * channels);
     } else {
         for (size_t b = 0; b < batch; ++b)
-            layer_norm_across_bf16(src + b * size, channels, spatial, scale, shift, e, dst + b * size);
+            layer_norm_across_bf16(src + b * size, channels, spatial, scale, shift, e, hw, dst + b * size);
     }
 }
 
 #undef F
+#undef HW_BF16
