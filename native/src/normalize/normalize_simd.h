@@ -177,11 +177,21 @@ V_INLINE void column_deviation_sums(const float * x, size_t rows, size_t stride,
     }
 }
 
-/* acc[p] = sum over the rows of x[r * stride + p]^2, p < w: one row (one FMA per value) at
- * a time, measured fastest. */
+/* acc[p] = sum over the rows of x[r * stride + p]^2, p < w: four rows at a time (a quarter
+ * of the accumulator loads and stores: (1,512,1444) L2 went from 1.8 to 1.6-1.7 x memcpy). */
 V_INLINE void column_sum_squares(const float * x, size_t rows, size_t stride, size_t w, float * acc)
 {
-    for (size_t r = 0; r < rows; ++r) {
+    size_t r = 0;
+    for (; r + 4 <= rows; r += 4) {
+        const float * q = x + r * stride;
+        for (size_t p = 0; p < w; p += F) {
+            size_t n = w - p;
+            vfloat x0 = ld(q + p, n), x1 = ld(q + stride + p, n), x2 = ld(q + 2 * stride + p, n), x3 = ld(q + 3 * stride + p, n);
+            vfloat v = v_fma(x3, x3, v_fma(x2, x2, v_fma(x1, x1, v_mul(x0, x0))));
+            st(acc + p, r ? v_add(ld(acc + p, n), v) : v, n);
+        }
+    }
+    for (; r < rows; ++r) {
         const float * q = x + r * stride;
         for (size_t p = 0; p < w; p += F) {
             size_t n = w - p;
