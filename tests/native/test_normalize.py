@@ -263,3 +263,10 @@ def test_layer_norm_channels_bf16_denormal_and_tiny_outputs(rng, fmt):
     got = ref.bf16_to_f64(y)
     assert (np.abs(got) > 0).mean() > 0.9, "denormal results were flushed to zero"
     np.testing.assert_allclose(got, exact, rtol=2.0 ** -7, atol=2.0 ** -133)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_layer_norm_channels_bf16_long_rows(rng, fmt):
+    """More channels than the vector levels' fp32 row copy holds (1024): rows converted in
+    each pass instead."""
+    check_layer_norm_bf16(rng, fmt, 1100, 5, 2)

@@ -1,7 +1,9 @@
 /*
  * Normalize layer family (seed 000), scalar level: L2 normalization (V1), layer norm across
  * channels (V2, and its BF16 twin 16bV2), layer norm across spatial positions (V3) and
- * channel norm (V4), NCHW and NHWC. The AVX2 and AVX-512 files follow the same layout.
+ * channel norm (V4), NCHW and NHWC. The vector levels (normalize_simd.h) follow the same
+ * layout. This file also holds the double-precision slow paths of every level
+ * (normalize_slow.h): rows whose fp32 statistics leave the normal range.
  *
  * Work layout:
  * - Statistics along a contiguous row (V2/L2 NHWC, V3 NCHW, V4 NCHW) are computed row by
@@ -15,8 +17,11 @@
  * V4 `channels` floats; the rest need none. A NULL buf is replaced by a malloc'ed one; if
  * that fails, dst is filled with NaN.
  *
- * Mean and variance are multiplied by 1/count; the variance is the mean of the squared
- * deviations from the mean (two passes), never E[x^2] - E[x]^2.
+ * Mean and variance are multiplied by 1/count; the mean of a row is x0 + sum(x - x0) / count
+ * with x0 its first value (exact for a constant row, so centered values are exactly 0); the
+ * variance is the mean of the squared deviations from the mean (two passes), never
+ * E[x^2] - E[x]^2. A row whose t = variance + eps (or sum of squares + eps) is outside
+ * [TN_NORM_TINY, FLT_MAX] is redone in double (normalize_slow.h).
  *
  * 16bV2 (BF16) gives bit-identical results on every ISA level (and in both formats for the
  * same data). For every spatial position its sums over channels use the canonical order:
@@ -26,17 +31,21 @@
  * spatial position exactly as in NHWC. Lanes without any channel (channels < 16) or without
  * a channel in the last block of 16 would only add +0.0f, which leaves every such sum
  * unchanged (a lane sum started at +0.0f and rounded to nearest is never -0.0f), so code may
- * skip those additions. The sequence, identical on every level:
- *     mean = sum(x) * (1 / channels)
+ * skip those additions. The sequence, identical on every level (x0 = the first channel):
+ *     mean = x0 + sum(x - x0) * (1 / channels)
  *     d    = x - mean;  sum of squares accumulated as fma(d, d, lane)
- *     norm = 1 / sqrt(sumsq * (1 / channels) + eps)
+ *     t    = sumsq * (1 / channels) + eps; outside [TN_NORM_TINY, FLT_MAX]: the row is
+ *            tn_norm_slow_layer_bf16 (double), on every level
+ *     norm = 1 / sqrt(t)
  *     y    = bf16(fma(d * norm, scale[c], shift[c]))
  */
 #include "vmath_scalar.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 #include "kernels.h"
+#include "normalize_slow.h"
 #include "tensorops.h"
 
 #define TN_NORM_CHUNK 2048        /* positions per chunk at most (stack array) */
@@ -51,15 +60,15 @@ static void fill_nan(float * dst, size_t n)
 
 /* Sums use 8 interleaved partial sums (like the vector levels' lanes), which is both faster
  * and more accurate than one running sum. */
-static float sum_of(const float * x, size_t n)
+static float sum_from(const float * x, size_t n, float x0)
 {
     float a[8] = {0};
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
         for (int j = 0; j < 8; ++j)
-            a[j] += x[i + j];
+            a[j] += x[i + j] - x0;
     for (; i < n; ++i)
-        a[i % 8] += x[i];
+        a[i % 8] += x[i] - x0;
     return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
 }
 
@@ -110,11 +119,18 @@ static void l2_nchw(const float * x, size_t C, size_t S, const float * scale, fl
     for (size_t c = 0; c < C; ++c)
         for (size_t s = 0; s < S; ++s)
             k[s] += x[c * S + s] * x[c * S + s];
-    for (size_t s = 0; s < S; ++s)
-        k[s] = 1.0f / sqrtf(k[s] + eps);
+    int slow = 0;
+    for (size_t s = 0; s < S; ++s) {
+        float t = k[s] + eps;
+        slow |= !tn_norm_fast_ok(t);
+        k[s] = tn_norm_fast_ok(t) ? 1.0f / sqrtf(t) : -1.0f; /* -1: redone below */
+    }
     for (size_t c = 0; c < C; ++c)
         for (size_t s = 0; s < S; ++s)
             y[c * S + s] = x[c * S + s] * (scale[c] * k[s]);
+    for (size_t s = 0; slow && s < S; ++s)
+        if (k[s] < 0.0f)
+            tn_norm_slow_l2(x + s, C, S, scale, 1, eps, y + s);
 }
 
 void tn_scalar_SynetNormalizeLayerForward(const float * src, size_t batch, size_t channels, size_t spatial,
@@ -138,8 +154,10 @@ void tn_scalar_SynetNormalizeLayerForward(const float * src, size_t batch, size_
         const float * x = src + b * size;
         float * y = dst + b * size;
         if (acrossSpatial) {
-            float k = 1.0f / sqrtf(sum_squares_of(x, size) + e);
-            if (nhwc)
+            float t = sum_squares_of(x, size) + e, k = 1.0f / sqrtf(t);
+            if (!tn_norm_fast_ok(t))
+                tn_norm_slow_l2_item(x, channels, spatial, nhwc, scale, e, y);
+            else if (nhwc)
                 for (size_t s = 0; s < spatial; ++s)
                     for (size_t c = 0; c < channels; ++c)
                         y[s * channels + c] = x[s * channels + c] * (scale[c] * k);
@@ -151,7 +169,11 @@ void tn_scalar_SynetNormalizeLayerForward(const float * src, size_t batch, size_
             for (size_t s = 0; s < spatial; ++s) {
                 const float * xr = x + s * channels;
                 float * yr = y + s * channels;
-                float k = 1.0f / sqrtf(sum_squares_of(xr, channels) + e);
+                float t = sum_squares_of(xr, channels) + e, k = 1.0f / sqrtf(t);
+                if (!tn_norm_fast_ok(t)) {
+                    tn_norm_slow_l2(xr, channels, 1, scale, 1, e, yr);
+                    continue;
+                }
                 for (size_t c = 0; c < channels; ++c)
                     yr[c] = xr[c] * (scale[c] * k);
             }
@@ -170,8 +192,12 @@ static void layer_norm_row(const float * x, size_t n, const float * scale, const
                            float eps, float * y)
 {
     const float inv = 1.0f / (float)n;
-    float mean = sum_of(x, n) * inv;
-    float norm = 1.0f / sqrtf(sum_squared_deviations(x, n, mean) * inv + eps);
+    float mean = x[0] + sum_from(x, n, x[0]) * inv;
+    float t = sum_squared_deviations(x, n, mean) * inv + eps, norm = 1.0f / sqrtf(t);
+    if (!tn_norm_fast_ok(t)) {
+        tn_norm_slow_layer(x, n, 1, scale, shift, step, eps, y);
+        return;
+    }
     for (size_t i = 0; i < n; ++i)
         y[i] = (x[i] - mean) * norm * scale[i * step] + shift[i * step];
 }
@@ -192,18 +218,18 @@ static void layer_norm_across(const float * x, size_t rows, size_t count, size_t
         float * ys = y + p0, * m = mean + p0;
         for (size_t p = 0; p < w; ++p)
             m[p] = 0.0f;
-        /* Rows are added four at a time: shorter running sums, smaller error. */
-        size_t r = 0;
+        /* Deviations from row 0, four rows at a time: shorter running sums, smaller error. */
+        size_t r = 1;
         for (; r + 4 <= rows; r += 4) {
             const float * q = xs + r * stride;
             for (size_t p = 0; p < w; ++p)
-                m[p] += (q[p] + q[stride + p]) + (q[2 * stride + p] + q[3 * stride + p]);
+                m[p] += ((q[p] - xs[p]) + (q[stride + p] - xs[p])) + ((q[2 * stride + p] - xs[p]) + (q[3 * stride + p] - xs[p]));
         }
         for (; r < rows; ++r)
             for (size_t p = 0; p < w; ++p)
-                m[p] += xs[r * stride + p];
+                m[p] += xs[r * stride + p] - xs[p];
         for (size_t p = 0; p < w; ++p) {
-            m[p] *= inv;
+            m[p] = xs[p] + m[p] * inv;
             norm[p] = 0.0f;
         }
         for (r = 0; r + 4 <= rows; r += 4) {
@@ -219,8 +245,12 @@ static void layer_norm_across(const float * x, size_t rows, size_t count, size_t
                 float d = xs[r * stride + p] - m[p];
                 norm[p] += d * d;
             }
-        for (size_t p = 0; p < w; ++p)
-            norm[p] = 1.0f / sqrtf(norm[p] * inv + eps);
+        int slow = 0;
+        for (size_t p = 0; p < w; ++p) {
+            float t = norm[p] * inv + eps;
+            slow |= !tn_norm_fast_ok(t);
+            norm[p] = tn_norm_fast_ok(t) ? 1.0f / sqrtf(t) : -1.0f; /* -1: redone below */
+        }
         for (r = 0; r < rows; ++r) {
             const float * sc = perRow ? scale + r : scale + p0;
             const float * sh = perRow ? shift + r : shift + p0;
@@ -228,6 +258,10 @@ static void layer_norm_across(const float * x, size_t rows, size_t count, size_t
             for (size_t p = 0; p < w; ++p)
                 ys[r * stride + p] = (xs[r * stride + p] - m[p]) * norm[p] * sc[p * step] + sh[p * step];
         }
+        for (size_t p = 0; slow && p < w; ++p)
+            if (norm[p] < 0.0f)
+                tn_norm_slow_layer(xs + p, rows, stride, perRow ? scale : scale + p0 + p, perRow ? shift : shift + p0 + p,
+                                   perRow ? 1 : 0, eps, ys + p);
     }
 }
 
@@ -296,7 +330,7 @@ void tn_scalar_SynetNormalizeLayerForwardV4(const float * src, size_t batch, siz
                                             float * buf, float * dst)
 {
     const size_t size = channels * spatial;
-    const float e = eps[0], inv = 1.0f / (float)channels;
+    const float e = eps[0];
     const int nhwc = format == TnTensorFormatNhwc;
     float * own = NULL;
     if (size == 0)
@@ -329,14 +363,7 @@ void tn_scalar_SynetNormalizeLayerForwardV4(const float * src, size_t batch, siz
             for (size_t c = 0; c < channels; ++c)
                 buf[c] = sum_squares_of(x + c * spatial, spatial);
         }
-        float sum = 0.0f;
-        for (size_t c = 0; c < channels; ++c) {
-            buf[c] = sqrtf(buf[c]);
-            sum += buf[c];
-        }
-        float norm = 1.0f / (sum * inv + e);
-        for (size_t c = 0; c < channels; ++c)
-            buf[c] = 1.0f + scale[c] * buf[c] * norm;
+        tn_norm_v4_factors(x, channels, spatial, nhwc, scale, e, buf);
         if (nhwc)
             for (size_t s = 0; s < spatial; ++s)
                 for (size_t c = 0; c < channels; ++c)
@@ -366,18 +393,22 @@ static float lanes_sum(const float lane[16])
 static void layer_norm_row_bf16(const uint16_t * x, size_t n, const float * scale, const float * shift, float eps,
                                 uint16_t * y)
 {
-    const float inv = 1.0f / (float)n;
+    const float inv = 1.0f / (float)n, x0 = tn_bf16_to_f32(x[0]);
     float lane[16] = {0};
     for (size_t c = 0; c < n; ++c)
-        lane[c % 16] += tn_bf16_to_f32(x[c]);
-    const float mean = lanes_sum(lane) * inv;
+        lane[c % 16] += tn_bf16_to_f32(x[c]) - x0;
+    const float mean = x0 + lanes_sum(lane) * inv;
     for (int i = 0; i < 16; ++i)
         lane[i] = 0.0f;
     for (size_t c = 0; c < n; ++c) {
         float d = tn_bf16_to_f32(x[c]) - mean;
         lane[c % 16] = fmaf(d, d, lane[c % 16]);
     }
-    const float norm = 1.0f / sqrtf(lanes_sum(lane) * inv + eps);
+    const float t = lanes_sum(lane) * inv + eps, norm = 1.0f / sqrtf(t);
+    if (!tn_norm_fast_ok(t)) {
+        tn_norm_slow_layer_bf16(x, n, 1, scale, shift, 1, eps, y);
+        return;
+    }
     for (size_t c = 0; c < n; ++c) {
         float d = tn_bf16_to_f32(x[c]) - mean;
         y[c] = tn_f32_to_bf16(fmaf(d * norm, scale[c], shift[c]));
@@ -419,11 +450,11 @@ static void layer_norm_nchw_bf16(const uint16_t * x, size_t C, size_t S, const f
         for (size_t c = 0; c < C; ++c) {
             float * a = lane[c % 16];
             for (size_t p = 0; p < w; ++p)
-                a[p] = (c < 16 ? 0.0f : a[p]) + tn_bf16_to_f32(xs[c * S + p]);
+                a[p] = (c < 16 ? 0.0f : a[p]) + (tn_bf16_to_f32(xs[c * S + p]) - tn_bf16_to_f32(xs[p]));
         }
         lanes_sum_rows(lane, L, w);
         for (size_t p = 0; p < w; ++p)
-            mean[p] = lane[0][p] * inv;
+            mean[p] = tn_bf16_to_f32(xs[p]) + lane[0][p] * inv;
         for (size_t c = 0; c < C; ++c) {
             float * a = lane[c % 16];
             for (size_t p = 0; p < w; ++p) {
@@ -439,6 +470,9 @@ static void layer_norm_nchw_bf16(const uint16_t * x, size_t C, size_t S, const f
                 float d = tn_bf16_to_f32(xs[c * S + p]) - mean[p];
                 ys[c * S + p] = tn_f32_to_bf16(fmaf(d * norm[p], scale[c], shift[c]));
             }
+        for (size_t p = 0; p < w; ++p)
+            if (!tn_norm_fast_ok(lane[0][p] * inv + eps))
+                tn_norm_slow_layer_bf16(xs + p, C, S, scale, shift, 1, eps, ys + p);
     }
 }
 
@@ -460,5 +494,101 @@ void tn_scalar_SynetNormalizeLayerForward16bV2(const uint16_t * src, size_t batc
                 layer_norm_row_bf16(x + s * channels, channels, scale, shift, e, y + s * channels);
         else
             layer_norm_nchw_bf16(x, channels, spatial, scale, shift, e, y);
+    }
+}
+
+
+/* ---- Slow paths of every level (normalize_slow.h): double precision ------------------- */
+
+/* Element i of a float or BF16 row. */
+static double elem(const void * x, int bf16, size_t i)
+{
+    return bf16 ? (double)tn_bf16_to_f32(((const uint16_t *)x)[i]) : (double)((const float *)x)[i];
+}
+
+/* Mean (x0 + sum(x - x0) / n: exact for a constant row) and 1 / sqrt(variance + eps), 0 for
+ * a zero variance with eps = 0 (y = shift). */
+static void slow_stats(const void * x, int bf16, size_t n, size_t stride, float eps, double * mean, double * norm)
+{
+    const double x0 = elem(x, bf16, 0);
+    double s = 0.0, q = 0.0;
+    for (size_t i = 0; i < n; ++i)
+        s += elem(x, bf16, i * stride) - x0;
+    *mean = x0 + s / (double)n;
+    for (size_t i = 0; i < n; ++i) {
+        double d = elem(x, bf16, i * stride) - *mean;
+        q += d * d;
+    }
+    double t = q / (double)n + (double)eps;
+    *norm = t == 0.0 ? 0.0 : 1.0 / sqrt(t);
+}
+
+void tn_norm_slow_layer(const float * x, size_t n, size_t stride, const float * scale, const float * shift,
+                        size_t pstep, float eps, float * y)
+{
+    double mean, norm;
+    slow_stats(x, 0, n, stride, eps, &mean, &norm);
+    for (size_t i = 0; i < n; ++i)
+        y[i * stride] = (float)((x[i * stride] - mean) * norm * scale[i * pstep] + shift[i * pstep]);
+}
+
+void tn_norm_slow_layer_bf16(const uint16_t * x, size_t n, size_t stride, const float * scale, const float * shift,
+                             size_t pstep, float eps, uint16_t * y)
+{
+    double mean, norm;
+    slow_stats(x, 1, n, stride, eps, &mean, &norm);
+    for (size_t i = 0; i < n; ++i)
+        y[i * stride] = tn_f32_to_bf16((float)((elem(x, 1, i * stride) - mean) * norm * scale[i * pstep] + shift[i * pstep]));
+}
+
+static double slow_sum_squares(const float * x, size_t n, size_t stride)
+{
+    double q = 0.0;
+    for (size_t i = 0; i < n; ++i)
+        q += (double)x[i * stride] * x[i * stride];
+    return q;
+}
+
+/* 1 / sqrt(q + eps); 0 for an all-zero row with eps = 0 (y = 0). */
+static double slow_l2_factor(double q, float eps)
+{
+    double t = q + (double)eps;
+    return t == 0.0 ? 0.0 : 1.0 / sqrt(t);
+}
+
+void tn_norm_slow_l2(const float * x, size_t n, size_t stride, const float * scale, size_t pstep, float eps, float * y)
+{
+    const double k = slow_l2_factor(slow_sum_squares(x, n, stride), eps);
+    for (size_t i = 0; i < n; ++i)
+        y[i * stride] = (float)(x[i * stride] * k * scale[i * pstep]);
+}
+
+void tn_norm_slow_l2_item(const float * x, size_t channels, size_t spatial, int nhwc, const float * scale, float eps,
+                          float * y)
+{
+    const size_t size = channels * spatial;
+    const double k = slow_l2_factor(slow_sum_squares(x, size, 1), eps);
+    for (size_t i = 0; i < size; ++i)
+        y[i] = (float)(x[i] * k * scale[nhwc ? i % channels : i / spatial]);
+}
+
+/* n_c in double: from the fp32 sum when it is in range, else summed again in double. */
+static double v4_norm(const float * x, size_t c, size_t channels, size_t spatial, int nhwc, float sum)
+{
+    if (tn_norm_fast_ok(sum))
+        return sqrt((double)sum);
+    return sqrt(nhwc ? slow_sum_squares(x + c, spatial, channels) : slow_sum_squares(x + c * spatial, spatial, 1));
+}
+
+void tn_norm_v4_factors(const float * x, size_t channels, size_t spatial, int nhwc, const float * scale, float eps,
+                        float * buf)
+{
+    double total = 0.0;
+    for (size_t c = 0; c < channels; ++c)
+        total += v4_norm(x, c, channels, spatial, nhwc, buf[c]);
+    const double den = total / (double)channels + (double)eps;
+    for (size_t c = 0; c < channels; ++c) {
+        double n = v4_norm(x, c, channels, spatial, nhwc, buf[c]);
+        buf[c] = den == 0.0 ? 1.0f : (float)(1.0 + scale[c] * n / den);
     }
 }

@@ -1,0 +1,891 @@
+/*
+ * Normalize layer family (seed 000), vector levels: written once against the vector layer
+ * (simd/README.md), compiled by avx512.c and avx2.c. Same algorithms and work layout as
+ * scalar.c (see there):
+ * - Statistics along a contiguous row (V2/L2 NHWC, V3 NCHW, V4 NCHW) are computed while the
+ *   row stays in L1. When the whole tensor is in cache, V2 NHWC and 16bV2 NHWC run four rows
+ *   side by side so that their reduction chains overlap.
+ * - Statistics across rows (V2/L2/16bV2 NCHW: across channels; V3 NHWC: across spatial
+ *   positions) stream whole rows into per-position accumulators (buf, or stack arrays).
+ * - The output is written as one sequential stream, row after row: interleaving several
+ *   output rows measured clearly slower on large tensors.
+ * - Means are x0 + sum(x - x0) / n (x0 the row's first value): exact for constant rows.
+ *   One check per row of t = variance + eps (or sum of squares + eps) sends the rows out of
+ *   the fp32 range to the double slow paths of normalize_slow.h.
+ * - 16bV2 keeps the canonical 16-lane order of scalar.c: one vfloat accumulator per row in
+ *   NHWC (lane = channel % 16) reduced with v_hsum, and 16 lane arrays per position in NCHW
+ *   reduced with the same tree.
+ */
+#include <float.h>
+#include <stdlib.h>
+
+#include "kernels.h"
+#include "normalize_slow.h"
+#include "tensorops.h"
+
+#define F 16
+#define TN_NORM_SUM_BLOCK 4096          /* long sums add partial sums of this many values */
+#define TN_NORM_CHUNK 2048              /* positions per chunk of the across-rows layer norms */
+#define TN_NORM_LANES_CHUNK 256         /* positions per chunk of 16bV2 NCHW (16 lane arrays) */
+/* V2 NHWC runs four rows side by side (overlapping their reduction chains) when the whole
+ * tensor is in cache, where the kernel is latency-bound; larger tensors are bandwidth-bound
+ * and stream faster row by row (measured). */
+#ifndef TN_NORM_CACHED_BYTES
+#define TN_NORM_CACHED_BYTES (1024 * 1024)
+#endif
+
+/* min(n, 16) values; the other lanes read as +0 / are not written. */
+V_INLINE vfloat ld(const float * p, size_t n) { return v_load_n(p, n); }
+V_INLINE void st(float * p, vfloat v, size_t n) { v_store_n(p, v, n); }
+
+/* a - b in the first min(n, 16) lanes, +0 in the others (tails of reductions). */
+V_INLINE vfloat sub_n(vfloat a, vfloat b, size_t n) { return n >= F ? v_sub(a, b) : v_keep(m_first(n), v_sub(a, b)); }
+
+/* Lanes whose t is outside [TN_NORM_TINY, FLT_MAX] (NaN included), among the first n. */
+V_INLINE unsigned slow_lanes(vfloat t, size_t n)
+{
+    vmask ok = m_and(v_ge(t, v_set1(TN_NORM_TINY)), v_le(t, v_set1(FLT_MAX)));
+    return m_bits(m_andnot(ok, m_first(n)));
+}
+
+/* min(n, floats from p to its next 64-byte boundary). NumPy data is typically only 16-byte
+ * aligned: a head of this many values makes the following full-vector stores whole cache
+ * lines. Only stores are aligned this way: reductions keep their lane order independent of
+ * the address, so results do not depend on where the input happens to lie. */
+V_INLINE size_t line_head(const void * p, size_t n)
+{
+    size_t h = ((size_t)0 - (size_t)(uintptr_t)p) % 64 / sizeof(float);
+    return h < n ? h : n;
+}
+
+/* Heads and tails of output rows of n >= 16 values are written as full vectors that overlap
+ * their neighbours (the overlap gets the same values twice): masked stores are slow on some
+ * CPUs (AVX2's VMASKMOVPS on AMD made (1,4096,1024) 1.6x slower). head_n: the values the
+ * head store writes (h: the values up to the line boundary); tail_at: where the last vector
+ * of the row starts (i: the first value not written yet). */
+V_INLINE size_t head_n(size_t h, size_t n) { return h && n >= F ? F : h; }
+V_INLINE size_t tail_at(size_t i, size_t n) { return n >= F ? n - F : i; }
+
+/* Prefetch into L2 the cache lines of [p, p + bytes), bytes > 0, all inside the tensor. */
+V_INLINE void prefetch_l2(const void * p, size_t bytes)
+{
+    const char * c = (const char *)p;
+    for (size_t i = 0; i < bytes; i += 64)
+        v_prefetch_l2(c + i);
+    v_prefetch_l2(c + bytes - 1);
+}
+
+static void fill_nan(float * dst, size_t n)
+{
+    for (size_t i = 0; i < n; i += F)
+        st(dst + i, v_set1(NAN), n - i);
+}
+
+/* ---- Row reductions (four accumulators) ------------------------------------------------ */
+
+/* sum(x - x0). */
+V_INLINE float row_sum_from(const float * x, size_t n, float x0)
+{
+    const vfloat o = v_set1(x0);
+    vfloat a0 = v_zero(), a1 = a0, a2 = a0, a3 = a0;
+    size_t i = 0;
+    for (; i + 4 * F <= n; i += 4 * F) {
+        a0 = v_add(a0, v_sub(v_load(x + i + 0 * F), o));
+        a1 = v_add(a1, v_sub(v_load(x + i + 1 * F), o));
+        a2 = v_add(a2, v_sub(v_load(x + i + 2 * F), o));
+        a3 = v_add(a3, v_sub(v_load(x + i + 3 * F), o));
+    }
+    for (; i < n; i += F)
+        a0 = v_add(a0, sub_n(ld(x + i, n - i), o, n - i));
+    return v_hsum(v_add(v_add(a0, a1), v_add(a2, a3)));
+}
+
+V_INLINE float row_sum_squares(const float * x, size_t n)
+{
+    vfloat a0 = v_zero(), a1 = a0, a2 = a0, a3 = a0;
+    size_t i = 0;
+    for (; i + 4 * F <= n; i += 4 * F) {
+        vfloat x0 = v_load(x + i + 0 * F), x1 = v_load(x + i + 1 * F);
+        vfloat x2 = v_load(x + i + 2 * F), x3 = v_load(x + i + 3 * F);
+        a0 = v_fma(x0, x0, a0);
+        a1 = v_fma(x1, x1, a1);
+        a2 = v_fma(x2, x2, a2);
+        a3 = v_fma(x3, x3, a3);
+    }
+    for (; i < n; i += F) {
+        vfloat x0 = ld(x + i, n - i);
+        a0 = v_fma(x0, x0, a0);
+    }
+    return v_hsum(v_add(v_add(a0, a1), v_add(a2, a3)));
+}
+
+/* Long sums of squares add partial sums of TN_NORM_SUM_BLOCK values (smaller error). */
+static float sum_squares(const float * x, size_t n)
+{
+    float total = 0.0f;
+    for (size_t i = 0; i < n; i += TN_NORM_SUM_BLOCK)
+        total += row_sum_squares(x + i, n - i < TN_NORM_SUM_BLOCK ? n - i : TN_NORM_SUM_BLOCK);
+    return total;
+}
+
+V_INLINE float row_sum_squared_deviations(const float * x, size_t n, float mean)
+{
+    const vfloat m = v_set1(mean);
+    vfloat a0 = v_zero(), a1 = a0, a2 = a0, a3 = a0;
+    size_t i = 0;
+    for (; i + 4 * F <= n; i += 4 * F) {
+        vfloat d0 = v_sub(v_load(x + i + 0 * F), m), d1 = v_sub(v_load(x + i + 1 * F), m);
+        vfloat d2 = v_sub(v_load(x + i + 2 * F), m), d3 = v_sub(v_load(x + i + 3 * F), m);
+        a0 = v_fma(d0, d0, a0);
+        a1 = v_fma(d1, d1, a1);
+        a2 = v_fma(d2, d2, a2);
+        a3 = v_fma(d3, d3, a3);
+    }
+    for (; i < n; i += F) {
+        vfloat d = sub_n(ld(x + i, n - i), m, n - i);
+        a0 = v_fma(d, d, a0);
+    }
+    return v_hsum(v_add(v_add(a0, a1), v_add(a2, a3)));
+}
+
+/* ---- Statistics across rows (NCHW across channels, NHWC across spatial positions) --------
+ * `rows` rows of `count` positions, `stride` values apart. Whole rows are streamed into one
+ * accumulator per position. */
+
+/* acc[p] = sum over the rows r >= 1 of x[r * stride + p] - x[p], p < w: four rows at a time. */
+V_INLINE void column_deviation_sums(const float * x, size_t rows, size_t stride, size_t w, float * acc)
+{
+    for (size_t p = 0; p < w; p += F)
+        st(acc + p, v_zero(), w - p);
+    size_t r = 1;
+    for (; r + 4 <= rows; r += 4) {
+        const float * q = x + r * stride;
+        for (size_t p = 0; p < w; p += F) {
+            size_t n = w - p;
+            vfloat o = ld(x + p, n);
+            vfloat v = v_add(v_add(v_sub(ld(q + p, n), o), v_sub(ld(q + stride + p, n), o)),
+                             v_add(v_sub(ld(q + 2 * stride + p, n), o), v_sub(ld(q + 3 * stride + p, n), o)));
+            st(acc + p, v_add(ld(acc + p, n), v), n);
+        }
+    }
+    for (; r < rows; ++r) {
+        const float * q = x + r * stride;
+        for (size_t p = 0; p < w; p += F) {
+            size_t n = w - p;
+            st(acc + p, v_add(ld(acc + p, n), v_sub(ld(q + p, n), ld(x + p, n))), n);
+        }
+    }
+}
+
+/* acc[p] = sum over the rows of x[r * stride + p]^2, p < w: four rows at a time (a quarter
+ * of the accumulator loads and stores: (1,512,1444) L2 went from 1.8 to 1.6-1.7 x memcpy). */
+V_INLINE void column_sum_squares(const float * x, size_t rows, size_t stride, size_t w, float * acc)
+{
+    size_t r = 0;
+    for (; r + 4 <= rows; r += 4) {
+        const float * q = x + r * stride;
+        for (size_t p = 0; p < w; p += F) {
+            size_t n = w - p;
+            vfloat x0 = ld(q + p, n), x1 = ld(q + stride + p, n), x2 = ld(q + 2 * stride + p, n), x3 = ld(q + 3 * stride + p, n);
+            vfloat v = v_fma(x3, x3, v_fma(x2, x2, v_fma(x1, x1, v_mul(x0, x0))));
+            st(acc + p, r ? v_add(ld(acc + p, n), v) : v, n);
+        }
+    }
+    for (; r < rows; ++r) {
+        const float * q = x + r * stride;
+        for (size_t p = 0; p < w; p += F) {
+            size_t n = w - p;
+            vfloat x0 = ld(q + p, n);
+            st(acc + p, v_fma(x0, x0, r ? ld(acc + p, n) : v_zero()), n);
+        }
+    }
+}
+
+/* L2 normalization across channels (NCHW item): y = x * (scale[c] * k[s]); k in buf. */
+static void l2_across(const float * x, size_t C, size_t S, const float * scale, float eps, float * k, float * y)
+{
+    const vfloat ve = v_set1(eps), one = v_set1(1.0f);
+    /* Whole rows in one chunk: chunks of positions whose rows stay in L2 (128 to 736 of
+     * (512, 1444)) measured 10-15% slower than two whole passes. */
+    for (size_t s0 = 0, w = S; s0 < S; s0 += w) {
+        const float * xs = x + s0;
+        float * ks = k + s0, * ys = y + s0;
+        unsigned slow = 0;
+        column_sum_squares(xs, C, S, w, ks);
+        for (size_t s = 0; s < w; s += F) {
+            vfloat t = v_add(ld(ks + s, w - s), ve);
+            unsigned b = slow_lanes(t, w - s);
+            st(ks + s, v_div(one, v_sqrt(t)), w - s);
+            slow |= b;
+            for (; b; b &= b - 1)   /* -1 marks the positions redone below (a true k is > 0) */
+                ks[s + (size_t)__builtin_ctz(b)] = -1.0f;
+        }
+        for (size_t c = 0; c < C; ++c) {
+            const float * p = xs + c * S;
+            float * q = ys + c * S;
+            const vfloat sc = v_set1(scale[c]);
+            size_t s = line_head(q, w), h = head_n(s, w);
+            if (h)
+                st(q, v_mul(ld(p, h), v_mul(sc, ld(ks, h))), h);
+            for (; s + F <= w; s += F)
+                v_store(q + s, v_mul(v_load(p + s), v_mul(sc, v_load(ks + s))));
+            if (s < w) {
+                size_t j = tail_at(s, w);
+                st(q + j, v_mul(ld(p + j, w - j), v_mul(sc, ld(ks + j, w - j))), w - j);
+            }
+        }
+        for (size_t s = 0; slow && s < w; ++s)
+            if (ks[s] < 0.0f)
+                tn_norm_slow_l2(xs + s, C, S, scale, 1, eps, ys + s);
+    }
+}
+
+/* Layer norm across rows of one batch item; scale/shift per row (V2 NCHW) or per position
+ * (V3 NHWC). mean (count floats) is buf. */
+V_INLINE void layer_norm_across(const float * x, size_t rows, size_t count, size_t stride, const float * scale,
+                                const float * shift, int perRow, float eps, float * mean, float * y)
+{
+    const vfloat vinv = v_set1(1.0f / (float)rows), ve = v_set1(eps), one = v_set1(1.0f);
+    float norm[TN_NORM_CHUNK] __attribute__((aligned(64)));
+    uint16_t bad[TN_NORM_CHUNK / F];
+    for (size_t p0 = 0; p0 < count; p0 += TN_NORM_CHUNK) {
+        const size_t w = count - p0 < TN_NORM_CHUNK ? count - p0 : TN_NORM_CHUNK;
+        const float * xs = x + p0;
+        float * ys = y + p0, * ms = mean + p0;
+        /* Pass 1: means, x0 + sum(x - x0) / rows. */
+        column_deviation_sums(xs, rows, stride, w, ms);
+        for (size_t p = 0; p < w; p += F)
+            st(ms + p, v_add(ld(xs + p, w - p), v_mul(ld(ms + p, w - p), vinv)), w - p);
+        /* Pass 2: sums of squared deviations, four rows at a time (norm's padding is zero). */
+        size_t r = 0;
+        for (; r + 4 <= rows; r += 4) {
+            const float * q = xs + r * stride;
+            for (size_t p = 0; p < w; p += F) {
+                size_t n = w - p;
+                vfloat mu = ld(ms + p, n);
+                vfloat d0 = v_sub(ld(q + p, n), mu), d1 = v_sub(ld(q + stride + p, n), mu);
+                vfloat d2 = v_sub(ld(q + 2 * stride + p, n), mu), d3 = v_sub(ld(q + 3 * stride + p, n), mu);
+                vfloat v = v_fma(d3, d3, v_fma(d2, d2, v_fma(d1, d1, v_mul(d0, d0))));
+                v_store_aligned(norm + p, r ? v_add(v_load_aligned(norm + p), v) : v);
+            }
+        }
+        for (; r < rows; ++r)
+            for (size_t p = 0; p < w; p += F) {
+                vfloat d = v_sub(ld(xs + r * stride + p, w - p), ld(ms + p, w - p));
+                v_store_aligned(norm + p, v_fma(d, d, r ? v_load_aligned(norm + p) : v_zero()));
+            }
+        /* norm = 1 / sqrt(var + eps), times scale when scale is per position. */
+        unsigned slow = 0;
+        for (size_t p = 0; p < w; p += F) {
+            vfloat t = v_fma(v_load_aligned(norm + p), vinv, ve);
+            bad[p / F] = (uint16_t)slow_lanes(t, w - p);
+            slow |= bad[p / F];
+            vfloat v = v_div(one, v_sqrt(t));
+            v_store_aligned(norm + p, perRow ? v : v_mul(v, ld(scale + p0 + p, w - p)));
+        }
+        /* Pass 3: output. */
+        if (perRow) {
+            for (r = 0; r < rows; ++r) {
+                const float * q = xs + r * stride;
+                float * o = ys + r * stride;
+                const vfloat sc = v_set1(scale[r]), sh = v_set1(shift[r]);
+                size_t p = 0;
+                for (; p + F <= w; p += F) {
+                    vfloat d = v_mul(v_sub(v_load(q + p), v_load(ms + p)), v_load_aligned(norm + p));
+                    v_store(o + p, v_fma(d, sc, sh));
+                }
+                if (p < w) {
+                    size_t j = tail_at(p, w);
+                    vfloat d = v_mul(v_sub(ld(q + j, w - j), ld(ms + j, w - j)), ld(norm + j, w - j));
+                    st(o + j, v_fma(d, sc, sh), w - j);
+                }
+            }
+        } else {
+            const float * sh = shift + p0;
+            for (r = 0; r < rows; ++r) {
+                const float * q = xs + r * stride;
+                float * o = ys + r * stride;
+                size_t p = 0;
+                for (; p + F <= w; p += F)
+                    v_store(o + p, v_fma(v_sub(v_load(q + p), v_load(ms + p)), v_load_aligned(norm + p), v_load(sh + p)));
+                if (p < w) {
+                    size_t j = tail_at(p, w);
+                    st(o + j, v_fma(v_sub(ld(q + j, w - j), ld(ms + j, w - j)), ld(norm + j, w - j), ld(sh + j, w - j)), w - j);
+                }
+            }
+        }
+        /* Positions out of the fp32 range: redone in double (the input is intact). */
+        for (size_t j = 0; slow && j * F < w; ++j)
+            for (unsigned b = bad[j]; b; b &= b - 1) {
+                size_t p = j * F + (size_t)__builtin_ctz(b);
+                tn_norm_slow_layer(xs + p, rows, stride, perRow ? scale : scale + p0 + p,
+                                   perRow ? shift : shift + p0 + p, perRow ? 1 : 0, eps, ys + p);
+            }
+    }
+}
+
+/* ---- V1: L2 normalization ---------------------------------------------------------------- */
+
+/* y = x * (scale[c] * k), scale per element (step 1) or one value (step 0). */
+V_INLINE void scale_row(const float * x, size_t n, const float * scale, size_t step, float k, float * y)
+{
+    const vfloat vk = v_set1(k);
+    if (step == 0) {
+        const vfloat a = v_set1(scale[0] * k);
+        size_t i = line_head(y, n), h = head_n(i, n);
+        if (h)
+            st(y, v_mul(ld(x, h), a), h);
+        for (; i + 2 * F <= n; i += 2 * F) {
+            v_store(y + i, v_mul(v_load(x + i), a));
+            v_store(y + i + F, v_mul(v_load(x + i + F), a));
+        }
+        for (; i + F <= n; i += F)
+            v_store(y + i, v_mul(v_load(x + i), a));
+        if (i < n) {
+            size_t j = tail_at(i, n);
+            st(y + j, v_mul(ld(x + j, n - j), a), n - j);
+        }
+    } else {
+        size_t i = 0;
+        for (; i + F <= n; i += F)
+            v_store(y + i, v_mul(v_load(x + i), v_mul(v_load(scale + i), vk)));
+        if (i < n) {
+            size_t j = tail_at(i, n);
+            st(y + j, v_mul(ld(x + j, n - j), v_mul(ld(scale + j, n - j), vk)), n - j);
+        }
+    }
+}
+
+void TN_ISA(SynetNormalizeLayerForward)(const float * src, size_t batch, size_t channels, size_t spatial,
+                                        const float * scale, const float * eps, int acrossSpatial, int format,
+                                        float * buf, float * dst)
+{
+    const size_t size = channels * spatial;
+    const float e = eps[0];
+    const int nhwc = format == TnTensorFormatNhwc;
+    if (size == 0)
+        return;
+    if (acrossSpatial) {
+        for (size_t b = 0; b < batch; ++b) {
+            const float * x = src + b * size;
+            float * y = dst + b * size;
+            float t = sum_squares(x, size) + e, k = 1.0f / sqrtf(t);
+            if (!tn_norm_fast_ok(t))
+                tn_norm_slow_l2_item(x, channels, spatial, nhwc, scale, e, y);
+            else if (nhwc)
+                for (size_t s = 0; s < spatial; ++s)
+                    scale_row(x + s * channels, channels, scale, 1, k, y + s * channels);
+            else
+                for (size_t c = 0; c < channels; ++c)
+                    scale_row(x + c * spatial, spatial, scale + c, 0, k, y + c * spatial);
+        }
+    } else if (nhwc || spatial == 1) {
+        for (size_t s = 0; s < batch * spatial; ++s) {
+            const float * x = src + s * channels;
+            float t = row_sum_squares(x, channels) + e;
+            if (tn_norm_fast_ok(t))
+                scale_row(x, channels, scale, 1, 1.0f / sqrtf(t), dst + s * channels);
+            else
+                tn_norm_slow_l2(x, channels, 1, scale, 1, e, dst + s * channels);
+        }
+    } else {
+        float * own = buf ? NULL : malloc(spatial * sizeof(float));
+        if (!buf && !own) {
+            fill_nan(dst, batch * size);
+            return;
+        }
+        for (size_t b = 0; b < batch; ++b)
+            l2_across(src + b * size, channels, spatial, scale, e, buf ? buf : own, dst + b * size);
+        free(own);
+    }
+}
+
+/* ---- V2 / V3: layer normalization ------------------------------------------------------ */
+
+/* R (<= 4) consecutive rows of n values side by side, scale/shift per element (V2 NHWC);
+ * two accumulators per row. */
+V_INLINE void layer_norm_rows(const float * x, size_t R, size_t n, const float * scale, const float * shift, float eps,
+                              float * y)
+{
+    const float inv = 1.0f / (float)n;
+    const size_t n2 = n - n % (2 * F);
+    vfloat a[4], b[4], m[4], k[4], o[4];
+    float t[4];
+    for (size_t r = 0; r < R; ++r) {
+        a[r] = b[r] = v_zero();
+        o[r] = v_set1(x[r * n]);
+    }
+    size_t i = 0;
+    for (; i < n2; i += 2 * F)
+        for (size_t r = 0; r < R; ++r) {
+            a[r] = v_add(a[r], v_sub(v_load(x + r * n + i), o[r]));
+            b[r] = v_add(b[r], v_sub(v_load(x + r * n + i + F), o[r]));
+        }
+    for (; i < n; i += F)
+        for (size_t r = 0; r < R; ++r)
+            a[r] = v_add(a[r], sub_n(ld(x + r * n + i, n - i), o[r], n - i));
+    for (size_t r = 0; r < R; ++r) {
+        m[r] = v_set1(x[r * n] + v_hsum(v_add(a[r], b[r])) * inv);
+        a[r] = b[r] = v_zero();
+    }
+    for (i = 0; i < n2; i += 2 * F)
+        for (size_t r = 0; r < R; ++r) {
+            vfloat d0 = v_sub(v_load(x + r * n + i), m[r]);
+            vfloat d1 = v_sub(v_load(x + r * n + i + F), m[r]);
+            a[r] = v_fma(d0, d0, a[r]);
+            b[r] = v_fma(d1, d1, b[r]);
+        }
+    for (; i < n; i += F)
+        for (size_t r = 0; r < R; ++r) {
+            vfloat d = sub_n(ld(x + r * n + i, n - i), m[r], n - i);
+            a[r] = v_fma(d, d, a[r]);
+        }
+    for (size_t r = 0; r < R; ++r) {
+        t[r] = v_hsum(v_add(a[r], b[r])) * inv + eps;
+        k[r] = v_set1(1.0f / sqrtf(t[r]));
+    }
+    /* The output is written row after row: one sequential stream. */
+    for (size_t r = 0; r < R; ++r) {
+        if (!tn_norm_fast_ok(t[r])) {
+            tn_norm_slow_layer(x + r * n, n, 1, scale, shift, 1, eps, y + r * n);
+            continue;
+        }
+        const float * q = x + r * n;
+        float * o = y + r * n;
+        for (i = 0; i + F <= n; i += F)
+            v_store(o + i, v_fma(v_mul(v_sub(v_load(q + i), m[r]), k[r]), v_load(scale + i), v_load(shift + i)));
+        if (i < n) {
+            size_t j = tail_at(i, n);
+            st(o + j, v_fma(v_mul(v_sub(ld(q + j, n - j), m[r]), k[r]), ld(scale + j, n - j), ld(shift + j, n - j)), n - j);
+        }
+    }
+}
+
+/* The statistics of one long row (four accumulators): mean and t = variance + eps. */
+V_INLINE float row_stats(const float * x, size_t n, float eps, float * mean)
+{
+    const float inv = 1.0f / (float)n;
+    *mean = x[0] + row_sum_from(x, n, x[0]) * inv;
+    return row_sum_squared_deviations(x, n, *mean) * inv + eps;
+}
+
+/* One long row, scale/shift per element (V2 NHWC). */
+V_INLINE void layer_norm_row(const float * x, size_t n, const float * scale, const float * shift, float eps, float * y)
+{
+    float mean;
+    const float t = row_stats(x, n, eps, &mean);
+    if (!tn_norm_fast_ok(t)) {
+        tn_norm_slow_layer(x, n, 1, scale, shift, 1, eps, y);
+        return;
+    }
+    const vfloat m = v_set1(mean), k = v_set1(1.0f / sqrtf(t));
+    size_t i = line_head(y, n), h = head_n(i, n);
+    if (h)
+        st(y, v_fma(v_mul(v_sub(ld(x, h), m), k), ld(scale, h), ld(shift, h)), h);
+    for (; i + 2 * F <= n; i += 2 * F) {
+        vfloat d0 = v_mul(v_sub(v_load(x + i), m), k);
+        vfloat d1 = v_mul(v_sub(v_load(x + i + F), m), k);
+        v_store(y + i, v_fma(d0, v_load(scale + i), v_load(shift + i)));
+        v_store(y + i + F, v_fma(d1, v_load(scale + i + F), v_load(shift + i + F)));
+    }
+    for (; i + F <= n; i += F)
+        v_store(y + i, v_fma(v_mul(v_sub(v_load(x + i), m), k), v_load(scale + i), v_load(shift + i)));
+    if (i < n) {
+        size_t j = tail_at(i, n);
+        st(y + j, v_fma(v_mul(v_sub(ld(x + j, n - j), m), k), ld(scale + j, n - j), ld(shift + j, n - j)), n - j);
+    }
+}
+
+/* One contiguous row with one scale and shift (V3 NCHW). */
+V_INLINE void layer_norm_row1(const float * x, size_t n, const float * scale, const float * shift, float eps, float * y)
+{
+    float mean;
+    const float t = row_stats(x, n, eps, &mean);
+    if (!tn_norm_fast_ok(t)) {
+        tn_norm_slow_layer(x, n, 1, scale, shift, 0, eps, y);
+        return;
+    }
+    const vfloat m = v_set1(mean), k = v_set1(1.0f / sqrtf(t));
+    const vfloat sc = v_set1(scale[0]), sh = v_set1(shift[0]);
+    size_t i = line_head(y, n), h = head_n(i, n);
+    if (h)
+        st(y, v_fma(v_mul(v_sub(ld(x, h), m), k), sc, sh), h);
+    for (; i + 2 * F <= n; i += 2 * F) {
+        vfloat d0 = v_mul(v_sub(v_load(x + i), m), k);
+        vfloat d1 = v_mul(v_sub(v_load(x + i + F), m), k);
+        v_store(y + i, v_fma(d0, sc, sh));
+        v_store(y + i + F, v_fma(d1, sc, sh));
+    }
+    for (; i + F <= n; i += F)
+        v_store(y + i, v_fma(v_mul(v_sub(v_load(x + i), m), k), sc, sh));
+    if (i < n) {
+        size_t j = tail_at(i, n);
+        st(y + j, v_fma(v_mul(v_sub(ld(x + j, n - j), m), k), sc, sh), n - j);
+    }
+}
+
+void TN_ISA(SynetNormalizeLayerForwardV2)(const float * src, size_t batch, size_t channels, size_t spatial,
+                                          const float * scale, const float * shift, const float * eps, int format,
+                                          float * buf, float * dst)
+{
+    const size_t size = channels * spatial;
+    const float e = eps[0];
+    if (size == 0)
+        return;
+    if (format == TnTensorFormatNhwc || spatial == 1) {
+        const size_t rows = batch * spatial;
+        size_t r = 0;
+        if (batch * size * sizeof(float) <= TN_NORM_CACHED_BYTES) {
+            for (; r + 4 <= rows; r += 4)
+                layer_norm_rows(src + r * channels, 4, channels, scale, shift, e, dst + r * channels);
+            for (; r < rows; ++r)
+                layer_norm_rows(src + r * channels, 1, channels, scale, shift, e, dst + r * channels);
+        } else {
+            for (; r < rows; ++r)
+                layer_norm_row(src + r * channels, channels, scale, shift, e, dst + r * channels);
+        }
+    } else {
+        float * own = buf ? NULL : malloc(spatial * sizeof(float));
+        if (!buf && !own) {
+            fill_nan(dst, batch * size);
+            return;
+        }
+        for (size_t b = 0; b < batch; ++b)
+            layer_norm_across(src + b * size, channels, spatial, spatial, scale, shift, 1, e, buf ? buf : own, dst + b * size);
+        free(own);
+    }
+}
+
+void TN_ISA(SynetNormalizeLayerForwardV3)(const float * src, size_t batch, size_t channels, size_t spatial,
+                                          const float * scale, const float * shift, const float * eps, int format,
+                                          float * buf, float * dst)
+{
+    const size_t size = channels * spatial;
+    const float e = eps[0];
+    if (size == 0)
+        return;
+    if (format != TnTensorFormatNhwc || channels == 1) {
+        for (size_t i = 0; i < batch * channels; ++i)
+            layer_norm_row1(src + i * spatial, spatial, scale + i % channels, shift + i % channels, e, dst + i * spatial);
+    } else {
+        float * own = buf ? NULL : malloc(channels * sizeof(float));
+        if (!buf && !own) {
+            fill_nan(dst, batch * size);
+            return;
+        }
+        for (size_t b = 0; b < batch; ++b)
+            layer_norm_across(src + b * size, spatial, channels, channels, scale, shift, 0, e, buf ? buf : own, dst + b * size);
+        free(own);
+    }
+}
+
+/* ---- V4: channel norm -------------------------------------------------------------------- */
+
+void TN_ISA(SynetNormalizeLayerForwardV4)(const float * src, size_t batch, size_t channels, size_t spatial,
+                                          const float * scale, const float * shift, const float * eps, int format,
+                                          float * buf, float * dst)
+{
+    const size_t size = channels * spatial;
+    const float e = eps[0];
+    const int nhwc = format == TnTensorFormatNhwc;
+    float * own = NULL;
+    if (size == 0)
+        return;
+    if (buf == NULL) {
+        if ((own = malloc(channels * sizeof(float))) == NULL) {
+            fill_nan(dst, batch * size);
+            return;
+        }
+        buf = own;
+    }
+    for (size_t b = 0; b < batch; ++b) {
+        const float * x = src + b * size;
+        float * y = dst + b * size;
+        if (nhwc) {
+            size_t s = 0;
+            for (; s + 4 <= spatial; s += 4) {
+                const float * p = x + s * channels;
+                for (size_t c = 0; c < channels; c += F) {
+                    size_t n = channels - c;
+                    vfloat x0 = ld(p + c, n), x1 = ld(p + channels + c, n);
+                    vfloat x2 = ld(p + 2 * channels + c, n), x3 = ld(p + 3 * channels + c, n);
+                    vfloat q = v_fma(x1, x1, v_mul(x0, x0));
+                    q = v_fma(x2, x2, q);
+                    q = v_fma(x3, x3, q);
+                    st(buf + c, s ? v_add(ld(buf + c, n), q) : q, n);
+                }
+            }
+            for (; s < spatial; ++s) {
+                const float * p = x + s * channels;
+                for (size_t c = 0; c < channels; c += F) {
+                    size_t n = channels - c;
+                    vfloat x0 = ld(p + c, n);
+                    st(buf + c, v_fma(x0, x0, s ? ld(buf + c, n) : v_zero()), n);
+                }
+            }
+        } else {
+            for (size_t c = 0; c < channels; ++c)
+                buf[c] = sum_squares(x + c * spatial, spatial);
+        }
+        tn_norm_v4_factors(x, channels, spatial, nhwc, scale, e, buf);
+        if (nhwc) {
+            for (size_t s = 0; s < spatial; ++s) {
+                const float * p = x + s * channels;
+                float * q = y + s * channels;
+                size_t c = 0;
+                for (; c + F <= channels; c += F)
+                    v_store(q + c, v_fma(v_load(p + c), v_load(buf + c), v_load(shift + c)));
+                if (c < channels) {
+                    size_t j = tail_at(c, channels), n = channels - j;
+                    st(q + j, v_fma(ld(p + j, n), ld(buf + j, n), ld(shift + j, n)), n);
+                }
+            }
+        } else {
+            for (size_t c = 0; c < channels; ++c) {
+                const float * p = x + c * spatial;
+                float * q = y + c * spatial;
+                const vfloat a = v_set1(buf[c]), sh = v_set1(shift[c]);
+                size_t s = line_head(q, spatial), h = head_n(s, spatial);
+                if (h)
+                    st(q, v_fma(ld(p, h), a, sh), h);
+                for (; s + 2 * F <= spatial; s += 2 * F) {
+                    v_store(q + s, v_fma(v_load(p + s), a, sh));
+                    v_store(q + s + F, v_fma(v_load(p + s + F), a, sh));
+                }
+                for (; s + F <= spatial; s += F)
+                    v_store(q + s, v_fma(v_load(p + s), a, sh));
+                if (s < spatial) {
+                    size_t j = tail_at(s, spatial);
+                    st(q + j, v_fma(ld(p + j, spatial - j), a, sh), spatial - j);
+                }
+            }
+        }
+    }
+    free(own);
+}
+
+/* ---- 16bV2: BF16 layer norm across channels (canonical order, see scalar.c) ------------- */
+
+/* The BF16 store of a full vector of results. Different by nature per level: on AVX-512
+ * CPUs with AVX512_BF16 (hw, checked once per call), one VCVTNEPS2BF16 rounds exactly as
+ * v_store_bf16 (to nearest even, NaN made quiet with its sign: checked over all 2^32 inputs)
+ * except that it flushes denormal inputs, so vectors with a denormal lane take the layer's
+ * sequence. Inline assembly, so that the instruction is only reached when hw is set. */
+#ifdef TN_NORM_AVX512
+V_INLINE void store_bf16(uint16_t * p, vfloat v, int hw)
+{
+    if (hw && !_mm512_fpclass_ps_mask(v, 0x20)) {
+        __m256i r;
+        __asm__("vcvtneps2bf16 %1, %0" : "=v"(r) : "v"(v));
+        _mm256_storeu_si256((__m256i *)p, r);
+    } else {
+        v_store_bf16(p, v);
+    }
+}
+#define HW_BF16() ((TnCpuFeatures() & TnCpuAvx512bf16) != 0)
+#else
+V_INLINE void store_bf16(uint16_t * p, vfloat v, int hw)
+{
+    (void)hw;
+    v_store_bf16(p, v);
+}
+#define HW_BF16() 0
+#endif
+
+/* NHWC: R (<= 4) consecutive rows of n channels at once. Each row has its own accumulator
+ * (channel c is lane c % 16), so the serial canonical chains of the rows overlap. Rows of up
+ * to TN_NORM_BF16_ROW channels are converted to fp32 once, into a stack copy that passes 2
+ * and 3 read (exact: the same values); longer rows are converted again in each pass. */
+#define TN_NORM_BF16_ROW 1024
+V_INLINE vfloat row_bf16(const uint16_t * x, const float * copy, size_t i, int copied)
+{
+    return copied ? v_load_aligned(copy + i) : v_load_bf16(x + i);
+}
+
+V_INLINE void layer_norm_rows_bf16_(const uint16_t * x, size_t R, size_t n, const float * scale, const float * shift,
+                                    float eps, int hw, int copied, uint16_t * y)
+{
+    float copy[4][copied ? TN_NORM_BF16_ROW : 1] __attribute__((aligned(64)));
+    const float inv = 1.0f / (float)n;
+    const size_t tail = n % F, body = n - tail;
+    const vmask tm = m_first(tail);
+    vfloat a[4], m[4], k[4], o[4];
+    float t[4];
+    for (size_t r = 0; r < R; ++r) {
+        a[r] = v_zero();
+        o[r] = v_set1(tn_bf16_to_f32(x[r * n]));
+    }
+    for (size_t i = 0; i < body; i += F)
+        for (size_t r = 0; r < R; ++r) {
+            vfloat v = v_load_bf16(x + r * n + i);
+            if (copied)
+                v_store_aligned(copy[r] + i, v);
+            a[r] = v_add(a[r], v_sub(v, o[r]));
+        }
+    if (tail)
+        for (size_t r = 0; r < R; ++r) {
+            vfloat v = v_load_bf16_n(x + r * n + body, tail);
+            if (copied)
+                v_store_aligned(copy[r] + body, v);
+            a[r] = v_add(a[r], v_keep(tm, v_sub(v, o[r])));
+        }
+    for (size_t r = 0; r < R; ++r) {
+        m[r] = v_set1(tn_bf16_to_f32(x[r * n]) + v_hsum(a[r]) * inv);
+        a[r] = v_zero();
+    }
+    for (size_t i = 0; i < body; i += F)
+        for (size_t r = 0; r < R; ++r) {
+            vfloat d = v_sub(row_bf16(x + r * n, copy[r], i, copied), m[r]);
+            a[r] = v_fma(d, d, a[r]);
+        }
+    if (tail)
+        for (size_t r = 0; r < R; ++r) {
+            vfloat v = copied ? v_load_aligned(copy[r] + body) : v_load_bf16_n(x + r * n + body, tail);
+            vfloat d = v_keep(tm, v_sub(v, m[r]));
+            a[r] = v_fma(d, d, a[r]);
+        }
+    for (size_t r = 0; r < R; ++r) {
+        t[r] = v_hsum(a[r]) * inv + eps;
+        k[r] = v_set1(1.0f / sqrtf(t[r]));
+    }
+    /* The output is written row after row: one sequential stream. */
+    for (size_t r = 0; r < R; ++r) {
+        if (!tn_norm_fast_ok(t[r])) {
+            tn_norm_slow_layer_bf16(x + r * n, n, 1, scale, shift, 1, eps, y + r * n);
+            continue;
+        }
+        for (size_t i = 0; i < body; i += F) {
+            vfloat d = v_sub(row_bf16(x + r * n, copy[r], i, copied), m[r]);
+            store_bf16(y + r * n + i, v_fma(v_mul(d, k[r]), v_load(scale + i), v_load(shift + i)), hw);
+        }
+        if (tail) {
+            vfloat d = v_sub(v_load_bf16_n(x + r * n + body, tail), m[r]);
+            v_store_bf16_n(y + r * n + body, v_fma(v_mul(d, k[r]), ld(scale + body, tail), ld(shift + body, tail)), tail);
+        }
+    }
+}
+
+static void layer_norm_rows_bf16(const uint16_t * x, size_t R, size_t n, const float * scale, const float * shift,
+                                 float eps, int hw, uint16_t * y)
+{
+    if (n <= TN_NORM_BF16_ROW)
+        layer_norm_rows_bf16_(x, R, n, scale, shift, eps, hw, 1, y);
+    else
+        layer_norm_rows_bf16_(x, R, n, scale, shift, eps, hw, 0, y);
+}
+
+/* lane[c % 16][p] (+)= x[c * S + p] - x[p] for one channel c (x0 = channel 0): the first 16
+ * channels start the lanes. */
+V_INLINE void lanes_add(const uint16_t * x, const uint16_t * x0, size_t c, size_t w, float (*lane)[TN_NORM_LANES_CHUNK])
+{
+    float * a = lane[c % 16];
+    for (size_t p = 0; p < w; p += F) {
+        vfloat v = v_sub(v_load_bf16_n(x + p, w - p), v_load_bf16_n(x0 + p, w - p));
+        v_store_aligned(a + p, v_add(c < 16 ? v_zero() : v_load_aligned(a + p), v));
+    }
+}
+
+/* In-place tree over the lanes 0..L-1 (L = min(channels, 16)) of w positions: lane[0] gets the
+ * sum. Absent lanes are skipped: they would add +0.0f, which changes no lane sum. */
+static void lanes_tree(float (*lane)[TN_NORM_LANES_CHUNK], size_t L, size_t w)
+{
+    for (size_t i = 0; i < 8 && i + 8 < L; ++i)
+        for (size_t p = 0; p < w; p += F)
+            v_store_aligned(lane[i] + p, v_add(v_load_aligned(lane[i] + p), v_load_aligned(lane[i + 8] + p)));
+    size_t L1 = L < 8 ? L : 8;
+    for (size_t i = 0; i < 4 && i + 4 < L1; ++i)
+        for (size_t p = 0; p < w; p += F)
+            v_store_aligned(lane[i] + p, v_add(v_load_aligned(lane[i] + p), v_load_aligned(lane[i + 4] + p)));
+    size_t L2 = L1 < 4 ? L1 : 4;
+    for (size_t i = 0; i < 2 && i + 2 < L2; ++i)
+        for (size_t p = 0; p < w; p += F)
+            v_store_aligned(lane[i] + p, v_add(v_load_aligned(lane[i] + p), v_load_aligned(lane[i + 2] + p)));
+    if (L2 > 1)
+        for (size_t p = 0; p < w; p += F)
+            v_store_aligned(lane[0] + p, v_add(v_load_aligned(lane[0] + p), v_load_aligned(lane[1] + p)));
+}
+
+static void layer_norm_across_bf16(const uint16_t * x, size_t C, size_t S, const float * scale, const float * shift,
+                                   float eps, int hw, uint16_t * y)
+{
+    const size_t L = C < 16 ? C : 16;
+    const vfloat vinv = v_set1(1.0f / (float)C), ve = v_set1(eps), one = v_set1(1.0f);
+    float lane[16][TN_NORM_LANES_CHUNK] __attribute__((aligned(64)));
+    float mean[TN_NORM_LANES_CHUNK] __attribute__((aligned(64)));
+    float norm[TN_NORM_LANES_CHUNK] __attribute__((aligned(64)));
+    uint16_t bad[TN_NORM_LANES_CHUNK / F];
+    for (size_t s0 = 0; s0 < S; s0 += TN_NORM_LANES_CHUNK) {
+        const size_t w = S - s0 < TN_NORM_LANES_CHUNK ? S - s0 : TN_NORM_LANES_CHUNK;
+        const uint16_t * xs = x + s0;
+        uint16_t * ys = y + s0;
+        for (size_t c = 0; c < C; ++c)
+            lanes_add(xs + c * S, xs, c, w, lane);
+        lanes_tree(lane, L, w);
+        for (size_t p = 0; p < w; p += F)
+            v_store_aligned(mean + p, v_add(v_load_bf16_n(xs + p, w - p), v_mul(v_load_aligned(lane[0] + p), vinv)));
+        for (size_t c = 0; c < C; ++c) {
+            float * a = lane[c % 16];
+            for (size_t p = 0; p < w; p += F) {
+                vfloat d = v_sub(v_load_bf16_n(xs + c * S + p, w - p), v_load_aligned(mean + p));
+                v_store_aligned(a + p, v_fma(d, d, c < 16 ? v_zero() : v_load_aligned(a + p)));
+            }
+        }
+        lanes_tree(lane, L, w);
+        unsigned slow = 0;
+        for (size_t p = 0; p < w; p += F) {
+            vfloat t = v_add(v_mul(v_load_aligned(lane[0] + p), vinv), ve);
+            bad[p / F] = (uint16_t)slow_lanes(t, w - p);
+            slow |= bad[p / F];
+            v_store_aligned(norm + p, v_div(one, v_sqrt(t)));
+        }
+        /* The rows' next chunks are only short segments, which the hardware prefetchers
+         * hardly pick up: prefetch them into L2 while this chunk is written. */
+        const size_t wn = s0 + w < S ? (S - s0 - w < TN_NORM_LANES_CHUNK ? S - s0 - w : TN_NORM_LANES_CHUNK) : 0;
+        for (size_t c = 0; c < C; ++c) {
+            const uint16_t * q = xs + c * S;
+            uint16_t * o = ys + c * S;
+            const vfloat sc = v_set1(scale[c]), sh = v_set1(shift[c]);
+            if (wn)
+                prefetch_l2(q + w, wn * sizeof(uint16_t));
+            size_t p = 0;
+            for (; p + F <= w; p += F) {
+                vfloat d = v_sub(v_load_bf16(q + p), v_load_aligned(mean + p));
+                store_bf16(o + p, v_fma(v_mul(d, v_load_aligned(norm + p)), sc, sh), hw);
+            }
+            if (p < w) {
+                vfloat d = v_sub(v_load_bf16_n(q + p, w - p), v_load_aligned(mean + p));
+                v_store_bf16_n(o + p, v_fma(v_mul(d, v_load_aligned(norm + p)), sc, sh), w - p);
+            }
+        }
+        for (size_t j = 0; slow && j * F < w; ++j)
+            for (unsigned b = bad[j]; b; b &= b - 1) {
+                size_t p = j * F + (size_t)__builtin_ctz(b);
+                tn_norm_slow_layer_bf16(xs + p, C, S, scale, shift, 1, eps, ys + p);
+            }
+    }
+}
+
+void TN_ISA(SynetNormalizeLayerForward16bV2)(const uint16_t * src, size_t batch, size_t channels, size_t spatial,
+                                             const float * scale, const float * shift, const float * eps,
+                                             int format, float * buf, uint16_t * dst)
+{
+    const size_t size = channels * spatial;
+    const float e = eps[0];
+    const int hw = HW_BF16();
+    (void)buf; /* no scratch needed */
+    if (size == 0)
+        return;
+    if (format == TnTensorFormatNhwc || spatial == 1) {
+        size_t rows = batch * spatial, r = 0;
+        for (; r + 4 <= rows; r += 4)
+            layer_norm_rows_bf16(src + r * channels, 4, channels, scale, shift, e, hw, dst + r * channels);
+        for (; r < rows; ++r)
+            layer_norm_rows_bf16(src + r * channels, 1, channels, scale, shift, e, hw, dst + r * channels);
+    } else {
+        for (size_t b = 0; b < batch; ++b)
+            layer_norm_across_bf16(src + b * size, channels, spatial, scale, shift, e, hw, dst + b * size);
+    }
+}
+
+#undef F
+#undef HW_BF16
