@@ -463,10 +463,10 @@ def test_non_contiguous_inputs(rng):
     assert_same_bits(tn.normalize(x.T, axes=[-1]), tn.normalize(np.ascontiguousarray(x.T), axes=[-1]))
 
 
-def test_large_outputs_streaming_stores(rng):
-    """Outputs of 2 MiB or more are written with streaming stores from each segment's first
-    vector-aligned element: rows whose starts move through every alignment, group segments,
-    every dtype, and a destination that starts one element past an alignment (direct call)."""
+def test_large_outputs(rng):
+    """Outputs of 2 MiB or more (the prefetch cursor runs to the last row): rows whose starts
+    move through every alignment, group segments, every dtype, and a destination that starts
+    one element past an alignment (direct call)."""
     cases = [((40, 13109), [1], 1, np.float32), ((2, 16, 33, 1001), [2, 3], 4, np.float16),
              ((1100, 1003), [1], 1, BF16), ((3, 700, 1001), [1], 1, np.float32)]
     for shape, axes, groups, dtype in cases:
@@ -619,7 +619,7 @@ def isa_inputs():
     inputs = {}
     shapes = [((5, 67), [1], 1), ((3, 33, 17), [1], 1), ((2, 8, 15, 3), [2, 3], 4), ((4, 17, 9), [0, 2], 1),
               ((2, 16, 31), [2], 1), ((3, 5, 2, 7), [0, 1, 3], 1), ((2, 64, 49), [2], 8), ((1, 3, 300), [0], 1),
-              ((9, 61447), [1], 1)]   # 2.1 MiB in fp32: streaming stores
+              ((9, 61447), [1], 1)]   # 2.1 MiB in fp32: the prefetch cursor to the end
     acts = [""] + list(tn.ACTIVATIONS)
     i = 0
     for dname, dtype in DTYPES.items():
@@ -693,7 +693,7 @@ def direct_cases():
             s = None if sshape is None else rng.uniform(-2, 2, sshape).astype(np.float32)
             b = None if bshape is None else rng.uniform(-1, 1, bshape).astype(np.float32)
             out.append((f"{dname}-{shape}-{axes}", x, s, b, dict(axes=axes, num_groups=groups, activation="elu")))
-    # outputs of 2 MiB or more: streaming stores, the prefetch cursor up to the last row
+    # outputs of 2 MiB or more: the prefetch cursor up to the last row
     for dname, shape in (("fp32", (9, 61447)), ("bf16", (3, 6, 61447))):
         x = rng.normal(size=shape).astype(DTYPES[dname])
         s = rng.uniform(-2, 2, shape[-1:]).astype(np.float32)

@@ -6,7 +6,8 @@
  * Every level computes the same fp32 values with the same operation sequence, so results
  * are bit-identical on every level and for every dtype:
  *   - statistics (tn_gn_sums below, the same steps for a row and for a column position):
- *     one pass over y = x - c, c the first value of the row, summing y and y^2 (fma); with
+ *     one pass over y = x - c, c the mean of the first 16 (or 8, 4, 2, 1) values of the row
+ *     (a sum exact for a constant row: c is then that value), summing y and y^2 (fma); with
  *     m1 = sum(y) / n, var = sum(y^2) / n - m1^2 and mean = c + m1. A constant row has y = 0,
  *     so its mean is exact and its centered values are exactly 0. When c is far from the
  *     mean (m1^2 > var, the sum of squares would cancel), a second pass about that mean
@@ -60,13 +61,6 @@
  * chunk of all the rows should not exceed (so its later passes read it from L2). */
 #define TN_GN_CHUNK 256
 #define TN_GN_CHUNK_BYTES (512 * 1024)
-
-/* Outputs at least this large (more than L2 holds) are written with streaming stores by the
- * rows kernel of the vector levels: they would leave the cache before being read anyway, and
- * streaming stores save the read for ownership of every output line. */
-#ifndef TN_GN_STREAM_BYTES
-#define TN_GN_STREAM_BYTES (2 * 1024 * 1024)
-#endif
 
 #define TN_GN_QNAN 0x7fc00000u
 
@@ -159,9 +153,18 @@ static inline void tn_gn_finish(TnGnStats * s)
     s->next = TN_GN_DONE;
 }
 
-static inline void tn_gn_begin(TnGnStats * s, float x0, size_t n, float eps, int nv)
+/* The number of leading values whose mean is the first shift: a power of two (their sum
+ * and its product by 1 / k are exact for a constant row), at most 16. */
+static inline size_t tn_gn_lead(size_t n)
 {
-    s->x0 = x0, s->c = x0, s->p = 1.0f, s->eps = eps, s->inv = 1.0f / (float)n;
+    return n >= 16 ? 16 : n >= 8 ? 8 : n >= 4 ? 4 : n >= 2 ? 2 : 1;
+}
+
+/* c0: the mean of the tn_gn_lead(n) first values (summed with the 16-lane tree), x0: the
+ * first value (the shift of a scaled row). */
+static inline void tn_gn_begin(TnGnStats * s, float c0, float x0, size_t n, float eps, int nv)
+{
+    s->x0 = x0, s->c = c0, s->p = 1.0f, s->eps = eps, s->inv = 1.0f / (float)n;
     s->mean = 0.0f, s->var = 0.0f, s->k = 1.0f;
     s->nv = nv, s->scaled = 0, s->second = 0, s->next = TN_GN_SUMS;
 }

@@ -8,9 +8,8 @@
  * its squares, four accumulators each: the canonical 64 lanes), which brings the row into
  * L1/L2; the output pass finds it there. The statistics of the next row are computed before
  * the output of this one, and while a row is written the input TN_GN_AHEAD_BYTES further on
- * is prefetched into L2, so the memory keeps streaming during the cache passes. FP32 outputs
- * of TN_GN_STREAM_BYTES or more use streaming stores (no read for ownership). Rows that need
- * scaling (gnorm.h) take a plain path.
+ * is prefetched into L2, so the memory keeps streaming during the cache passes. Rows that
+ * need scaling (gnorm.h) take a plain path.
  * Columns: positions in chunks of at most TN_GN_CHUNK; whole rows of a chunk are streamed
  * into 16 lane arrays (row r adds into lane r % 16), reduced with the canonical tree.
  */
@@ -74,15 +73,11 @@ INLINE void stn(void * p, size_t i, size_t n, vfloat v, int type)
         v_store_f16_n((uint16_t *)p + i, v, n);
 }
 
-/* A full vector; stream: a non-temporal store (FP32 at a 64-byte aligned address). */
-INLINE void st(void * p, size_t i, vfloat v, int type, int stream)
+INLINE void st(void * p, size_t i, vfloat v, int type)
 {
     v = canonical_nan(v);
     if (type == TnTensorData32f) {
-        if (stream)
-            v_stream((float *)p + i, v);
-        else
-            v_store((float *)p + i, v);
+        v_store((float *)p + i, v);
     } else if (type == TnTensorData16b) {
         v_store_bf16((uint16_t *)p + i, v);
     } else {
@@ -194,13 +189,13 @@ typedef struct {
 } Norm;
 
 /* n (<= F) values from element i; s, b: this vector's parameters (given: sstep, bstep). */
-INLINE vfloat norm_vec(const void * src, size_t i, size_t n, const Norm * nm, int scaled, const float * s, int sstep,
+INLINE vfloat norm_vec(const void * src, size_t i, size_t n, Norm nm, int scaled, const float * s, int sstep,
                        vfloat s0, const float * b, int bstep, vfloat b0, const TnNormalization * norm, int act, int type)
 {
     vfloat x = n >= F ? ld(src, i, type) : ldn(src, i, n, type);
     if (scaled)
-        x = v_mul(x, nm->p);
-    vfloat d = v_mul(v_sub(x, nm->mean), nm->k);
+        x = v_mul(x, nm.p);
+    vfloat d = v_mul(v_sub(x, nm.mean), nm.k);
     vfloat vs = sstep ? (n >= F ? v_load(s) : v_load_n(s, n)) : s0;
     vfloat vb = bstep ? (n >= F ? v_load(b) : v_load_n(b, n)) : b0;
     vfloat y = v_fma(d, vs, vb);
@@ -220,60 +215,35 @@ INLINE vfloat norm_vec(const void * src, size_t i, size_t n, const Norm * nm, in
 /* Full vectors of one segment from position e while e + F <= size; returns the next e. */
 INLINE size_t output_body(const void * src, void * dst, size_t at, size_t e, size_t size, const Norm * nm,
                           const float * s, size_t sstep, vfloat s0, const float * b, size_t bstep, vfloat b0,
-                          Cursor * pf, const TnNormalization * norm, int type, int act, int stream)
+                          Cursor * pf, const TnNormalization * norm, int type, int act)
 {
+    const Norm nv = *nm;   /* in registers: the stores to dst could alias *nm */
     for (; e + F <= size; e += F) {
         pf_step(pf);
-        vfloat y = norm_vec(src, at + e, F, nm, 0, s + e, sstep != 0, s0, b + e, bstep != 0, b0, norm, act, type);
-        st(dst, at + e, y, type, stream);
+        st(dst, at + e, norm_vec(src, at + e, F, nv, 0, s + e, sstep != 0, s0, b + e, bstep != 0, b0, norm, act, type),
+           type);
     }
     return e;
 }
 
-/* Values [e0, e1) of one segment: full vectors (streaming stores if `stream`, which needs
- * [e0, e1) to be whole aligned cache lines), then a partial one. */
-INLINE void output_range(const void * src, void * dst, size_t at, size_t e0, size_t e1, const Norm * nm,
-                         const float * s, size_t sstep, vfloat s0, const float * b, size_t bstep, vfloat b0,
-                         Cursor * pf, const TnNormalization * norm, int type, int stream)
-{
-    size_t e = norm->activation != TnActivationIdentity
-        ? (stream ? output_body(src, dst, at, e0, e1, nm, s, sstep, s0, b, bstep, b0, pf, norm, type, 1, 1)
-                  : output_body(src, dst, at, e0, e1, nm, s, sstep, s0, b, bstep, b0, pf, norm, type, 1, 0))
-        : (stream ? output_body(src, dst, at, e0, e1, nm, s, sstep, s0, b, bstep, b0, pf, norm, type, 0, 1)
-                  : output_body(src, dst, at, e0, e1, nm, s, sstep, s0, b, bstep, b0, pf, norm, type, 0, 0));
-    if (e < e1)
-        stn(dst, at + e, e1 - e,
-            norm_vec(src, at + e, e1 - e, nm, 0, s + e, sstep != 0, s0, b + e, bstep != 0, b0, norm,
-                     norm->activation, type), type);
-}
-
 /* Output of one row, segment by segment, while the input further on is prefetched into L2.
- * With `stream` (large FP32 outputs, which leave the cache before anyone reads them) the
- * whole 64-byte lines of each segment are written with streaming stores: no read for
- * ownership of those lines. A line is never written partly by streaming stores (that would
- * flush a partial write-combining buffer): the parts before the first and after the last
- * whole line use ordinary stores. */
+ * Ordinary stores: streaming ones were slower here (the output of a call usually stays in
+ * the last-level cache, where its next reader finds it). */
 INLINE void output_row(const void * src, void * dst, size_t base, Cursor * pf, size_t segments, size_t size,
                        const Norm * nm, const float * sp, const TnNormalizationParam * sc, const float * bp,
-                       const TnNormalizationParam * bi, const TnNormalization * norm, int type, int stream)
+                       const TnNormalizationParam * bi, const TnNormalization * norm, int type)
 {
-    const size_t es = tn_gn_size(type);
     for (size_t j = 0; j < segments; ++j) {
         const float * s = sp + j * sc->stride, * b = bp + j * bi->stride;
         const size_t at = base + j * size;
         const vfloat s0 = v_set1(s[0]), b0 = v_set1(b[0]);
-        size_t e = 0;
-        if (stream) {
-            const uintptr_t a0 = (uintptr_t)dst + at * es, a1 = a0 + size * es;
-            const uintptr_t l0 = (a0 + 63) & ~(uintptr_t)63, l1 = a1 & ~(uintptr_t)63;
-            if (l1 > l0) {
-                const size_t h = (l0 - a0) / es, t = (l1 - a0) / es;
-                output_range(src, dst, at, 0, h, nm, s, sc->step, s0, b, bi->step, b0, pf, norm, type, 0);
-                output_range(src, dst, at, h, t, nm, s, sc->step, s0, b, bi->step, b0, pf, norm, type, 1);
-                e = t;
-            }
-        }
-        output_range(src, dst, at, e, size, nm, s, sc->step, s0, b, bi->step, b0, pf, norm, type, 0);
+        size_t e = norm->activation != TnActivationIdentity
+            ? output_body(src, dst, at, 0, size, nm, s, sc->step, s0, b, bi->step, b0, pf, norm, type, 1)
+            : output_body(src, dst, at, 0, size, nm, s, sc->step, s0, b, bi->step, b0, pf, norm, type, 0);
+        if (e < size)
+            stn(dst, at + e, size - e,
+                norm_vec(src, at + e, size - e, *nm, 0, s + e, sc->step != 0, s0, b + e, bi->step != 0, b0, norm,
+                         norm->activation, type), type);
     }
 }
 
@@ -291,7 +261,7 @@ static __attribute__((noinline)) void output_row_scaled(const void * src, void *
         for (size_t e = 0; e < size; e += F) {
             const size_t n = size - e < F ? size - e : F;
             stn(dst, at + e, n,
-                norm_vec(src, at + e, n, nm, 1, s + e, sc->step != 0, s0, b + e, bi->step != 0, b0, norm,
+                norm_vec(src, at + e, n, *nm, 1, s + e, sc->step != 0, s0, b + e, bi->step != 0, b0, norm,
                          norm->activation, type), type);
         }
     }
@@ -353,7 +323,9 @@ static __attribute__((noinline)) float row_amax(const void * src, size_t at, siz
 INLINE void row_stats(const void * src, size_t at, size_t n, const TnNormalization * norm, int type, TnGnStats * st,
                       Cursor * pf)
 {
-    tn_gn_begin(st, v_lane(ldn(src, at, 1, type), 0), n, norm->eps, norm->normalizeVariance);
+    const size_t k = tn_gn_lead(n);
+    const vfloat lead = ldn(src, at, k, type);
+    tn_gn_begin(st, v_hsum(lead) * (1.0f / (float)k), v_lane(lead, 0), n, norm->eps, norm->normalizeVariance);
     float s1, s2;
     row_sums(src, at, n, st->c, 1.0f, 0, type, pf, &s1, &s2);
     tn_gn_sums(st, s1, s2);
@@ -379,7 +351,6 @@ INLINE void rows_typed(const void * src, size_t outer, size_t segments, size_t s
     const TnNormalizationParam sc = tn_gn_param(norm->scale, &tn_gn_one);
     const TnNormalizationParam bi = tn_gn_param(norm->bias, &tn_gn_zero);
     const size_t es = tn_gn_size(type), n = segments * size, total = outer * n;
-    const int stream = type == TnTensorData32f && total * es >= TN_GN_STREAM_BYTES && (uintptr_t)dst % es == 0;
     const size_t ahead = n * es >= TN_GN_AHEAD_BYTES ? n : (TN_GN_AHEAD_BYTES / es + n - 1) / n * n;
     TnGnStats cur, next;
     const char * const bytes = (const char *)src, * const last = bytes + total * es;
@@ -398,11 +369,9 @@ INLINE void rows_typed(const void * src, size_t outer, size_t segments, size_t s
                               norm, type);
         else
             output_row(src, dst, at, &pf, segments, size, &nm, tn_gn_row(&sc, o), &sc, tn_gn_row(&bi, o), &bi, norm,
-                       type, stream);
+                       type);
         cur = next;
     }
-    if (stream)
-        v_stream_fence();   /* the streaming stores are weakly ordered */
 }
 
 void TN_ISA(NormalizationRows)(const void * src, size_t outer, size_t segments, size_t segmentSize,
@@ -470,14 +439,22 @@ INLINE void columns_sums(const void * src, size_t base, size_t count, size_t inn
 INLINE void columns_stats(const void * src, size_t base, size_t count, size_t inner, size_t p0, size_t w, Chunk * ch,
                           const TnNormalization * norm, int type)
 {
-    for (size_t p = 0; p < w; p += F) {
-        const size_t n = w - p;
-        vfloat x = n >= F ? ld(src, base + p0 + p, type) : ldn(src, base + p0 + p, n, type);
-        v_store_aligned(ch->c + p, x);
+    const size_t k = tn_gn_lead(count);
+    for (size_t r = 0; r < k; ++r)
+        for (size_t p = 0; p < w; p += F) {
+            const size_t n = w - p, at = base + r * inner + p0 + p;
+            v_store_aligned(ch->l1[r] + p, n >= F ? ld(src, at, type) : ldn(src, at, n, type));
+        }
+    for (size_t p = 0; p < w; p += F)
+        v_store_aligned(ch->c + p, v_load_aligned(ch->l1[0] + p));   /* the first row */
+    lanes_tree(ch->l1, k, w);
+    for (size_t p = 0; p < w; p += F)
         v_store_aligned(ch->p + p, v_set1(1.0f));
-    }
     for (size_t p = 0; p < w; ++p)
-        tn_gn_begin(&ch->st[p], ch->c[p], count, norm->eps, norm->normalizeVariance);
+        tn_gn_begin(&ch->st[p], ch->l1[0][p] * (1.0f / (float)k), ch->c[p], count, norm->eps,
+                    norm->normalizeVariance);
+    for (size_t p = 0; p < w; ++p)
+        ch->c[p] = ch->st[p].c;
     int scaled = 0;
     for (;;) {
         columns_sums(src, base, count, inner, p0, w, ch, scaled, type);
@@ -539,8 +516,8 @@ INLINE void columns_typed(const void * src, size_t outer, size_t count, size_t i
                     const size_t n = w - p < F ? w - p : F;
                     const Norm nm = {v_load_aligned(ch.mean + p), v_load_aligned(ch.k + p), v_load_aligned(ch.p + p)};
                     vfloat y = scaled
-                        ? norm_vec(src, at + p, n, &nm, 1, s + p, sc.step != 0, s0, b + p, bi.step != 0, b0, norm, act, type)
-                        : norm_vec(src, at + p, n, &nm, 0, s + p, sc.step != 0, s0, b + p, bi.step != 0, b0, norm, act, type);
+                        ? norm_vec(src, at + p, n, nm, 1, s + p, sc.step != 0, s0, b + p, bi.step != 0, b0, norm, act, type)
+                        : norm_vec(src, at + p, n, nm, 0, s + p, sc.step != 0, s0, b + p, bi.step != 0, b0, norm, act, type);
                     stn(dst, at + p, n, y, type);
                 }
             }

@@ -234,7 +234,11 @@ void tn_scalar_NormalizationRows(const void * src, size_t outer, size_t segments
     for (size_t o = 0; o < outer; ++o) {
         const size_t base = o * n;
         TnGnStats st;
-        tn_gn_begin(&st, load1(src, base, type), n, norm->eps, norm->normalizeVariance);
+        const size_t k = tn_gn_lead(n);
+        float lead[16] = {0};
+        for (size_t i = 0; i < k; ++i)
+            lead[i] = load1(src, base + i, type);
+        tn_gn_begin(&st, hsum16(lead) * (1.0f / (float)k), lead[0], n, norm->eps, norm->normalizeVariance);
         while (st.next != TN_GN_DONE) {
             if (st.next == TN_GN_AMAX) {
                 tn_gn_amax(&st, row_amax(src, base, n, type));
@@ -285,9 +289,14 @@ static void columns_stats(const void * src, size_t base, size_t count, size_t in
                           const TnNormalization * norm, int type, TnGnStats * st)
 {
     float l1[16][TN_GN_CHUNK], l2[16][TN_GN_CHUNK];   /* 32 KB of stack */
-    const size_t L = count < 16 ? count : 16;
+    const size_t L = count < 16 ? count : 16, k = tn_gn_lead(count);
+    for (size_t r = 0; r < k; ++r)
+        for (size_t p = 0; p < w; ++p)
+            l1[r][p] = load1(src, base + r * inner + p0 + p, type);
+    lanes_tree(l1, k, w);
     for (size_t p = 0; p < w; ++p)
-        tn_gn_begin(&st[p], load1(src, base + p0 + p, type), count, norm->eps, norm->normalizeVariance);
+        tn_gn_begin(&st[p], l1[0][p] * (1.0f / (float)k), load1(src, base + p0 + p, type), count, norm->eps,
+                    norm->normalizeVariance);
     for (;;) {
         int sums = 0, amax = 0;
         for (size_t p = 0; p < w; ++p)
