@@ -463,10 +463,11 @@ def test_non_contiguous_inputs(rng):
     assert_same_bits(tn.normalize(x.T, axes=[-1]), tn.normalize(np.ascontiguousarray(x.T), axes=[-1]))
 
 
-def test_large_outputs(rng):
-    """Outputs of 2 MiB or more (the prefetch cursor runs to the last row): rows whose starts
-    move through every alignment, group segments, every dtype, and a destination that starts
-    one element past an alignment (direct call)."""
+def test_large_outputs_streaming_stores(rng):
+    """Outputs of 2 MiB or more, of rows of 8 KiB or more in FP32, are written with streaming
+    stores from each segment's first vector-aligned element (the prefetch cursor runs to the
+    last row): rows whose starts move through every alignment, group segments, every dtype,
+    and a destination that starts one element past an alignment (direct call)."""
     cases = [((40, 13109), [1], 1, np.float32), ((2, 16, 33, 1001), [2, 3], 4, np.float16),
              ((1100, 1003), [1], 1, BF16), ((3, 700, 1001), [1], 1, np.float32)]
     for shape, axes, groups, dtype in cases:

@@ -62,6 +62,15 @@
 #define TN_GN_CHUNK 256
 #define TN_GN_CHUNK_BYTES (512 * 1024)
 
+/* FP32 outputs at least this large, of rows at least TN_GN_STREAM_ROW bytes long, are
+ * written with streaming stores by the rows kernel of the vector levels. */
+#ifndef TN_GN_STREAM_BYTES
+#define TN_GN_STREAM_BYTES (2 * 1024 * 1024)
+#endif
+#ifndef TN_GN_STREAM_ROW
+#define TN_GN_STREAM_ROW (8 * 1024)
+#endif
+
 #define TN_GN_QNAN 0x7fc00000u
 
 /* Polynomials: weighted least-squares fits (relative error, iterated towards minimax) made

@@ -73,11 +73,15 @@ INLINE void stn(void * p, size_t i, size_t n, vfloat v, int type)
         v_store_f16_n((uint16_t *)p + i, v, n);
 }
 
-INLINE void st(void * p, size_t i, vfloat v, int type)
+/* A full vector; stream: a non-temporal store (FP32 at a 64-byte aligned address). */
+INLINE void st(void * p, size_t i, vfloat v, int type, int stream)
 {
     v = canonical_nan(v);
     if (type == TnTensorData32f) {
-        v_store((float *)p + i, v);
+        if (stream)
+            v_stream((float *)p + i, v);
+        else
+            v_store((float *)p + i, v);
     } else if (type == TnTensorData16b) {
         v_store_bf16((uint16_t *)p + i, v);
     } else {
@@ -215,35 +219,60 @@ INLINE vfloat norm_vec(const void * src, size_t i, size_t n, Norm nm, int scaled
 /* Full vectors of one segment from position e while e + F <= size; returns the next e. */
 INLINE size_t output_body(const void * src, void * dst, size_t at, size_t e, size_t size, const Norm * nm,
                           const float * s, size_t sstep, vfloat s0, const float * b, size_t bstep, vfloat b0,
-                          Cursor * pf, const TnNormalization * norm, int type, int act)
+                          Cursor * pf, const TnNormalization * norm, int type, int act, int stream)
 {
     const Norm nv = *nm;   /* in registers: the stores to dst could alias *nm */
     for (; e + F <= size; e += F) {
         pf_step(pf);
-        st(dst, at + e, norm_vec(src, at + e, F, nv, 0, s + e, sstep != 0, s0, b + e, bstep != 0, b0, norm, act, type),
-           type);
+        vfloat y = norm_vec(src, at + e, F, nv, 0, s + e, sstep != 0, s0, b + e, bstep != 0, b0, norm, act, type);
+        st(dst, at + e, y, type, stream);
     }
     return e;
 }
 
+/* Values [e0, e1) of one segment: full vectors (streaming stores if `stream`, which needs
+ * [e0, e1) to be whole aligned cache lines), then a partial one. */
+INLINE void output_range(const void * src, void * dst, size_t at, size_t e0, size_t e1, const Norm * nm,
+                         const float * s, size_t sstep, vfloat s0, const float * b, size_t bstep, vfloat b0,
+                         Cursor * pf, const TnNormalization * norm, int type, int stream)
+{
+    size_t e = norm->activation != TnActivationIdentity
+        ? (stream ? output_body(src, dst, at, e0, e1, nm, s, sstep, s0, b, bstep, b0, pf, norm, type, 1, 1)
+                  : output_body(src, dst, at, e0, e1, nm, s, sstep, s0, b, bstep, b0, pf, norm, type, 1, 0))
+        : (stream ? output_body(src, dst, at, e0, e1, nm, s, sstep, s0, b, bstep, b0, pf, norm, type, 0, 1)
+                  : output_body(src, dst, at, e0, e1, nm, s, sstep, s0, b, bstep, b0, pf, norm, type, 0, 0));
+    if (e < e1)
+        stn(dst, at + e, e1 - e,
+            norm_vec(src, at + e, e1 - e, *nm, 0, s + e, sstep != 0, s0, b + e, bstep != 0, b0, norm,
+                     norm->activation, type), type);
+}
+
 /* Output of one row, segment by segment, while the input further on is prefetched into L2.
- * Ordinary stores: streaming ones were slower here (the output of a call usually stays in
- * the last-level cache, where its next reader finds it). */
+ * With `stream` (large FP32 outputs of long rows, see rows_typed) the whole 64-byte lines of each segment are written with streaming stores: no read for
+ * ownership of those lines. A line is never written partly by streaming stores (that would
+ * flush a partial write-combining buffer): the parts before the first and after the last
+ * whole line use ordinary stores. */
 INLINE void output_row(const void * src, void * dst, size_t base, Cursor * pf, size_t segments, size_t size,
                        const Norm * nm, const float * sp, const TnNormalizationParam * sc, const float * bp,
-                       const TnNormalizationParam * bi, const TnNormalization * norm, int type)
+                       const TnNormalizationParam * bi, const TnNormalization * norm, int type, int stream)
 {
+    const size_t es = tn_gn_size(type);
     for (size_t j = 0; j < segments; ++j) {
         const float * s = sp + j * sc->stride, * b = bp + j * bi->stride;
         const size_t at = base + j * size;
         const vfloat s0 = v_set1(s[0]), b0 = v_set1(b[0]);
-        size_t e = norm->activation != TnActivationIdentity
-            ? output_body(src, dst, at, 0, size, nm, s, sc->step, s0, b, bi->step, b0, pf, norm, type, 1)
-            : output_body(src, dst, at, 0, size, nm, s, sc->step, s0, b, bi->step, b0, pf, norm, type, 0);
-        if (e < size)
-            stn(dst, at + e, size - e,
-                norm_vec(src, at + e, size - e, *nm, 0, s + e, sc->step != 0, s0, b + e, bi->step != 0, b0, norm,
-                         norm->activation, type), type);
+        size_t e = 0;
+        if (stream) {
+            const uintptr_t a0 = (uintptr_t)dst + at * es, a1 = a0 + size * es;
+            const uintptr_t l0 = (a0 + 63) & ~(uintptr_t)63, l1 = a1 & ~(uintptr_t)63;
+            if (l1 > l0) {
+                const size_t h = (l0 - a0) / es, t = (l1 - a0) / es;
+                output_range(src, dst, at, 0, h, nm, s, sc->step, s0, b, bi->step, b0, pf, norm, type, 0);
+                output_range(src, dst, at, h, t, nm, s, sc->step, s0, b, bi->step, b0, pf, norm, type, 1);
+                e = t;
+            }
+        }
+        output_range(src, dst, at, e, size, nm, s, sc->step, s0, b, bi->step, b0, pf, norm, type, 0);
     }
 }
 
@@ -352,6 +381,10 @@ INLINE void rows_typed(const void * src, size_t outer, size_t segments, size_t s
     const TnNormalizationParam bi = tn_gn_param(norm->bias, &tn_gn_zero);
     const size_t es = tn_gn_size(type), n = segments * size, total = outer * n;
     const size_t ahead = n * es >= TN_GN_AHEAD_BYTES ? n : (TN_GN_AHEAD_BYTES / es + n - 1) / n * n;
+    /* Streaming stores (no read for ownership of the output lines) pay off for long rows;
+     * with short ones (layer norm over 768) they were slower than ordinary stores. */
+    const int stream = type == TnTensorData32f && total * es >= TN_GN_STREAM_BYTES && n * es >= TN_GN_STREAM_ROW &&
+                       (uintptr_t)dst % es == 0;
     TnGnStats cur, next;
     const char * const bytes = (const char *)src, * const last = bytes + total * es;
     Cursor pf = {bytes + (ahead < total ? ahead : total) * es, bytes};
@@ -369,9 +402,11 @@ INLINE void rows_typed(const void * src, size_t outer, size_t segments, size_t s
                               norm, type);
         else
             output_row(src, dst, at, &pf, segments, size, &nm, tn_gn_row(&sc, o), &sc, tn_gn_row(&bi, o), &bi, norm,
-                       type);
+                       type, stream);
         cur = next;
     }
+    if (stream)
+        v_stream_fence();   /* the streaming stores are weakly ordered */
 }
 
 void TN_ISA(NormalizationRows)(const void * src, size_t outer, size_t segments, size_t segmentSize,
@@ -422,8 +457,10 @@ INLINE void columns_sums(const void * src, size_t base, size_t count, size_t inn
         const size_t at = base + r * inner + p0;
         for (size_t p = 0; p < w; p += F) {
             const size_t n = w - p;
-            vfloat x = n >= F ? ld(src, at + p, type) : ldn(src, at + p, n, type);
-            vfloat y = v_keep(m_first(n), shifted(x, v_load_aligned(ch->p + p), v_load_aligned(ch->c + p), scaled));
+            vfloat y = n >= F ? shifted(ld(src, at + p, type), scaled ? v_load_aligned(ch->p + p) : v_zero(),
+                                        v_load_aligned(ch->c + p), scaled)
+                              : v_keep(m_first(n), shifted(ldn(src, at + p, n, type), v_load_aligned(ch->p + p),
+                                                           v_load_aligned(ch->c + p), scaled));
             vfloat a0 = r < 16 ? v_zero() : v_load_aligned(a + p), e0 = r < 16 ? v_zero() : v_load_aligned(e + p);
             v_store_aligned(a + p, v_add(a0, y));
             v_store_aligned(e + p, v_fma(y, y, e0));
@@ -457,7 +494,10 @@ INLINE void columns_stats(const void * src, size_t base, size_t count, size_t in
         ch->c[p] = ch->st[p].c;
     int scaled = 0;
     for (;;) {
-        columns_sums(src, base, count, inner, p0, w, ch, scaled, type);
+        if (scaled)
+            columns_sums(src, base, count, inner, p0, w, ch, 1, type);
+        else
+            columns_sums(src, base, count, inner, p0, w, ch, 0, type);
         int sums = 0, amax = 0;
         for (size_t p = 0; p < w; ++p) {
             TnGnStats * s = &ch->st[p];
