@@ -418,7 +418,8 @@ def test_fp16_and_bf16_rounding_is_exact_rne():
 
 def test_special_values(rng):
     """NaN or infinity in a reduction make its results NaN (the canonical quiet NaN); a
-    constant row gives the bias (variance 0), or NaN with eps = 0."""
+    constant row gives the bias (variance 0), with eps = 0 too (the project's rule: a zero
+    variance with eps = 0 gives a normalized value of 0, the limit eps -> 0+)."""
     x = rng.normal(size=(6, 20)).astype(np.float32)
     x[1, 3] = np.nan
     x[2, 0] = np.inf
@@ -434,7 +435,7 @@ def test_special_values(rng):
         assert np.all(yb[1:4] == qnan), dtype
         assert np.all(as_f64(y[4]) == -1.0) and np.all(np.isfinite(as_f64(y[[0, 5]]))), dtype
         z = tn.normalize(xd, s, b, axes=[1], eps=0.0)
-        assert np.all(z.view(yb.dtype)[4] == qnan), dtype
+        assert np.all(as_f64(z[4]) == -1.0) and np.all(z.view(yb.dtype)[1:4] == qnan), dtype
 
 
 def test_empty_tensors_and_size_one_axes(rng):
@@ -463,9 +464,10 @@ def test_non_contiguous_inputs(rng):
 
 
 def test_large_outputs_streaming_stores(rng):
-    """Outputs of 2 MiB or more are written with streaming stores from each segment's first
-    vector-aligned element: rows whose starts move through every alignment, group segments,
-    every dtype, and a destination that starts one element past an alignment (direct call)."""
+    """Outputs of 2 MiB or more, of rows of 8 KiB or more in FP32, are written with streaming
+    stores from each segment's first vector-aligned element (the prefetch cursor runs to the
+    last row): rows whose starts move through every alignment, group segments, every dtype,
+    and a destination that starts one element past an alignment (direct call)."""
     cases = [((40, 13109), [1], 1, np.float32), ((2, 16, 33, 1001), [2, 3], 4, np.float16),
              ((1100, 1003), [1], 1, BF16), ((3, 700, 1001), [1], 1, np.float32)]
     for shape, axes, groups, dtype in cases:
@@ -607,7 +609,8 @@ for key in sorted(k for k in inputs if k.endswith("_x")):
     s = inputs.get(name + "_s")
     axes = [int(a) for a in inputs[name + "_axes"]]
     act = str(inputs[name + "_act"]) or None
-    y = tn.normalize(x, s, None, axes=axes, num_groups=int(inputs[name + "_g"]), activation=act)
+    eps = float(inputs[name + "_eps"]) if name + "_eps" in inputs else 1e-5
+    y = tn.normalize(x, s, None, axes=axes, num_groups=int(inputs[name + "_g"]), activation=act, eps=eps)
     outputs[name] = y.view(np.uint32 if y.dtype.itemsize == 4 else np.uint16)
 """
 
@@ -617,7 +620,7 @@ def isa_inputs():
     inputs = {}
     shapes = [((5, 67), [1], 1), ((3, 33, 17), [1], 1), ((2, 8, 15, 3), [2, 3], 4), ((4, 17, 9), [0, 2], 1),
               ((2, 16, 31), [2], 1), ((3, 5, 2, 7), [0, 1, 3], 1), ((2, 64, 49), [2], 8), ((1, 3, 300), [0], 1),
-              ((9, 61447), [1], 1)]   # 2.1 MiB in fp32: streaming stores
+              ((9, 61447), [1], 1)]   # 2.1 MiB in fp32: the prefetch cursor to the end
     acts = [""] + list(tn.ACTIVATIONS)
     i = 0
     for dname, dtype in DTYPES.items():
@@ -636,6 +639,31 @@ def isa_inputs():
                 inputs[key + "_axes"] = np.array(axes)
                 inputs[key + "_g"] = np.array(groups)
                 inputs[key + "_act"] = np.array(act)
+                i += 1
+    # Rows (and column positions) at the float32 extremes: constant, huge, tiny, an outlier
+    # first value (the second statistics pass), NaN; with eps 1e-5 and 0.
+    for dtype in (np.float32, BF16):
+        for shape, axes in (((8, 200), [1]), ((2, 8, 33), [1])):
+            x = rng.normal(0.2, 2.0, (8, 200)).astype(np.float32)
+            x[1] = -1700.0
+            x[2] *= np.float32(1e20)
+            x[3] = np.float32(-3.3e38) + np.float32(1e36) * x[3]
+            x[4] *= np.float32(1e-30)
+            x[5, 0] = 1e4
+            x[6] = 0.1
+            x[7, 5] = np.nan
+            x = np.ascontiguousarray(x.reshape(8, 2, 100).transpose(1, 0, 2)).reshape(2, 8, 100)[:, :, :33] \
+                if len(shape) == 3 else x
+            x = x.astype(dtype)
+            for eps in (1e-5, 0.0):
+                key = f"n{i:03d}"
+                inputs[key + "_x"] = x.view(np.uint16) if dtype == BF16 else x
+                inputs[key + "_bf16"] = np.array(dtype == BF16)
+                inputs[key + "_s"] = rng.uniform(-3, 3, shape[-1]).astype(np.float32)
+                inputs[key + "_axes"] = np.array(axes)
+                inputs[key + "_g"] = np.array(1)
+                inputs[key + "_act"] = np.array("")
+                inputs[key + "_eps"] = np.array(eps)
                 i += 1
     return inputs
 
@@ -666,7 +694,7 @@ def direct_cases():
             s = None if sshape is None else rng.uniform(-2, 2, sshape).astype(np.float32)
             b = None if bshape is None else rng.uniform(-1, 1, bshape).astype(np.float32)
             out.append((f"{dname}-{shape}-{axes}", x, s, b, dict(axes=axes, num_groups=groups, activation="elu")))
-    # outputs of 2 MiB or more: streaming stores, the prefetch cursor up to the last row
+    # outputs of 2 MiB or more: the prefetch cursor up to the last row
     for dname, shape in (("fp32", (9, 61447)), ("bf16", (3, 6, 61447))):
         x = rng.normal(size=shape).astype(DTYPES[dname])
         s = rng.uniform(-2, 2, shape[-1:]).astype(np.float32)

@@ -96,21 +96,6 @@ static float softplus_core(float z)
     return vmax(0.0f, z) + l;
 }
 
-static float tanh_f32(float y)
-{
-    float ax = fabsf(y), z = y * y;
-    float p = TN_GN_TANH_P4;
-    p = fmaf(p, z, TN_GN_TANH_P3);
-    p = fmaf(p, z, TN_GN_TANH_P2);
-    p = fmaf(p, z, TN_GN_TANH_P1);
-    p = fmaf(p, z, TN_GN_TANH_P0);
-    float small = fmaf(p, y * z, y);
-    float e = tn_exp_f32(ax + ax);
-    float big = 1.0f - 2.0f / (e + 1.0f);
-    big = tn_bits_f32((tn_f32_bits(big) & 0x7fffffffu) | (tn_f32_bits(y) & 0x80000000u));
-    return ax < TN_GN_TANH_SMALL ? small : big;
-}
-
 static float gelu_f32(float y)
 {
     float yy = y * y;
@@ -165,9 +150,9 @@ static float activate(float y, int type, const float * p)
     case TnActivationHardSigmoid:
         return vmax(0.0f, vmin(1.0f, fmaf(p[0], y, p[1])));
     case TnActivationTanh:
-        return tanh_f32(y);
+        return tn_tanh_f32(y);
     case TnActivationScaledTanh:
-        return p[0] * tanh_f32(p[1] * y);
+        return p[0] * tn_tanh_f32(p[1] * y);
     case TnActivationSoftplus:
         return softplus_core(p[0] * y) / p[0];
     case TnActivationSoftsign:
@@ -205,28 +190,34 @@ static float hsum64(const float * l)
     return hsum16(g);
 }
 
-/* Sum of the n values from element `at` (sq: of (x - m)^2) in the canonical 64-lane order,
- * block by block of TN_GN_BLOCK values whose lane sums are added into lane totals. */
-static float row_sum(const void * src, size_t at, size_t n, float m, int sq, int type)
+/* Sums of y = x * p - c (x * p only when scaled) and of y^2 over the n values from element
+ * `at`, in the canonical 64-lane order, block by block of TN_GN_BLOCK values whose lane sums
+ * are added into lane totals. */
+static void row_sums(const void * src, size_t at, size_t n, const TnGnStats * st, int type, float * s1, float * s2)
 {
-    float total[64] = {0}, lane[64];
+    float t1[64] = {0}, t2[64] = {0}, a1[64], a2[64];
     for (size_t b = 0; b < n; b += TN_GN_BLOCK) {
         const size_t bn = n - b < TN_GN_BLOCK ? n - b : TN_GN_BLOCK;
         for (int l = 0; l < 64; ++l)
-            lane[l] = 0.0f;
+            a1[l] = a2[l] = 0.0f;
         for (size_t i = 0; i < bn; ++i) {
             float x = load1(src, at + b + i, type);
-            if (sq) {
-                float d = x - m;
-                lane[i % 64] = fmaf(d, d, lane[i % 64]);
-            } else {
-                lane[i % 64] += x;
-            }
+            float y = (st->scaled ? x * st->p : x) - st->c;
+            a1[i % 64] += y;
+            a2[i % 64] = fmaf(y, y, a2[i % 64]);
         }
         for (int l = 0; l < 64; ++l)
-            total[l] += lane[l];
+            t1[l] += a1[l], t2[l] += a2[l];
     }
-    return hsum64(total);
+    *s1 = hsum64(t1), *s2 = hsum64(t2);
+}
+
+static float row_amax(const void * src, size_t at, size_t n, int type)
+{
+    float m = 0.0f;
+    for (size_t i = 0; i < n; ++i)
+        m = vmax(m, fabsf(load1(src, at + i, type)));
+    return m;
 }
 
 /* ---- Rows ---------------------------------------------------------------------------------- */
@@ -236,24 +227,35 @@ void tn_scalar_NormalizationRows(const void * src, size_t outer, size_t segments
 {
     const size_t n = segments * segmentSize;
     const int type = norm->type, act = norm->activation;
-    const float inv = 1.0f / (float)n, eps = norm->eps;
     const TnNormalizationParam sc = tn_gn_param(norm->scale, &tn_gn_one);
     const TnNormalizationParam bi = tn_gn_param(norm->bias, &tn_gn_zero);
     if (n == 0)
         return;
     for (size_t o = 0; o < outer; ++o) {
         const size_t base = o * n;
-        const float mean = row_sum(src, base, n, 0.0f, 0, type) * inv;
-        float k = 1.0f;
-        if (norm->normalizeVariance)
-            k = 1.0f / sqrtf(row_sum(src, base, n, mean, 1, type) * inv + eps);
+        TnGnStats st;
+        const size_t k = tn_gn_lead(n);
+        float lead[16] = {0};
+        for (size_t i = 0; i < k; ++i)
+            lead[i] = load1(src, base + i, type);
+        tn_gn_begin(&st, hsum16(lead) * (1.0f / (float)k), lead[0], n, norm->eps, norm->normalizeVariance);
+        while (st.next != TN_GN_DONE) {
+            if (st.next == TN_GN_AMAX) {
+                tn_gn_amax(&st, row_amax(src, base, n, type));
+            } else {
+                float s1, s2;
+                row_sums(src, base, n, &st, type, &s1, &s2);
+                tn_gn_sums(&st, s1, s2);
+            }
+        }
         const float * sp = tn_gn_row(&sc, o), * bp = tn_gn_row(&bi, o);
         for (size_t j = 0; j < segments; ++j) {
             const float * s = sp + j * sc.stride, * b = bp + j * bi.stride;
             for (size_t e = 0; e < segmentSize; ++e) {
                 size_t i = base + j * segmentSize + e;
-                float d = load1(src, i, type) - mean;
-                float y = fmaf(d * k, s[e * sc.step], b[e * bi.step]);
+                float x = load1(src, i, type);
+                float d = (st.scaled ? x * st.p : x) - st.mean;
+                float y = fmaf(d * st.k, s[e * sc.step], b[e * bi.step]);
                 store1(dst, i, act ? activate(y, act, norm->activationParams) : y, type);
             }
         }
@@ -281,15 +283,60 @@ static void lanes_tree(float (*lane)[TN_GN_CHUNK], size_t L, size_t w)
             lane[0][p] += lane[1][p];
 }
 
+/* The statistics of positions [p0, p0 + w) of one outer item: every position runs the steps
+ * of gnorm.h; a pass is made for all positions whenever any of them needs it. */
+static void columns_stats(const void * src, size_t base, size_t count, size_t inner, size_t p0, size_t w,
+                          const TnNormalization * norm, int type, TnGnStats * st)
+{
+    float l1[16][TN_GN_CHUNK], l2[16][TN_GN_CHUNK];   /* 32 KB of stack */
+    const size_t L = count < 16 ? count : 16, k = tn_gn_lead(count);
+    for (size_t r = 0; r < k; ++r)
+        for (size_t p = 0; p < w; ++p)
+            l1[r][p] = load1(src, base + r * inner + p0 + p, type);
+    lanes_tree(l1, k, w);
+    for (size_t p = 0; p < w; ++p)
+        tn_gn_begin(&st[p], l1[0][p] * (1.0f / (float)k), load1(src, base + p0 + p, type), count, norm->eps,
+                    norm->normalizeVariance);
+    for (;;) {
+        int sums = 0, amax = 0;
+        for (size_t p = 0; p < w; ++p)
+            sums |= st[p].next == TN_GN_SUMS, amax |= st[p].next == TN_GN_AMAX;
+        if (!sums && !amax)
+            return;
+        if (amax) {
+            for (size_t p = 0; p < w; ++p) {
+                if (st[p].next != TN_GN_AMAX)
+                    continue;
+                float m = 0.0f;
+                for (size_t r = 0; r < count; ++r)
+                    m = vmax(m, fabsf(load1(src, base + r * inner + p0 + p, type)));
+                tn_gn_amax(&st[p], m);
+            }
+            continue;
+        }
+        for (size_t r = 0; r < count; ++r) {
+            for (size_t p = 0; p < w; ++p) {
+                float x = load1(src, base + r * inner + p0 + p, type);
+                float y = (st[p].scaled ? x * st[p].p : x) - st[p].c;
+                l1[r % 16][p] = (r < 16 ? 0.0f : l1[r % 16][p]) + y;
+                l2[r % 16][p] = fmaf(y, y, r < 16 ? 0.0f : l2[r % 16][p]);
+            }
+        }
+        lanes_tree(l1, L, w);
+        lanes_tree(l2, L, w);
+        for (size_t p = 0; p < w; ++p)
+            if (st[p].next == TN_GN_SUMS)
+                tn_gn_sums(&st[p], l1[0][p], l2[0][p]);
+    }
+}
+
 void tn_scalar_NormalizationColumns(const void * src, size_t outer, size_t count, size_t inner,
                                     const TnNormalization * norm, void * dst)
 {
     const int type = norm->type, act = norm->activation;
-    const float inv = 1.0f / (float)count, eps = norm->eps;
-    const size_t L = count < 16 ? count : 16;
     const TnNormalizationParam sc = tn_gn_param(norm->scale, &tn_gn_one);
     const TnNormalizationParam bi = tn_gn_param(norm->bias, &tn_gn_zero);
-    float lane[16][TN_GN_CHUNK], mean[TN_GN_CHUNK], k[TN_GN_CHUNK];
+    TnGnStats st[TN_GN_CHUNK];
     if (count == 0 || inner == 0)
         return;
     for (size_t o = 0; o < outer; ++o) {
@@ -297,34 +344,14 @@ void tn_scalar_NormalizationColumns(const void * src, size_t outer, size_t count
         const float * sp = tn_gn_row(&sc, o), * bp = tn_gn_row(&bi, o);
         for (size_t p0 = 0; p0 < inner; p0 += TN_GN_CHUNK) {
             const size_t w = inner - p0 < TN_GN_CHUNK ? inner - p0 : TN_GN_CHUNK;
-            for (size_t r = 0; r < count; ++r) {
-                float * a = lane[r % 16];
-                for (size_t p = 0; p < w; ++p)
-                    a[p] = (r < 16 ? 0.0f : a[p]) + load1(src, base + r * inner + p0 + p, type);
-            }
-            lanes_tree(lane, L, w);
-            for (size_t p = 0; p < w; ++p) {
-                mean[p] = lane[0][p] * inv;
-                k[p] = 1.0f;
-            }
-            if (norm->normalizeVariance) {
-                for (size_t r = 0; r < count; ++r) {
-                    float * a = lane[r % 16];
-                    for (size_t p = 0; p < w; ++p) {
-                        float d = load1(src, base + r * inner + p0 + p, type) - mean[p];
-                        a[p] = fmaf(d, d, r < 16 ? 0.0f : a[p]);
-                    }
-                }
-                lanes_tree(lane, L, w);
-                for (size_t p = 0; p < w; ++p)
-                    k[p] = 1.0f / sqrtf(lane[0][p] * inv + eps);
-            }
+            columns_stats(src, base, count, inner, p0, w, norm, type, st);
             for (size_t r = 0; r < count; ++r) {
                 const float * s = sp + r * sc.stride + p0 * sc.step, * b = bp + r * bi.stride + p0 * bi.step;
                 for (size_t p = 0; p < w; ++p) {
                     size_t i = base + r * inner + p0 + p;
-                    float d = load1(src, i, type) - mean[p];
-                    float y = fmaf(d * k[p], s[p * sc.step], b[p * bi.step]);
+                    float x = load1(src, i, type);
+                    float d = (st[p].scaled ? x * st[p].p : x) - st[p].mean;
+                    float y = fmaf(d * st[p].k, s[p * sc.step], b[p * bi.step]);
                     store1(dst, i, act ? activate(y, act, norm->activationParams) : y, type);
                 }
             }
