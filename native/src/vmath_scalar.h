@@ -361,4 +361,16 @@ static inline float tn_pow_f32(float b, float e)
  * level uses the same rule and order, so all levels give bit-identical results. */
 #define TN_LRN_DIRECT_HALF 4
 
+/* The canonical 16-lane reduction tree across lane arrays: lane i (i < L <= 16) holds w
+ * partial sums at lane + i * stride; lane 0 receives (i, i+8), then (i, i+4), then
+ * (0+2) + (1+3) of each position (simd/reduce.h does the same with vectors). Absent lanes
+ * are skipped: they would add +0.0f, which changes no sum. */
+static inline void tn_lanes_tree(float * lane, size_t stride, size_t L, size_t w)
+{
+    for (size_t h = 8, n = L; h >= 1; n = n < h ? n : h, h /= 2)
+        for (size_t i = 0; i < h && i + h < n; ++i)
+            for (size_t p = 0; p < w; ++p)
+                lane[i * stride + p] += lane[(i + h) * stride + p];
+}
+
 #endif

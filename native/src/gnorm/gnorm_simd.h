@@ -13,6 +13,7 @@
  * Columns: positions in chunks of at most TN_GN_CHUNK; whole rows of a chunk are streamed
  * into 16 lane arrays (row r adds into lane r % 16), reduced with the canonical tree.
  */
+#include "simd/reduce.h"
 #include "simd/vmath.h"
 
 #include "kernels.h"
@@ -419,24 +420,6 @@ void TN_ISA(NormalizationRows)(const void * src, size_t outer, size_t segments, 
 
 /* ---- Columns ------------------------------------------------------------------------------- */
 
-static void lanes_tree(float (*lane)[TN_GN_CHUNK], size_t L, size_t w)
-{
-    for (size_t i = 0; i < 8 && i + 8 < L; ++i)
-        for (size_t p = 0; p < w; p += F)
-            v_store_aligned(lane[i] + p, v_add(v_load_aligned(lane[i] + p), v_load_aligned(lane[i + 8] + p)));
-    size_t L1 = L < 8 ? L : 8;
-    for (size_t i = 0; i < 4 && i + 4 < L1; ++i)
-        for (size_t p = 0; p < w; p += F)
-            v_store_aligned(lane[i] + p, v_add(v_load_aligned(lane[i] + p), v_load_aligned(lane[i + 4] + p)));
-    size_t L2 = L1 < 4 ? L1 : 4;
-    for (size_t i = 0; i < 2 && i + 2 < L2; ++i)
-        for (size_t p = 0; p < w; p += F)
-            v_store_aligned(lane[i] + p, v_add(v_load_aligned(lane[i] + p), v_load_aligned(lane[i + 2] + p)));
-    if (L2 > 1)
-        for (size_t p = 0; p < w; p += F)
-            v_store_aligned(lane[0] + p, v_add(v_load_aligned(lane[0] + p), v_load_aligned(lane[1] + p)));
-}
-
 /* Per position of a chunk: the shift c, the scale p, and after the statistics mean and k. */
 typedef struct {
     float c[TN_GN_CHUNK] __attribute__((aligned(64)));
@@ -467,8 +450,8 @@ INLINE void columns_sums(const void * src, size_t base, size_t count, size_t inn
         }
     }
     const size_t L = count < 16 ? count : 16;
-    lanes_tree(ch->l1, L, w);
-    lanes_tree(ch->l2, L, w);
+    v_lanes_tree(ch->l1[0], TN_GN_CHUNK, L, w);
+    v_lanes_tree(ch->l2[0], TN_GN_CHUNK, L, w);
 }
 
 /* The statistics of a chunk: every position runs the steps of gnorm.h; a pass is made for
@@ -484,7 +467,7 @@ INLINE void columns_stats(const void * src, size_t base, size_t count, size_t in
         }
     for (size_t p = 0; p < w; p += F)
         v_store_aligned(ch->c + p, v_load_aligned(ch->l1[0] + p));   /* the first row */
-    lanes_tree(ch->l1, k, w);
+    v_lanes_tree(ch->l1[0], TN_GN_CHUNK, k, w);
     for (size_t p = 0; p < w; p += F)
         v_store_aligned(ch->p + p, v_set1(1.0f));
     for (size_t p = 0; p < w; ++p)

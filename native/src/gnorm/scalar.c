@@ -264,25 +264,6 @@ void tn_scalar_NormalizationRows(const void * src, size_t outer, size_t segments
 
 /* ---- Columns ------------------------------------------------------------------------------- */
 
-/* lane[0][p] = canonical sum of the L (<= 16) lanes, for w positions. */
-static void lanes_tree(float (*lane)[TN_GN_CHUNK], size_t L, size_t w)
-{
-    for (size_t i = 0; i < 8 && i + 8 < L; ++i)
-        for (size_t p = 0; p < w; ++p)
-            lane[i][p] += lane[i + 8][p];
-    size_t L1 = L < 8 ? L : 8;
-    for (size_t i = 0; i < 4 && i + 4 < L1; ++i)
-        for (size_t p = 0; p < w; ++p)
-            lane[i][p] += lane[i + 4][p];
-    size_t L2 = L1 < 4 ? L1 : 4;
-    for (size_t i = 0; i < 2 && i + 2 < L2; ++i)
-        for (size_t p = 0; p < w; ++p)
-            lane[i][p] += lane[i + 2][p];
-    if (L2 > 1)
-        for (size_t p = 0; p < w; ++p)
-            lane[0][p] += lane[1][p];
-}
-
 /* The statistics of positions [p0, p0 + w) of one outer item: every position runs the steps
  * of gnorm.h; a pass is made for all positions whenever any of them needs it. */
 static void columns_stats(const void * src, size_t base, size_t count, size_t inner, size_t p0, size_t w,
@@ -293,7 +274,7 @@ static void columns_stats(const void * src, size_t base, size_t count, size_t in
     for (size_t r = 0; r < k; ++r)
         for (size_t p = 0; p < w; ++p)
             l1[r][p] = load1(src, base + r * inner + p0 + p, type);
-    lanes_tree(l1, k, w);
+    tn_lanes_tree(l1[0], TN_GN_CHUNK, k, w);
     for (size_t p = 0; p < w; ++p)
         tn_gn_begin(&st[p], l1[0][p] * (1.0f / (float)k), load1(src, base + p0 + p, type), count, norm->eps,
                     norm->normalizeVariance);
@@ -322,8 +303,8 @@ static void columns_stats(const void * src, size_t base, size_t count, size_t in
                 l2[r % 16][p] = fmaf(y, y, r < 16 ? 0.0f : l2[r % 16][p]);
             }
         }
-        lanes_tree(l1, L, w);
-        lanes_tree(l2, L, w);
+        tn_lanes_tree(l1[0], TN_GN_CHUNK, L, w);
+        tn_lanes_tree(l2[0], TN_GN_CHUNK, L, w);
         for (size_t p = 0; p < w; ++p)
             if (st[p].next == TN_GN_SUMS)
                 tn_gn_sums(&st[p], l1[0][p], l2[0][p]);

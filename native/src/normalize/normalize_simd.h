@@ -20,6 +20,7 @@
 #include <stdlib.h>
 
 #include "kernels.h"
+#include "simd/reduce.h"
 #include "normalize_slow.h"
 #include "tensorops.h"
 
@@ -785,26 +786,6 @@ V_INLINE void lanes_add(const uint16_t * x, const uint16_t * x0, size_t c, size_
     }
 }
 
-/* In-place tree over the lanes 0..L-1 (L = min(channels, 16)) of w positions: lane[0] gets the
- * sum. Absent lanes are skipped: they would add +0.0f, which changes no lane sum. */
-static void lanes_tree(float (*lane)[TN_NORM_LANES_CHUNK], size_t L, size_t w)
-{
-    for (size_t i = 0; i < 8 && i + 8 < L; ++i)
-        for (size_t p = 0; p < w; p += F)
-            v_store_aligned(lane[i] + p, v_add(v_load_aligned(lane[i] + p), v_load_aligned(lane[i + 8] + p)));
-    size_t L1 = L < 8 ? L : 8;
-    for (size_t i = 0; i < 4 && i + 4 < L1; ++i)
-        for (size_t p = 0; p < w; p += F)
-            v_store_aligned(lane[i] + p, v_add(v_load_aligned(lane[i] + p), v_load_aligned(lane[i + 4] + p)));
-    size_t L2 = L1 < 4 ? L1 : 4;
-    for (size_t i = 0; i < 2 && i + 2 < L2; ++i)
-        for (size_t p = 0; p < w; p += F)
-            v_store_aligned(lane[i] + p, v_add(v_load_aligned(lane[i] + p), v_load_aligned(lane[i + 2] + p)));
-    if (L2 > 1)
-        for (size_t p = 0; p < w; p += F)
-            v_store_aligned(lane[0] + p, v_add(v_load_aligned(lane[0] + p), v_load_aligned(lane[1] + p)));
-}
-
 static void layer_norm_across_bf16(const uint16_t * x, size_t C, size_t S, const float * scale, const float * shift,
                                    float eps, int hw, uint16_t * y)
 {
@@ -820,7 +801,7 @@ static void layer_norm_across_bf16(const uint16_t * x, size_t C, size_t S, const
         uint16_t * ys = y + s0;
         for (size_t c = 0; c < C; ++c)
             lanes_add(xs + c * S, xs, c, w, lane);
-        lanes_tree(lane, L, w);
+        v_lanes_tree(lane[0], TN_NORM_LANES_CHUNK, L, w);
         for (size_t p = 0; p < w; p += F)
             v_store_aligned(mean + p, v_add(v_load_bf16_n(xs + p, w - p), v_mul(v_load_aligned(lane[0] + p), vinv)));
         for (size_t c = 0; c < C; ++c) {
@@ -830,7 +811,7 @@ static void layer_norm_across_bf16(const uint16_t * x, size_t C, size_t S, const
                 v_store_aligned(a + p, v_fma(d, d, c < 16 ? v_zero() : v_load_aligned(a + p)));
             }
         }
-        lanes_tree(lane, L, w);
+        v_lanes_tree(lane[0], TN_NORM_LANES_CHUNK, L, w);
         unsigned slow = 0;
         for (size_t p = 0; p < w; p += F) {
             vfloat t = v_add(v_mul(v_load_aligned(lane[0] + p), vinv), ve);

@@ -415,26 +415,6 @@ static void layer_norm_row_bf16(const uint16_t * x, size_t n, const float * scal
     }
 }
 
-/* In-place reduction of the lanes 0..L-1 (L = min(channels, 16)) of w positions: lane[0]
- * receives the tree sum; absent lanes are skipped (they would add +0.0f). */
-static void lanes_sum_rows(float (*lane)[TN_NORM_LANES_CHUNK], size_t L, size_t w)
-{
-    for (size_t i = 0; i < 8 && i + 8 < L; ++i)
-        for (size_t p = 0; p < w; ++p)
-            lane[i][p] += lane[i + 8][p];
-    size_t L1 = L < 8 ? L : 8;
-    for (size_t i = 0; i < 4 && i + 4 < L1; ++i)
-        for (size_t p = 0; p < w; ++p)
-            lane[i][p] += lane[i + 4][p];
-    size_t L2 = L1 < 4 ? L1 : 4;
-    for (size_t i = 0; i < 2 && i + 2 < L2; ++i)
-        for (size_t p = 0; p < w; ++p)
-            lane[i][p] += lane[i + 2][p];
-    if (L2 > 1)
-        for (size_t p = 0; p < w; ++p)
-            lane[0][p] += lane[1][p];
-}
-
 /* NCHW, one batch item: chunks of spatial positions, 16 lane accumulators per position. */
 static void layer_norm_nchw_bf16(const uint16_t * x, size_t C, size_t S, const float * scale, const float * shift,
                                  float eps, uint16_t * y)
@@ -452,7 +432,7 @@ static void layer_norm_nchw_bf16(const uint16_t * x, size_t C, size_t S, const f
             for (size_t p = 0; p < w; ++p)
                 a[p] = (c < 16 ? 0.0f : a[p]) + (tn_bf16_to_f32(xs[c * S + p]) - tn_bf16_to_f32(xs[p]));
         }
-        lanes_sum_rows(lane, L, w);
+        tn_lanes_tree(lane[0], TN_NORM_LANES_CHUNK, L, w);
         for (size_t p = 0; p < w; ++p)
             mean[p] = tn_bf16_to_f32(xs[p]) + lane[0][p] * inv;
         for (size_t c = 0; c < C; ++c) {
@@ -462,7 +442,7 @@ static void layer_norm_nchw_bf16(const uint16_t * x, size_t C, size_t S, const f
                 a[p] = fmaf(d, d, c < 16 ? 0.0f : a[p]);
             }
         }
-        lanes_sum_rows(lane, L, w);
+        tn_lanes_tree(lane[0], TN_NORM_LANES_CHUNK, L, w);
         for (size_t p = 0; p < w; ++p)
             norm[p] = 1.0f / sqrtf(lane[0][p] * inv + eps);
         for (size_t c = 0; c < C; ++c)
