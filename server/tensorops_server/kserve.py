@@ -26,7 +26,6 @@ identical to Triton's `inference` package; that .proto says why the package diff
 """
 from __future__ import annotations
 
-import contextlib
 import inspect
 import io
 import json
@@ -34,6 +33,7 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable
 
 import grpc
@@ -74,6 +74,7 @@ _CONTENTS = {"FP32": "fp32_contents", "FP64": "fp64_contents", "INT8": "int_cont
 _RAW_INPUTS = pb.ModelInferRequest.DESCRIPTOR.fields_by_name["raw_input_contents"].number
 _RAW_OUTPUTS = pb.ModelInferResponse.DESCRIPTOR.fields_by_name["raw_output_contents"].number
 _FORMAT_PARAMETER = "format"
+_REGION_PARAMETERS = frozenset((_REGION, _BYTE_SIZE, _OFFSET))
 
 
 # ---------------------------------------------------------------------------------------
@@ -99,9 +100,29 @@ class Model:
     session_id: str | None = None        # a session
     stats: "Statistics" = field(default_factory=lambda: Statistics())
 
-    @property
+    # What every request of the model needs, computed once.
+    @cached_property
     def input_names(self) -> frozenset[str]:
         return frozenset(t.name for t in self.inputs)
+
+    @cached_property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.outputs)
+
+    @cached_property
+    def all_outputs(self) -> tuple[tuple[str, None], ...]:
+        """What a request that names no output gets: every output, in the message."""
+        return tuple((name, None) for name in self.output_names)
+
+    @cached_property
+    def response_head(self) -> bytes:
+        """The fields every response of the model starts with (model_name, model_version)."""
+        return pb.ModelInferResponse(model_name=self.name, model_version=VERSION).SerializeToString()
+
+    @cached_property
+    def arguments_cache(self) -> dict:
+        """Request parameters (as received) -> their conversion (see infer_request)."""
+        return {}
 
 
 @dataclass
@@ -264,27 +285,26 @@ def _typed_contents(name: str, datatype: str, contents, count: int) -> bytes:
     return arr.astype(dtype).astype(dtype.newbyteorder("<"), copy=False).tobytes()
 
 
-def _datatype(name: str, datatype: str) -> tuple:
-    found = DATATYPES.get(datatype)
-    if found is None:
-        raise errors.invalid(f"{name}.datatype", f"expected one of {', '.join(DATATYPES)}, got {datatype!r}")
-    return found
-
-
-# Opens a part of a registered region for the call: (field, region, offset, byte_size) -> bytes.
-Regions = Callable[[str, str, int, int], memoryview]
+# Opens a part of a registered region for the call: (region, offset, byte_size, field) ->
+# a view (shm.CallRegions.view).
+Regions = Callable[[str, int, int, str], memoryview]
 
 
 def region_parameters(where: str, parameters) -> tuple[str, int, int] | None:
     """(region, offset, byte_size) of an input or output placed in shared memory, or None.
     Other tensor parameters are refused (binary_data_size, an HTTP one, is ignored)."""
+    if not parameters:
+        return None
     values = {}
     for key, p in parameters.items():
-        if key == "binary_data_size":
-            continue
-        if key not in (_REGION, _BYTE_SIZE, _OFFSET):
+        if key not in _REGION_PARAMETERS:
+            if key == "binary_data_size":
+                continue
             raise errors.invalid(f"{where}.{key}", f"unknown tensor parameter `{key}`")
-        values[key] = _parameter_value(f"{where}.{key}", p)
+        choice = p.WhichOneof("parameter_choice")
+        if choice is None:
+            raise errors.invalid(f"{where}.{key}", f"parameter `{key}` has no value")
+        values[key] = getattr(p, choice)
     if not values:
         return None
     if _REGION not in values or _BYTE_SIZE not in values:
@@ -294,7 +314,7 @@ def region_parameters(where: str, parameters) -> tuple[str, int, int] | None:
     if not isinstance(region, str):
         raise errors.invalid(f"{where}.{_REGION}", f"expected a string_param, got {_choice_name(region)}")
     for key, value in ((_BYTE_SIZE, size), (_OFFSET, offset)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        if type(value) is not int or value < 0:  # noqa: E721 - bool (a bool_param) is refused too
             raise errors.invalid(f"{where}.{key}", f"expected a non-negative int64_param, got {value!r}")
     return region, offset, size
 
@@ -305,87 +325,133 @@ def input_tensors(model: Model, request, raws: list, fmt: int, regions: Regions 
     shared-memory region."""
     inputs = request.inputs
     placed = [region_parameters(t.name, t.parameters) for t in inputs]
-    in_messages = sum(p is None for p in placed)
+    in_messages = placed.count(None)
     if raws and len(raws) != in_messages:
         raise errors.invalid("raw_input_contents", f"expected one buffer per input not in shared memory "
                                                    f"({in_messages}), got {len(raws)}")
-    raw_buffers = iter(raws)
-    codec = model.op.request_codec
+    j = 0  # the next raw buffer
+    input_names = model.input_names
+    layout = model.op.layout
+    repeated = model.op.request_codec.repeated
     tensors: dict[str, Any] = {}
-    for i, tensor in enumerate(inputs):
+    for tensor, where in zip(inputs, placed):
         name = tensor.name
-        if name not in model.input_names:
+        if name not in input_names:
             known = ", ".join(t.name for t in model.inputs)
             raise errors.invalid(name, f"model {model.name} has no input `{name}` (its inputs: {known})")
         if name in tensors:
             raise errors.invalid(name, f"input `{name}` is given twice")
-        code, dtype = _datatype(name, tensor.datatype)
-        shape = list(tensor.shape)
-        count = math.prod(shape) if shape and min(shape) >= 0 else (1 if not shape else -1)
-        if placed[i] is not None:
+        datatype = tensor.datatype
+        found = DATATYPES.get(datatype)
+        if found is None:
+            raise errors.invalid(f"{name}.datatype", f"expected one of {', '.join(DATATYPES)}, got {datatype!r}")
+        code, dtype = found
+        shape = tensor.shape[:]  # a list, built faster than list(shape) by the protobuf runtime
+        count = (math.prod(shape) if min(shape) >= 0 else -1) if shape else 1
+        if where is not None:
             if tensor.HasField("contents"):
                 raise errors.invalid(f"{name}.contents", "the input is in shared memory: no contents")
-            region, offset, size = placed[i]
-            field_name = f"{name}.{_REGION}"
+            region, offset, size = where
             if regions is None:
-                raise errors.invalid(field_name, "shared memory is not available to this call")
-            data, source = regions(field_name, region, offset, size), f"{_BYTE_SIZE} is {size}"
+                raise errors.invalid(f"{name}.{_REGION}", "shared memory is not available to this call")
+            data = regions(region, offset, size, f"{name}.{_REGION}")
         elif raws:
             if tensor.HasField("contents"):
                 raise errors.invalid(f"{name}.contents", "raw_input_contents is used: no input may have contents")
-            j = i - sum(p is not None for p in placed[:i])
-            data = next(raw_buffers)
-            source = f"raw_input_contents[{j}] holds {len(data)} bytes"
+            data = raws[j]
+            j += 1
         else:
             if count < 0:
                 raise errors.invalid(f"{name}.shape", f"dimensions must be non-negative, got {shape}")
-            data = _typed_contents(name, tensor.datatype, tensor.contents, count)
-            source = ""
+            data = _typed_contents(name, datatype, tensor.contents, count)
         if count >= 0 and len(data) != count * dtype.itemsize:
-            raise errors.invalid(name, f"{source}; {shape} of {tensor.datatype} takes {count * dtype.itemsize}")
-        image = fmt if name in model.op.layout else 0
-        if name in codec.repeated:  # the operands stacked along the first dimension
+            if where is not None:
+                source = f"{_BYTE_SIZE} is {where[2]}"
+            elif raws:
+                source = f"raw_input_contents[{j - 1}] holds {len(data)} bytes"
+            else:
+                source = ""
+            raise errors.invalid(name, f"{source}; {shape} of {datatype} takes {count * dtype.itemsize}")
+        image = fmt if name in layout else 0
+        if name in repeated:  # the operands stacked along the first dimension
             if not shape or count < 0:
                 raise errors.invalid(f"{name}.shape", "expected the operands stacked along a first dimension, "
                                                       f"got shape {shape}")
             size = len(data) // shape[0] if shape[0] else 0
             view = memoryview(data)
-            tensors[name] = [_codec.WireTensor(shape[1:], code, image, view[j * size:(j + 1) * size])
-                             for j in range(shape[0])]
+            tensors[name] = [_codec.WireTensor(shape[1:], code, image, view[k * size:(k + 1) * size])
+                             for k in range(shape[0])]
         else:
             tensors[name] = _codec.WireTensor(shape, code, image, data)
     return tensors
 
 
-def infer_request(model: Model, request, raws: list, regions: Regions | None = None) -> _codec.Decoded:
-    """A ModelInferRequest as the tensorops.v1 request of the model's operation."""
-    arguments = {}
-    fmt = 0
-    for name, p in request.parameters.items():
+# Conversions of request parameters kept per model (the same few recur call after call);
+# beyond this many, new ones are converted on every call.
+ARGUMENTS_CACHE_SIZE = 64
+
+
+def request_arguments(model: Model, parameters) -> tuple[Any, int]:
+    """The tensorops.v1 request message (without tensors) holding a request's parameters,
+    and the format of its image tensors (wire enum). Parameters seen before, with values of
+    the same types, reuse their conversion (read only, like every decoded message): they
+    were validated then, and conversion depends on nothing else."""
+    received = []
+    for name, p in parameters.items():
         if name in IGNORED_PARAMETERS:
             continue
-        value = _parameter_value(name, p)
-        if name == _FORMAT_PARAMETER and model.op.layout:
-            try:
-                fmt = _wire.encode_format(value)
-            except WireError as exc:
-                raise errors.from_wire(exc) from None
-            continue
-        arguments[name] = value
-    message = request_message(model, arguments)
+        choice = p.WhichOneof("parameter_choice")
+        if choice is None:
+            raise errors.invalid(name, f"parameter `{name}` has no value")
+        received.append((name, choice, getattr(p, choice)))
+    key = tuple(received)
+    cache = model.arguments_cache
+    converted = cache.get(key)
+    if converted is None:
+        arguments = {}
+        fmt = 0
+        for name, _, value in received:
+            if name == _FORMAT_PARAMETER and model.op.layout:
+                try:
+                    fmt = _wire.encode_format(value)
+                except WireError as exc:
+                    raise errors.from_wire(exc) from None
+                continue
+            arguments[name] = value
+        converted = request_message(model, arguments), fmt
+        if len(cache) < ARGUMENTS_CACHE_SIZE:
+            cache[key] = converted
+    return converted
+
+
+def infer_request(model: Model, request, raws: list, regions: Regions | None = None) -> _codec.Decoded:
+    """A ModelInferRequest as the tensorops.v1 request of the model's operation."""
+    message, fmt = request_arguments(model, request.parameters)
     return _codec.Decoded(message, input_tensors(model, request, raws, fmt, regions))
 
 
 def requested_outputs(model: Model, request) -> tuple[tuple[str, tuple | None], ...]:
     """The outputs to answer with, in order, each with its shared-memory placement (or None)."""
-    names = tuple(t.name for t in model.outputs)
+    if not request.outputs:
+        return model.all_outputs
+    names = model.output_names
     wanted = []
     for o in request.outputs:
-        if o.name not in names:
-            raise errors.invalid(f"outputs.{o.name}", f"model {model.name} has no output `{o.name}` "
-                                                      f"(its outputs: {', '.join(names)})")
-        wanted.append((o.name, region_parameters(f"outputs.{o.name}", o.parameters)))
-    return tuple(wanted) or tuple((name, None) for name in names)
+        name = o.name
+        if name not in names:
+            raise errors.invalid(f"outputs.{name}", f"model {model.name} has no output `{name}` "
+                                                    f"(its outputs: {', '.join(names)})")
+        wanted.append((name, region_parameters(f"outputs.{name}", o.parameters)))
+    return tuple(wanted)
+
+
+_ID = pb.ModelInferResponse.DESCRIPTOR.fields_by_name["id"].number
+_OUTPUTS = pb.ModelInferResponse.DESCRIPTOR.fields_by_name["outputs"].number
+_EMPTY_RAW_OUTPUT = b"".join(_codec.bytes_field(_RAW_OUTPUTS, memoryview(b"")))
+
+
+def _message_field(number: int, data: bytes) -> bytes:
+    return b"".join(_codec.bytes_field(number, memoryview(data)))
 
 
 def infer_response(model: Model, request, outputs: tuple, result, regions: Regions | None = None,
@@ -393,29 +459,36 @@ def infer_response(model: Model, request, outputs: tuple, result, regions: Regio
     """The ModelInferResponse: output descriptions, then the results as raw contents, each
     copied once into the message, or into its shared-memory region (its raw contents then
     empty, so that every output keeps its index among the raw contents). `written`: a
-    result the kernel wrote into its region already."""
-    results = dict(zip((t.name for t in model.outputs), result if isinstance(result, tuple) else (result,)))
-    response = pb.ModelInferResponse(model_name=model.name, model_version=VERSION, id=request.id)
+    result the kernel wrote into its region already. The message is assembled from its
+    fields (the model's head, id, outputs, raw contents), which protobuf reads as the
+    message serialized at once."""
+    results = result if isinstance(result, tuple) else (result,)
+    names = model.output_names
+    parts = [model.response_head]
+    if request.id:
+        parts.append(_message_field(_ID, request.id.encode()))
     payloads = []
     for name, placed in outputs:
-        arr, _ = _codec.wire_array(results[name], name)
-        out = response.outputs.add(name=name, datatype=_DATATYPE_OF[arr.dtype], shape=arr.shape)
-        data = _codec.array_bytes(arr)
+        value = results[names.index(name)]
+        arr, _ = _codec.wire_array(value, name)
+        out = pb.ModelInferResponse.InferOutputTensor(name=name, datatype=_DATATYPE_OF[arr.dtype], shape=arr.shape)
         if placed is not None:
             region, offset, size = placed
-            field_name = f"outputs.{name}.{_REGION}"
-            if data.nbytes > size:
-                raise errors.invalid(f"outputs.{name}.{_BYTE_SIZE}", f"the result takes {data.nbytes} bytes, "
+            nbytes = arr.nbytes
+            if nbytes > size:
+                raise errors.invalid(f"outputs.{name}.{_BYTE_SIZE}", f"the result takes {nbytes} bytes, "
                                                                      f"more than the {size} given")
-            if results[name] is not written:
-                regions(field_name, region, offset, data.nbytes)[:] = data
+            if value is not written:
+                regions(region, offset, nbytes, f"outputs.{name}.{_REGION}")[:] = _codec.array_bytes(arr)
             out.parameters[_REGION].string_param = region
-            out.parameters[_BYTE_SIZE].int64_param = data.nbytes
+            out.parameters[_BYTE_SIZE].int64_param = nbytes
             if offset:
                 out.parameters[_OFFSET].int64_param = offset
-            data = memoryview(b"")
-        payloads += _codec.bytes_field(_RAW_OUTPUTS, data)
-    return b"".join([response.SerializeToString(), *payloads])
+            payloads.append(_EMPTY_RAW_OUTPUT)
+        else:
+            payloads += _codec.bytes_field(_RAW_OUTPUTS, _codec.array_bytes(arr))
+        parts.append(_message_field(_OUTPUTS, out.SerializeToString()))
+    return b"".join(parts + payloads)
 
 
 # ---------------------------------------------------------------------------------------
@@ -555,26 +628,21 @@ class KServe:
         model = self.model(request.model_name, request.model_version, call.identity)
         start = time.perf_counter_ns()
         ok = False
-        shared_bytes = 0
-        with contextlib.ExitStack() as held:
-            def regions(field_name: str, region: str, offset: int, size: int) -> memoryview:
-                nonlocal shared_bytes
-                view = held.enter_context(self.shm.use(call.identity, region, offset, size, field_name))
-                shared_bytes += size
-                return view
-            try:
-                outputs = requested_outputs(model, request)
-                request_in = infer_request(model, request, decoded.tensors["raw"], regions)
-                extra = {}
-                out = self._output_in_region(model, request_in, outputs, regions)
-                if out is not None:
-                    extra["out"] = out
-                result = await self._run(model, request_in, call, nbytes, shared_bytes, extra)
-                response = infer_response(model, request, outputs, result, regions, written=out)
-                ok = True
-                return response
-            finally:
-                model.stats.record(ok, time.perf_counter_ns() - start)
+        regions = self.shm.for_call(call.identity)
+        try:
+            outputs = requested_outputs(model, request)
+            request_in = infer_request(model, request, decoded.tensors["raw"], regions.view)
+            extra = {}
+            out = self._output_in_region(model, request_in, outputs, regions.view)
+            if out is not None:
+                extra["out"] = out
+            result = await self._run(model, request_in, call, nbytes, regions.nbytes, extra)
+            response = infer_response(model, request, outputs, result, regions.view, written=out)
+            ok = True
+            return response
+        finally:
+            regions.close()
+            model.stats.record(ok, time.perf_counter_ns() - start)
 
     @staticmethod
     def _output_in_region(model: Model, decoded: _codec.Decoded, outputs: tuple, regions: Regions):
@@ -602,7 +670,7 @@ class KServe:
         region, offset, size = outputs[0][1]
         if nbytes > size:
             return None  # refused after the call, with the result's size
-        out = np.frombuffer(regions(f"outputs.{outputs[0][0]}.{_REGION}", region, offset, nbytes), dtype)
+        out = np.frombuffer(regions(region, offset, nbytes, f"outputs.{outputs[0][0]}.{_REGION}"), dtype)
         return out.reshape(shape) if out.flags.aligned else None
 
     async def stream_infer(self, instrumented: Instrumented, context: grpc.aio.ServicerContext) -> None:

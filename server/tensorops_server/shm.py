@@ -11,8 +11,8 @@ The server maps what callers hand it, so every step is checked:
 - a region belongs to the caller that registered it (auth.py's identity), as sessions do:
   others do not see it;
 - every use checks offset + size against the region, and the region against the object's
-  size *now* (fstat), so that an object shrunk after registration is refused instead of
-  faulting. (A caller that shrinks its object while a call reads or writes it can still
+  size *now* (one fstat per region per call, see CallRegions), so that an object shrunk
+  after registration is refused instead of faulting. (A caller that shrinks its object while a call reads or writes it can still
   fault the process with SIGBUS: POSIX offers no way to pin the size of a shared-memory
   object. pread/pwrite through the descriptor would make that a clean error but cost two
   copies, about 0.6 ms at 4 MB, more than the rest of such a call's overhead; so regions
@@ -27,7 +27,6 @@ import mmap
 import os
 import stat
 import threading
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import grpc
@@ -163,10 +162,13 @@ class SharedMemory:
         return region if region.users == 0 else None
 
     # ---- inference
-    @contextmanager
-    def use(self, owner: str, name: str, offset: int, byte_size: int, field: str):
-        """A view of `byte_size` bytes at `offset` in the caller's region `name`, valid
-        within the block. `field` names the parameter in errors."""
+    def for_call(self, owner: str) -> "CallRegions":
+        """The regions of one call (close() it when the call ends)."""
+        return CallRegions(self, owner)
+
+    def _hold(self, owner: str, name: str, field: str) -> tuple[Region, int]:
+        """The caller's region `name`, held for a call (release with _let_go), and its
+        object's size now."""
         if not self.allowed:
             raise unavailable(field)
         with self._lock:
@@ -175,25 +177,61 @@ class SharedMemory:
                 region.users += 1
         if region is None:
             raise errors.not_found(f"no shared-memory region named {name!r} is registered", field=field)
-        view = None
         try:
-            if offset < 0 or byte_size < 0 or offset + byte_size > region.byte_size:
-                raise errors.invalid(field, f"offset {offset} + byte_size {byte_size} exceed the region's "
-                                            f"{region.byte_size} bytes")
-            if os.fstat(region.fd).st_size < region.offset + offset + byte_size:
-                raise errors.invalid(field, f"the shared-memory object of region {name!r} shrank below what was "
-                                            "registered; register it again")
-            start = region.offset + offset
-            view = memoryview(region.map)[start:start + byte_size]
-            yield view
-        finally:
-            if view is not None:
-                try:
-                    view.release()
-                except BufferError:  # arrays over it outlive the block: it goes with them
-                    pass
-            with self._lock:
-                region.users -= 1
-                last = region.retired and region.users == 0
-            if last:
-                region.close()
+            return region, os.fstat(region.fd).st_size
+        except BaseException:
+            self._let_go(region)
+            raise
+
+    def _let_go(self, region: Region) -> None:
+        with self._lock:
+            region.users -= 1
+            last = region.retired and region.users == 0
+        if last:
+            region.close()
+
+
+class CallRegions:
+    """The parts of regions one call reads and writes. Each region is looked up, held
+    (an Unregister meanwhile unmaps it only when the call ends) and checked against its
+    object's size (fstat) once per call, at its first use, however many of the call's
+    inputs and outputs lie in it; every part is checked against the region and that size."""
+
+    __slots__ = ("_shm", "_owner", "_held", "_views", "nbytes")
+
+    def __init__(self, shm: SharedMemory, owner: str):
+        self._shm = shm
+        self._owner = owner
+        self._held: dict[str, tuple[Region, int]] = {}  # name -> (region, its object's size)
+        self._views: list[memoryview] = []
+        self.nbytes = 0  # the bytes of the parts opened so far
+
+    def view(self, name: str, offset: int, byte_size: int, field: str) -> memoryview:
+        """A view of `byte_size` bytes at `offset` in the caller's region `name`, valid
+        until close(). `field` names the parameter in errors."""
+        held = self._held.get(name)
+        if held is None:
+            held = self._held[name] = self._shm._hold(self._owner, name, field)
+        region, object_size = held
+        if offset < 0 or byte_size < 0 or offset + byte_size > region.byte_size:
+            raise errors.invalid(field, f"offset {offset} + byte_size {byte_size} exceed the region's "
+                                        f"{region.byte_size} bytes")
+        start = region.offset + offset
+        if object_size < start + byte_size:
+            raise errors.invalid(field, f"the shared-memory object of region {name!r} shrank below what was "
+                                        "registered; register it again")
+        view = memoryview(region.map)[start:start + byte_size]
+        self._views.append(view)
+        self.nbytes += byte_size
+        return view
+
+    def close(self) -> None:
+        for view in self._views:
+            try:
+                view.release()
+            except BufferError:  # arrays over it outlive the call: it goes with them
+                pass
+        self._views.clear()
+        held, self._held = self._held, {}
+        for region, _ in held.values():
+            self._shm._let_go(region)

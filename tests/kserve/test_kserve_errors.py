@@ -8,7 +8,9 @@ import pytest
 import tritonclient.grpc as tc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+import tensorops_native as tn
 from kserve_calls import infer_input, refused
+from rpc_cases import same
 
 X = np.arange(6, dtype=np.float32).reshape(2, 3)
 
@@ -43,6 +45,31 @@ def test_refused_infer(triton, model, inputs, parameters, code, message):
     assert status == f"StatusCode.{code}"
     assert text.startswith(message), text
     assert triton.is_server_ready()
+
+
+def test_parameters_checked_on_every_call(triton):
+    """The server reuses the conversion of parameters it has seen before: only for the same
+    values of the same types. True == 1 in Python, yet axis as a bool_param after the same
+    axis as an int64_param is refused, as is a bad value sent again."""
+    x = infer_input("x", X)
+    assert same(triton.infer("softmax", [x], parameters={"axis": 1}).as_numpy("y"), tn.softmax(X, axis=1))
+    for _ in range(2):
+        assert refused(triton.infer, "softmax", [x], parameters={"axis": True}) == (
+            "StatusCode.INVALID_ARGUMENT", "axis: expected an int64_param, got bool_param True")
+        assert refused(triton.infer, "softmax", [x], parameters={"axis": "1"}) == (
+            "StatusCode.INVALID_ARGUMENT", "axis: expected an int64_param, got string_param '1'")
+    assert same(triton.infer("softmax", [x], parameters={"axis": 1}).as_numpy("y"), tn.softmax(X, axis=1))
+
+
+def test_many_parameter_values(triton):
+    """More distinct parameter values than the server keeps conversions of (64 per model):
+    every call still gets its own eps."""
+    x, scale, shift = X[None, :, :, None], X[:, 0] + 1, X[:, 1]
+    inputs = [infer_input("x", x), infer_input("scale", scale), infer_input("shift", shift)]
+    for i in range(80):
+        eps = 1e-3 * (i + 1)
+        got = triton.infer("layer_norm_channels", inputs, parameters={"eps": eps}).as_numpy("y")
+        assert same(got, tn.layer_norm_channels(x, scale, shift, eps=eps)), eps
 
 
 def _uint16(name, value):

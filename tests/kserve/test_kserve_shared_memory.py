@@ -182,6 +182,33 @@ def test_bad_uses_of_regions(client, regions, shm_server):
     assert client.is_server_ready() and shm_server.proc.poll() is None
 
 
+def test_each_part_of_a_region_checked_against_its_size(client, regions, shm_server):
+    """x and y in one region: the object's size is read once per call, and every part the
+    call uses is checked against it. A shrink that leaves x whole and cuts into y is
+    refused, naming y, before the kernel runs; once the object is grown back, the region
+    serves again (the size is read anew by each call)."""
+    x, scale, shift = layer_norm_problem()
+    key, handle = regions(2 * x.nbytes)
+    shm.set_shared_memory_region(handle, [x])
+    client.register_system_shared_memory("xy", key, 2 * x.nbytes)
+    y_out = tc.InferRequestedOutput("y")
+    y_out.set_shared_memory("xy", x.nbytes, offset=x.nbytes)
+
+    def call():
+        client.infer("layer_norm_channels", [_x_in("xy", x.nbytes), infer_input("scale", scale),
+                                             infer_input("shift", shift)], outputs=[y_out])
+    path = f"/dev/shm/{key.lstrip('/')}"
+    os.truncate(path, x.nbytes + 64)
+    status, text = refused(call)
+    assert status == "StatusCode.INVALID_ARGUMENT" and text.startswith("outputs.y.shared_memory_region: ") and \
+        "shrank" in text, text
+    os.truncate(path, 2 * x.nbytes)
+    call()
+    y = shm.get_contents_as_numpy(handle, np.float32, x.shape, offset=x.nbytes)
+    assert same(y, tn.layer_norm_channels(x, scale, shift))
+    assert client.is_server_ready() and shm_server.proc.poll() is None
+
+
 @pytest.mark.parametrize("key, size, code, message", [
     ("/other_region", 64, "PERMISSION_DENIED", "key: this server maps only the shared-memory objects whose names "
                                                "start with 'tensorops_'"),

@@ -52,6 +52,32 @@ def test_large_call_and_result_is_writable(shm_server):
     assert kserve_calls(shm_server) - before == 2
 
 
+def test_recurring_and_varying_calls(shm_server):
+    """The client keeps the requests of calls that recur (64 at most): calls that differ
+    from one another in a parameter, a shape, a place or a small tensor in the message,
+    more of them than it keeps, each get their own result."""
+    rng = np.random.default_rng(3)
+    before = kserve_calls(shm_server)
+    calls = 0
+    with tensorops.Client(shm_server.target, shared_memory=True, shared_memory_min_bytes=0) as client:
+        x = client.shared_array((1, 8, 128, 8), np.float32)  # 32 KB: a copy goes into a region; 8 channels
+        y = client.shared_array(x.shape, np.float32)
+        x[...] = rng.standard_normal(x.shape)
+        for i in range(70):
+            scale = (rng.random(8) + 0.5).astype(np.float32)
+            shift = rng.standard_normal(8).astype(np.float32)
+            eps = 1e-5 * (1 + i % 40)
+            fmt = ("nchw", "nhwc")[i % 2]
+            given = x if i % 3 else np.array(x)  # in place, or copied into the call's region
+            expected = tn.layer_norm_channels(given, scale, shift, eps=eps, format=fmt)
+            assert same(expected, client.layer_norm_channels(given, scale, shift, eps=eps, format=fmt, out=y)), i
+            calls += 1
+            z = rng.standard_normal((i % 5 + 1, 64)).astype(np.float32)
+            assert same(tn.softmax(z, axis=i % 2), client.softmax(z, axis=i % 2)), i
+            calls += 1
+    assert kserve_calls(shm_server) - before == calls
+
+
 def test_concurrent_calls(shm_server):
     rng = np.random.default_rng(2)
     xs = [rng.standard_normal((64, 1024)).astype(np.float32) for _ in range(16)]
