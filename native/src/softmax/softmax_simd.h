@@ -63,15 +63,17 @@ static void sm_fill_nan(void * p, size_t n, int bf)
 }
 
 /* exp(x) for x <= 0 or NaN (x minus the max of its row or column): the bits of
- * tn_exp_f32 and v_exp on that domain, with fewer operations and no underflowing scaling:
+ * tn_exp_f32 and v_exp on that domain, with fewer operations:
  *  - the clamp to TN_EXP_MAX is void there; the max with TN_EXP_MIN returns x when x is
  *    NaN, so a NaN comes out NaN (its payload does not matter: such rows become NaN);
- *  - results below FLT_MIN (n <= -126) would make the scaling underflow, which costs a
- *    microcode assist per instruction on some CPUs: the scaling runs with n clamped to
- *    -125, and those lanes take instead y * 2^(n + 149) (exact, at least 0.35) rounded to
- *    an integer, ties to even: the result in units of the smallest denormal, i.e. its bits.
- * TO BE REPLACED by v_exp (simd/vmath.h) once that is as fast on underflowing lanes
- * (issue 12); the results are the same. */
+ *  - for n >= -125 the result y * 2^n is normal, so adding n to the exponent field is the
+ *    exact product (no v_ldexp: on AVX2 its two multiplies and integer steps cost about
+ *    half of this function, and denormal products are slow there);
+ *  - results below FLT_MIN (n <= -126) take instead y * 2^(n + 149) (exact, at least 0.35)
+ *    rounded to an integer, ties to even: the result in units of the smallest denormal,
+ *    i.e. its bits.
+ * TO BE REPLACED by v_exp (simd/vmath.h) once that is as fast (issue 12); the results are
+ * the same. */
 V_INLINE vfloat sm_exp(vfloat x)
 {
     vfloat xs = v_max(v_set1(TN_EXP_MIN), x);
@@ -85,7 +87,7 @@ V_INLINE vfloat sm_exp(vfloat x)
     p = v_fma(p, r, v_set1(TN_EXP_P4));
     p = v_fma(p, r, v_set1(TN_EXP_P5));
     vfloat y = v_add(v_fma(p, v_mul(r, r), r), v_set1(1.0f));
-    vfloat res = v_ldexp(y, v_max(n, v_set1(-125.0f)));
+    vfloat res = vi_as_float(vi_add(v_as_int(y), vi_sll(v_to_int_trunc(n), 23)));
     vmask tiny = v_le(n, v_set1(-126.0f));
     if (m_any(tiny)) {
         vfloat k = v_add(v_min(n, v_set1(-126.0f)), v_set1(149.0f));
