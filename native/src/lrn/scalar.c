@@ -3,8 +3,8 @@
  * squares over channels [c - half, c + half] clipped to the tensor.
  *
  * Every lane (a spatial position in NCHW, a pixel in NHWC) is one sequence of channels,
- * handled by lrn_lane. The vector levels run the same per-lane operation sequence on 8 or
- * 16 lanes at once, so all levels give bit-identical results:
+ * handled by lrn_lane. The vector levels (lrn_simd.h) run the same per-lane operation
+ * sequence on 16 lanes at once, so all levels give bit-identical results:
  * - half <= TN_LRN_DIRECT_HALF: S = fma chain over the window in channel order;
  * - wider windows: van Herk / Gil-Werman block sums. In channel coordinates padded by
  *   half zeros on each side, blocks of B = 2*half channels; the window of channel c is

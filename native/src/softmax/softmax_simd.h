@@ -1,0 +1,446 @@
+/*
+ * Softmax along the count axis (SynetSoftmax32f, SynetSoftmax16b), written once against the
+ * vector layer (simd/README.md) and compiled by avx512.c and avx2.c. It follows the
+ * operation sequence of scalar.c (see there), so FP32 and BF16 results are bit-identical
+ * on every level.
+ *
+ * inner == 1: a row is contiguous. Rows of up to 16 * SM_REG_V elements are read once into
+ *   registers (max, exp and 16-lane sum, scale); longer ones take three passes while the
+ *   row sits in L1 (max; exp, kept and summed; scale by 1 / sum). Runs of at least 16 rows
+ *   shorter than 16 are transposed so that each lane holds one row.
+ * 1 < inner < SM_FLAT_INNER: the contiguous slab is walked in periods of lcm(inner, 16)
+ *   elements with one accumulator per lane of the period.
+ * inner >= SM_FLAT_INNER: vectors run along inner; a block of up to four vectors of columns
+ *   is walked over count with stride inner, one sequential sum per column.
+ */
+#include <stdlib.h>
+
+#include "kernels.h"
+
+#define SM_STACK_FLOATS 4096 /* BF16 scratch up to this size lives on the stack */
+#define SM_BF16_NAN 0x7fc0u
+#define SM_FLAT_INNER 16
+#define SM_FLAT_MAX 240 /* lcm(inner, 16) for inner < SM_FLAT_INNER */
+#define SM_REG_V 16     /* rows of up to 16 * SM_REG_V elements stay in registers */
+#define SM_ROWS_MAX 15  /* rows this short go 16 at a time, one per lane */
+
+/* Element i of fp32 (bf == 0) or BF16 (bf == 1) data; the _n forms touch the first
+ * min(n, 16) elements only (the other lanes read as +0). */
+V_INLINE vfloat sm_ld(const void * p, size_t i, int bf)
+{
+    return bf ? v_load_bf16((const uint16_t *)p + i) : v_load((const float *)p + i);
+}
+
+V_INLINE vfloat sm_ld_n(const void * p, size_t i, size_t n, int bf)
+{
+    return bf ? v_load_bf16_n((const uint16_t *)p + i, n) : v_load_n((const float *)p + i, n);
+}
+
+V_INLINE void sm_st(void * p, size_t i, vfloat v, int bf)
+{
+    if (bf)
+        v_store_bf16((uint16_t *)p + i, v);
+    else
+        v_store((float *)p + i, v);
+}
+
+V_INLINE void sm_st_n(void * p, size_t i, vfloat v, size_t n, int bf)
+{
+    if (bf)
+        v_store_bf16_n((uint16_t *)p + i, v, n);
+    else
+        v_store_n((float *)p + i, v, n);
+}
+
+static void sm_fill_nan(void * p, size_t n, int bf)
+{
+    for (size_t i = 0; i < n; ++i) {
+        if (bf)
+            ((uint16_t *)p)[i] = SM_BF16_NAN;
+        else
+            ((float *)p)[i] = NAN;
+    }
+}
+
+/* exp(x) for x <= 0 or NaN (x minus the max of its row or column): the bits of
+ * tn_exp_f32 and v_exp on that domain, with fewer operations:
+ *  - the clamp to TN_EXP_MAX is void there; the max with TN_EXP_MIN returns x when x is
+ *    NaN, so a NaN comes out NaN (its payload does not matter: such rows become NaN);
+ *  - for n >= -125 the result y * 2^n is normal, so adding n to the exponent field is the
+ *    exact product (no v_ldexp: on AVX2 its two multiplies and integer steps cost about
+ *    half of this function, and denormal products are slow there);
+ *  - results below FLT_MIN (n <= -126) take instead y * 2^(n + 149) (exact, at least 0.35)
+ *    rounded to an integer, ties to even: the result in units of the smallest denormal,
+ *    i.e. its bits.
+ * TO BE REPLACED by v_exp (simd/vmath.h) once that is as fast (issue 12); the results are
+ * the same. */
+V_INLINE vfloat sm_exp(vfloat x)
+{
+    vfloat xs = v_max(v_set1(TN_EXP_MIN), x);
+    vfloat n = v_round(v_mul(xs, v_set1(TN_LOG2E)));
+    vfloat r = v_fma(n, v_set1(-TN_LN2_HI), xs);
+    r = v_fma(n, v_set1(-TN_LN2_LO), r);
+    vfloat p = v_set1(TN_EXP_P0);
+    p = v_fma(p, r, v_set1(TN_EXP_P1));
+    p = v_fma(p, r, v_set1(TN_EXP_P2));
+    p = v_fma(p, r, v_set1(TN_EXP_P3));
+    p = v_fma(p, r, v_set1(TN_EXP_P4));
+    p = v_fma(p, r, v_set1(TN_EXP_P5));
+    vfloat y = v_add(v_fma(p, v_mul(r, r), r), v_set1(1.0f));
+    vfloat res = vi_as_float(vi_add(v_as_int(y), vi_sll(v_to_int_trunc(n), 23)));
+    vmask tiny = v_le(n, v_set1(-126.0f));
+    if (m_any(tiny)) {
+        vfloat k = v_add(v_min(n, v_set1(-126.0f)), v_set1(149.0f));
+        res = v_select(tiny, vi_as_float(v_to_int_round(v_ldexp(y, k))), res);
+    }
+    return res;
+}
+
+/* ---- inner == 1 ---- */
+
+static inline float row_max(const void * src, size_t n, int bf)
+{
+    vfloat m0 = v_set1(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        m0 = v_max(m0, sm_ld(src, i, bf));
+        m1 = v_max(m1, sm_ld(src, i + 16, bf));
+        m2 = v_max(m2, sm_ld(src, i + 32, bf));
+        m3 = v_max(m3, sm_ld(src, i + 48, bf));
+    }
+    for (; i + 16 <= n; i += 16)
+        m0 = v_max(m0, sm_ld(src, i, bf));
+    if (i < n)
+        m1 = v_max(m1, v_select(m_first(n - i), sm_ld_n(src, i, n - i, bf), v_set1(-INFINITY)));
+    return v_hmax(v_max(v_max(m0, m1), v_max(m2, m3)));
+}
+
+/* e[i] = exp(x[i] - mx); returns their sum, element i in lane i % 16. */
+static inline float row_exp(const void * src, size_t n, float mx, float * e, int bf)
+{
+    vfloat m = v_set1(mx), acc = v_zero();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        vfloat x = sm_exp(v_sub(sm_ld(src, i, bf), m));
+        v_store(e + i, x);
+        acc = v_add(acc, x);
+    }
+    if (i < n) { /* the lanes past the row read as max: exp(0), kept out of the sum */
+        vmask k = m_first(n - i);
+        vfloat x = sm_exp(v_sub(v_select(k, sm_ld_n(src, i, n - i, bf), m), m));
+        v_store_n(e + i, x, n - i);
+        acc = v_add(acc, v_keep(k, x));
+    }
+    return v_hsum(acc);
+}
+
+/* dst[i] = e[i] * (1 / sum); e may be dst itself (fp32). */
+static inline void row_scale(const float * e, size_t n, float sum, void * dst, int bf)
+{
+    if (sum != sum) {
+        sm_fill_nan(dst, n, bf);
+        return;
+    }
+    vfloat r = v_set1(1.0f / sum);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        sm_st(dst, i, v_mul(v_load(e + i), r), bf);
+    if (i < n)
+        sm_st_n(dst, i, v_mul(v_load_n(e + i, n - i), r), n - i, bf);
+}
+
+/* A short row (n <= 16 * V, V = 1..SM_REG_V a constant after inlining) kept in registers:
+ * one read and one write per element, the operations of row_max / row_exp / row_scale.
+ * The last vector holds ln (1..16) elements; its other lanes are zero in the sum. */
+V_INLINE void row_short(const void * src, void * dst, int V, size_t ln, int bf)
+{
+    vfloat x[SM_REG_V];
+    vmask lm = m_first(ln);
+    for (int v = 0; v < V - 1; ++v)
+        x[v] = sm_ld(src, 16 * (size_t)v, bf);
+    x[V - 1] = v_select(lm, sm_ld_n(src, 16 * (size_t)(V - 1), ln, bf), v_set1(-INFINITY));
+    vfloat m0 = x[0], m1 = V > 1 ? x[1] : x[0];
+    for (int v = 2; v < V; v += 2) {
+        m0 = v_max(m0, x[v]);
+        if (v + 1 < V)
+            m1 = v_max(m1, x[v + 1]);
+    }
+    vfloat m = v_set1(v_hmax(v_max(m0, m1)));
+    x[V - 1] = v_select(lm, x[V - 1], m); /* exp(0) past the row, kept out of the sum */
+    vfloat acc = v_zero();
+    for (int v = 0; v < V; ++v) {
+        x[v] = sm_exp(v_sub(x[v], m));
+        if (v == V - 1)
+            x[v] = v_keep(lm, x[v]);
+        acc = v_add(acc, x[v]);
+    }
+    float sum = v_hsum(acc);
+    if (sum != sum) {
+        sm_fill_nan(dst, 16 * (size_t)(V - 1) + ln, bf);
+        return;
+    }
+    vfloat r = v_set1(1.0f / sum);
+    for (int v = 0; v < V - 1; ++v)
+        sm_st(dst, 16 * (size_t)v, v_mul(x[v], r), bf);
+    sm_st_n(dst, 16 * (size_t)(V - 1), v_mul(x[V - 1], r), ln, bf);
+}
+
+#define SM_ROW_CASE(V) \
+    case V: \
+        for (; o < outer; ++o, s += count * esz, d += count * esz) \
+            row_short(s, d, V, ln, bf); \
+        break;
+
+/* Sixteen rows of count <= SM_ROWS_MAX elements at once, transposed into t (element c of
+ * row l in lane l of vector c): the max, the exps and the scaling run on whole vectors, and
+ * the 16-lane order of a row (element c in lane c, absent lanes zero, then the tree of
+ * v_hsum) becomes the same tree across the vectors. */
+static inline void rows16(const void * src, size_t count, void * dst, int bf)
+{
+    float t[16 * SM_ROWS_MAX];
+    uint16_t tb[16 * SM_ROWS_MAX];
+    vfloat e[16];
+    for (size_t l = 0; l < 16; ++l)
+        for (size_t c = 0; c < count; ++c)
+            t[16 * c + l] = bf ? tn_bf16_to_f32(((const uint16_t *)src)[l * count + c]) : ((const float *)src)[l * count + c];
+    vfloat mx = v_set1(-INFINITY);
+    for (size_t c = 0; c < count; ++c)
+        mx = v_max(mx, v_load(t + 16 * c));
+    for (size_t c = 0; c < 16; ++c)
+        e[c] = c < count ? sm_exp(v_sub(v_load(t + 16 * c), mx)) : v_zero();
+    vfloat a[8];
+    for (int l = 0; l < 8; ++l)
+        a[l] = v_add(e[l], e[l + 8]);
+    for (int l = 0; l < 4; ++l)
+        a[l] = v_add(a[l], a[l + 4]);
+    vfloat sum = v_add(v_add(a[0], a[2]), v_add(a[1], a[3]));
+    vfloat r = v_div(v_set1(1.0f), sum);
+    vmask nan = v_isnan(sum);
+    for (size_t c = 0; c < count; ++c) {
+        vfloat y = v_select(nan, v_set1(NAN), v_mul(e[c], r));
+        if (bf)
+            v_store_bf16(tb + 16 * c, y);
+        else
+            v_store(t + 16 * c, y);
+    }
+    for (size_t l = 0; l < 16; ++l)
+        for (size_t c = 0; c < count; ++c) {
+            if (bf)
+                ((uint16_t *)dst)[l * count + c] = tb[16 * c + l];
+            else
+                ((float *)dst)[l * count + c] = t[16 * c + l];
+        }
+}
+
+/* ---- 1 < inner < SM_FLAT_INNER ---- */
+
+static size_t flat_period(size_t inner)
+{
+    size_t low = inner & (~inner + 1); /* largest power of two dividing inner */
+    return 16 * inner / (low < 16 ? low : 16);
+}
+
+/* The slab (count x inner, contiguous) in periods of p = 16 * PV elements; lane q of the
+ * period accumulates the elements i with i % p == q, in order. PV is a constant after
+ * inlining for the common PV == 1 (inner 2, 4, 8). e may be dst itself (fp32). */
+V_INLINE void flat(const void * src, size_t count, size_t inner, size_t PV, float * e, void * dst, int bf)
+{
+    const size_t n = count * inner, p = 16 * PV;
+    float lane[SM_FLAT_MAX], pat[SM_FLAT_MAX], cs[SM_FLAT_INNER];
+    vfloat a[SM_FLAT_MAX / 16];
+    size_t i, k;
+    /* max of each column (order-free) */
+    for (k = 0; k < PV; ++k)
+        a[k] = v_set1(-INFINITY);
+    for (i = 0; i + p <= n; i += p)
+        for (k = 0; k < PV; ++k)
+            a[k] = v_max(a[k], sm_ld(src, i + 16 * k, bf));
+    for (k = 0; k < PV && i + 16 * k < n; ++k) {
+        size_t r = n - i - 16 * k;
+        a[k] = v_max(a[k], v_select(m_first(r), sm_ld_n(src, i + 16 * k, r, bf), v_set1(-INFINITY)));
+    }
+    for (k = 0; k < PV; ++k)
+        v_store(lane + 16 * k, a[k]);
+    for (size_t j = 0; j < inner; ++j) {
+        float v = lane[j];
+        for (size_t q = j + inner; q < p; q += inner)
+            v = lane[q] > v ? lane[q] : v;
+        cs[j] = v;
+    }
+    for (size_t q = 0; q < p; ++q)
+        pat[q] = cs[q % inner];
+    /* exps and their sums per lane */
+    for (k = 0; k < PV; ++k)
+        a[k] = v_zero();
+    for (i = 0; i + p <= n; i += p)
+        for (k = 0; k < PV; ++k) {
+            vfloat x = sm_exp(v_sub(sm_ld(src, i + 16 * k, bf), v_load(pat + 16 * k)));
+            v_store(e + i + 16 * k, x);
+            a[k] = v_add(a[k], x);
+        }
+    for (k = 0; k < PV && i + 16 * k < n; ++k) {
+        size_t r = n - i - 16 * k;
+        vfloat x = sm_exp(v_sub(sm_ld_n(src, i + 16 * k, r, bf), v_load(pat + 16 * k)));
+        v_store_n(e + i + 16 * k, x, r);
+        a[k] = v_add(a[k], v_keep(m_first(r), x));
+    }
+    for (k = 0; k < PV; ++k)
+        v_store(lane + 16 * k, a[k]);
+    /* column sums from the period's lanes, in increasing lane order */
+    int any_nan = 0;
+    for (size_t j = 0; j < inner; ++j) {
+        float s = lane[j];
+        for (size_t q = j + inner; q < p; q += inner)
+            s += lane[q];
+        any_nan |= s != s;
+        cs[j] = 1.0f / s;
+    }
+    for (size_t q = 0; q < p; ++q)
+        pat[q] = cs[q % inner];
+    /* scale */
+    for (i = 0; i + p <= n; i += p)
+        for (k = 0; k < PV; ++k)
+            sm_st(dst, i + 16 * k, v_mul(v_load(e + i + 16 * k), v_load(pat + 16 * k)), bf);
+    for (k = 0; k < PV && i + 16 * k < n; ++k) {
+        size_t r = n - i - 16 * k;
+        sm_st_n(dst, i + 16 * k, v_mul(v_load_n(e + i + 16 * k, r), v_load(pat + 16 * k)), r, bf);
+    }
+    if (any_nan)
+        for (size_t j = 0; j < inner; ++j)
+            if (cs[j] != cs[j])
+                for (size_t c = 0; c < count; ++c) {
+                    if (bf)
+                        ((uint16_t *)dst)[c * inner + j] = SM_BF16_NAN;
+                    else
+                        ((float *)dst)[c * inner + j] = NAN;
+                }
+}
+
+/* ---- inner >= SM_FLAT_INNER ---- */
+
+/* V (1..4, a constant after inlining) vectors of columns, the last one holding ln (1..16)
+ * columns. src and dst point at the block's first column of row 0; e (row stride es) gets
+ * the exps and may be dst itself (fp32). */
+V_INLINE void cols(const void * src, size_t count, size_t inner, int V, size_t ln, float * e, size_t es,
+                   void * dst, int bf)
+{
+    vfloat mx[4], s[4], r[4];
+    vmask nan[4];
+    size_t w[4];
+    for (int v = 0; v < V; ++v) {
+        w[v] = v == V - 1 ? ln : 16;
+        mx[v] = sm_ld_n(src, 16 * (size_t)v, w[v], bf);
+        s[v] = v_zero();
+    }
+    for (size_t c = 1; c < count; ++c)
+        for (int v = 0; v < V; ++v)
+            mx[v] = v_max(mx[v], sm_ld_n(src, c * inner + 16 * (size_t)v, w[v], bf));
+    for (size_t c = 0; c < count; ++c)
+        for (int v = 0; v < V; ++v) {
+            vfloat x = sm_exp(v_sub(sm_ld_n(src, c * inner + 16 * (size_t)v, w[v], bf), mx[v]));
+            v_store_n(e + c * es + 16 * (size_t)v, x, w[v]);
+            s[v] = v_add(s[v], x);
+        }
+    for (int v = 0; v < V; ++v) {
+        r[v] = v_div(v_set1(1.0f), s[v]);
+        nan[v] = v_isnan(s[v]);
+    }
+    for (size_t c = 0; c < count; ++c)
+        for (int v = 0; v < V; ++v) {
+            vfloat y = v_mul(v_load_n(e + c * es + 16 * (size_t)v, w[v]), r[v]);
+            sm_st_n(dst, c * inner + 16 * (size_t)v, v_select(nan[v], v_set1(NAN), y), w[v], bf);
+        }
+}
+
+/* Vectors per column block: keep the block's rows (src, dst, exps) in L2. */
+static size_t block_vectors(size_t count)
+{
+    return count <= 1024 ? 4 : count <= 2048 ? 2 : 1;
+}
+
+V_INLINE void softmax(const void * src, size_t outer, size_t count, size_t inner, void * dst, float * scratch,
+                      int bf)
+{
+    const size_t esz = bf ? 2 : 4, slab = count * inner;
+    const size_t bv = block_vectors(count), bw = 16 * bv;
+    if (inner == 1 && count <= 16 * SM_REG_V) {
+        size_t v = (count + 15) / 16, ln = count - 16 * (v - 1), o = 0;
+        const char * s = (const char *)src;
+        char * d = (char *)dst;
+        if (count <= SM_ROWS_MAX)
+            for (; o + 16 <= outer; o += 16, s += 16 * count * esz, d += 16 * count * esz)
+                rows16(s, count, d, bf);
+        switch (v) {
+        SM_ROW_CASE(1) SM_ROW_CASE(2) SM_ROW_CASE(3) SM_ROW_CASE(4)
+        SM_ROW_CASE(5) SM_ROW_CASE(6) SM_ROW_CASE(7) SM_ROW_CASE(8)
+        SM_ROW_CASE(9) SM_ROW_CASE(10) SM_ROW_CASE(11) SM_ROW_CASE(12)
+        SM_ROW_CASE(13) SM_ROW_CASE(14) SM_ROW_CASE(15) default: SM_ROW_CASE(16)
+        }
+        return;
+    }
+    for (size_t o = 0; o < outer; ++o) {
+        const char * s = (const char *)src + o * slab * esz;
+        char * d = (char *)dst + o * slab * esz;
+        if (inner == 1) {
+            float * e = bf ? scratch : (float *)d;
+            row_scale(e, count, row_exp(s, count, row_max(s, count, bf), e, bf), d, bf);
+            continue;
+        }
+        if (inner < SM_FLAT_INNER) {
+            float * e = bf ? scratch : (float *)d;
+            size_t pv = flat_period(inner) / 16;
+            if (pv == 1)
+                flat(s, count, inner, 1, e, d, bf);
+            else
+                flat(s, count, inner, pv, e, d, bf);
+            continue;
+        }
+        size_t es = bf ? (inner < bw ? inner : bw) : inner;
+        size_t j = 0;
+        for (; j + bw <= inner; j += bw) {
+            float * e = bf ? scratch : (float *)d + j;
+            if (bv == 4)
+                cols(s + j * esz, count, inner, 4, 16, e, es, d + j * esz, bf);
+            else if (bv == 2)
+                cols(s + j * esz, count, inner, 2, 16, e, es, d + j * esz, bf);
+            else
+                cols(s + j * esz, count, inner, 1, 16, e, es, d + j * esz, bf);
+        }
+        if (j < inner) {
+            size_t rest = inner - j, v = (rest + 15) / 16, ln = rest - 16 * (v - 1);
+            float * e = bf ? scratch : (float *)d + j;
+            if (v == 4)
+                cols(s + j * esz, count, inner, 4, ln, e, es, d + j * esz, bf);
+            else if (v == 3)
+                cols(s + j * esz, count, inner, 3, ln, e, es, d + j * esz, bf);
+            else if (v == 2)
+                cols(s + j * esz, count, inner, 2, ln, e, es, d + j * esz, bf);
+            else
+                cols(s + j * esz, count, inner, 1, ln, e, es, d + j * esz, bf);
+        }
+    }
+}
+
+void TN_ISA(SynetSoftmax32f)(const float * src, size_t outer, size_t count, size_t inner, float * dst)
+{
+    if (count == 0 || inner == 0)
+        return;
+    softmax(src, outer, count, inner, dst, NULL, 0);
+}
+
+void TN_ISA(SynetSoftmax16b)(const uint16_t * src, size_t outer, size_t count, size_t inner, uint16_t * dst)
+{
+    if (count == 0 || inner == 0)
+        return;
+    float stack[SM_STACK_FLOATS];
+    size_t bw = 16 * block_vectors(count);
+    size_t need = count * (inner < bw ? inner : bw); /* also count * inner when inner < SM_FLAT_INNER */
+    float * e = need <= SM_STACK_FLOATS ? stack : (float *)malloc(need * sizeof(float));
+    if (e == NULL) {
+        sm_fill_nan(dst, outer * count * inner, 1);
+        return;
+    }
+    softmax(src, outer, count, inner, dst, e, 1);
+    if (e != stack)
+        free(e);
+}
