@@ -3,8 +3,8 @@
 The cdef is read from native/include/tensorops.h, the single declaration of the C API,
 with preprocessor lines and the C++ guard dropped. Every .c file under native/src (and its
 family folders) is compiled; ISA flags are applied per file by the `#pragma GCC target` in
-the level header each variant includes first (simd/avx512.h, simd/avx2.h, or the older
-vmath_<isa>.h), never to the whole build.
+the level header each variant includes first (simd/avx512.h, simd/avx2.h), never to the
+whole build.
 
 TENSOROPS_SANITIZE=1 builds the extension under AddressSanitizer and UndefinedBehaviorSanitizer
 (`make test-sanitize`); the interpreter then needs the ASan runtime preloaded. Unset (the

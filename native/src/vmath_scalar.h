@@ -361,6 +361,17 @@ static inline float tn_pow_f32(float b, float e)
  * level uses the same rule and order, so all levels give bit-identical results. */
 #define TN_LRN_DIRECT_HALF 4
 
+/* The sum of 16 lanes in v_hsum's fixed tree: (l + l+8), (l + l+4), then (0+2) + (1+3). */
+static inline float tn_sum16(const float * a)
+{
+    float s[8], q[4];
+    for (int l = 0; l < 8; ++l)
+        s[l] = a[l] + a[l + 8];
+    for (int l = 0; l < 4; ++l)
+        q[l] = s[l] + s[l + 4];
+    return (q[0] + q[2]) + (q[1] + q[3]);
+}
+
 /* The canonical 16-lane reduction tree across lane arrays: lane i (i < L <= 16) holds w
  * partial sums at lane + i * stride; lane 0 receives (i, i+8), then (i, i+4), then
  * (0+2) + (1+3) of each position (simd/reduce.h does the same with vectors). Absent lanes

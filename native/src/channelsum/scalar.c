@@ -5,16 +5,6 @@
 #include "channelsum.h"
 
 /* The fixed reduction tree of v_hsum. */
-static float sum16(const float * a)
-{
-    float s[8], q[4];
-    for (int l = 0; l < 8; ++l)
-        s[l] = a[l] + a[l + 8];
-    for (int l = 0; l < 4; ++l)
-        q[l] = s[l] + s[l + 4];
-    return (q[0] + q[2]) + (q[1] + q[3]);
-}
-
 static float channel_nchw(const uint16_t * src, size_t n)
 {
     float acc[64] = {0}, b[32], c[16];
@@ -28,7 +18,7 @@ static float channel_nchw(const uint16_t * src, size_t n)
         b[l] = acc[l] + acc[l + 32];
     for (int l = 0; l < 16; ++l)
         c[l] = b[l] + b[l + 16];
-    return sum16(c);
+    return tn_sum16(c);
 }
 
 static void nhwc_seq(const uint16_t * src, size_t channels, size_t spatial, float * sum)

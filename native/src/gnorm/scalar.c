@@ -170,24 +170,14 @@ static float activate(float y, int type, const float * p)
 
 /* ---- Reductions -------------------------------------------------------------------------- */
 
-static float hsum16(const float * l)
-{
-    float a[8], b[4];
-    for (int i = 0; i < 8; ++i)
-        a[i] = l[i] + l[i + 8];
-    for (int i = 0; i < 4; ++i)
-        b[i] = a[i] + a[i + 4];
-    return (b[0] + b[2]) + (b[1] + b[3]);
-}
-
 /* The canonical 64-lane sum (gnorm.h): lanes l, 16 + l, 32 + l, 48 + l added as
- * (0 + 1) + (2 + 3), then the 16 lanes as tn_avx512_hsum does. */
+ * (0 + 1) + (2 + 3), then the 16 lanes as v_hsum does. */
 static float hsum64(const float * l)
 {
     float g[16];
     for (int i = 0; i < 16; ++i)
         g[i] = (l[i] + l[i + 16]) + (l[i + 32] + l[i + 48]);
-    return hsum16(g);
+    return tn_sum16(g);
 }
 
 /* Sums of y = x * p - c (x * p only when scaled) and of y^2 over the n values from element
@@ -238,7 +228,7 @@ void tn_scalar_NormalizationRows(const void * src, size_t outer, size_t segments
         float lead[16] = {0};
         for (size_t i = 0; i < k; ++i)
             lead[i] = load1(src, base + i, type);
-        tn_gn_begin(&st, hsum16(lead) * (1.0f / (float)k), lead[0], n, norm->eps, norm->normalizeVariance);
+        tn_gn_begin(&st, tn_sum16(lead) * (1.0f / (float)k), lead[0], n, norm->eps, norm->normalizeVariance);
         while (st.next != TN_GN_DONE) {
             if (st.next == TN_GN_AMAX) {
                 tn_gn_amax(&st, row_amax(src, base, n, type));

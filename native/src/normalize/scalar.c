@@ -26,7 +26,7 @@
  * 16bV2 (BF16) gives bit-identical results on every ISA level (and in both formats for the
  * same data). For every spatial position its sums over channels use the canonical order:
  * channel c goes to lane c % 16, each lane adds its channels in increasing order starting
- * from +0.0f, and the 16 lanes are reduced as tn_avx512_hsum does: lanes i + (i + 8), then
+ * from +0.0f, and the 16 lanes are reduced as v_hsum does: lanes i + (i + 8), then
  * i + (i + 4), then (0 + 2) + (1 + 3). In NCHW the lanes run over the channels at a fixed
  * spatial position exactly as in NHWC. Lanes without any channel (channels < 16) or without
  * a channel in the last block of 16 would only add +0.0f, which leaves every such sum
@@ -378,17 +378,6 @@ void tn_scalar_SynetNormalizeLayerForwardV4(const float * src, size_t batch, siz
 
 /* ---- 16bV2: BF16 layer norm across channels (canonical order, see the top) ----------- */
 
-/* The fixed reduction tree of 16 lanes. */
-static float lanes_sum(const float lane[16])
-{
-    float s[8], q[4];
-    for (int i = 0; i < 8; ++i)
-        s[i] = lane[i] + lane[i + 8];
-    for (int i = 0; i < 4; ++i)
-        q[i] = s[i] + s[i + 4];
-    return (q[0] + q[2]) + (q[1] + q[3]);
-}
-
 /* NHWC: one row of n channels. */
 static void layer_norm_row_bf16(const uint16_t * x, size_t n, const float * scale, const float * shift, float eps,
                                 uint16_t * y)
@@ -397,14 +386,14 @@ static void layer_norm_row_bf16(const uint16_t * x, size_t n, const float * scal
     float lane[16] = {0};
     for (size_t c = 0; c < n; ++c)
         lane[c % 16] += tn_bf16_to_f32(x[c]) - x0;
-    const float mean = x0 + lanes_sum(lane) * inv;
+    const float mean = x0 + tn_sum16(lane) * inv;
     for (int i = 0; i < 16; ++i)
         lane[i] = 0.0f;
     for (size_t c = 0; c < n; ++c) {
         float d = tn_bf16_to_f32(x[c]) - mean;
         lane[c % 16] = fmaf(d, d, lane[c % 16]);
     }
-    const float t = lanes_sum(lane) * inv + eps, norm = 1.0f / sqrtf(t);
+    const float t = tn_sum16(lane) * inv + eps, norm = 1.0f / sqrtf(t);
     if (!tn_norm_fast_ok(t)) {
         tn_norm_slow_layer_bf16(x, n, 1, scale, shift, 1, eps, y);
         return;

@@ -297,6 +297,13 @@ V_INLINE vfloat v_frexp(vfloat x, vfloat * e)
     return vi_as_float(vi_or(vi_and(u, vi_set1(0x007fffff)), vi_set1(0x3f800000)));
 }
 
+/* y * 2^floor(n) for y in [0.5, 2), rounded once; n is clamped to [-200, 200], beyond
+ * which the result is 0 or inf anyway (the semantics of AVX-512's vscalefps there). */
+V_INLINE vfloat v_scale_floor(vfloat y, vfloat n)
+{
+    return v_ldexp(y, v_floor(v_min(v_max(n, v_set1(-200.0f)), v_set1(200.0f))));
+}
+
 V_INLINE vfloat v_lut8(const float * table, vint i)
 {
     __m256 t = _mm256_loadu_ps(table);

@@ -144,6 +144,10 @@ V_INLINE vfloat v_frexp(vfloat x, vfloat * e)
     return _mm512_getmant_ps(x, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_zero);
 }
 
+/* y * 2^floor(n) for y in [0.5, 2), rounded once; far outside the float range it gives 0
+ * or inf (one vscalefps, which floors n itself). */
+V_INLINE vfloat v_scale_floor(vfloat y, vfloat n) { return _mm512_scalef_ps(y, n); }
+
 /* ---- Floats: compare and select ------------------------------------------------------ */
 
 V_INLINE vmask v_lt(vfloat a, vfloat b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
@@ -287,7 +291,12 @@ V_INLINE vfloat v_frexp_normal(vfloat x, vfloat * e) { return v_frexp(x, e); }
  * callers need no integer detour for them (see v_exp). */
 #define V_SLOW_DENORMALS 0
 /* v_ldexp for y in [0.5, 2) and integral n in [-125, 128] (normal or overflowing result):
- * exact, overflow gives +inf. */
-V_INLINE vfloat v_ldexp_normal(vfloat y, vfloat n) { return v_ldexp(y, n); }
+ * exact, overflow gives +inf. n is added to y's exponent field, as on AVX2: inside
+ * softmax's loops that measured twice as fast as vscalefps here. */
+V_INLINE vfloat v_ldexp_normal(vfloat y, vfloat n)
+{
+    __m512i s = _mm512_add_epi32(_mm512_castps_si512(y), _mm512_slli_epi32(_mm512_cvttps_epi32(n), 23));
+    return _mm512_castsi512_ps(_mm512_min_epi32(s, _mm512_set1_epi32(0x7f800000)));
+}
 
 #endif

@@ -10,38 +10,55 @@
 
 #include "vmath_scalar.h"
 
-/* exp(x), as tn_exp_f32: NaN survives the clamp (min/max with the constant first), the
- * power of two is applied with one rounding. Where denormal results are slow
- * (V_SLOW_DENORMALS: AVX2), vectors with a result below 2^-125 (n <= -126) or a NaN make
- * the small ones as tn_exp_tiny_f32 does, as integers (no instruction produces a
- * denormal), and the others add n to y's exponent field (exact: normal or overflowing);
- * AVX-512's vscalefps rounds denormals at full speed. Same bits either way. */
-V_INLINE vfloat v_exp_tiny_(vfloat y, vfloat n, vmask tiny)
+/* exp(x), as tn_exp_f32, from x already clamped to [TN_EXP_MIN, TN_EXP_MAX] (NaN kept):
+ * y = exp(r) in [0.7, 1.42] and n, exp(x) = y * 2^n. */
+V_INLINE vfloat v_exp_reduced_(vfloat xs, vfloat * n)
 {
-    vfloat res = v_ldexp(y, v_max(n, v_set1((float)TN_EXP_TINY_N + 1.0f)));
-    vfloat s = v_ldexp(y, v_add(v_min(n, v_set1((float)TN_EXP_TINY_N)), v_set1(149.0f)));
-    return v_select(tiny, vi_as_float(v_to_int_round(s)), res);
-}
-
-V_INLINE vfloat v_exp(vfloat x)
-{
-    vfloat xs = v_min(v_set1(TN_EXP_MAX), v_max(v_set1(TN_EXP_MIN), x));
-    vfloat n = v_round(v_mul(xs, v_set1(TN_LOG2E)));
-    vfloat r = v_fma(n, v_set1(-TN_LN2_HI), xs);
-    r = v_fma(n, v_set1(-TN_LN2_LO), r);
+    *n = v_round(v_mul(xs, v_set1(TN_LOG2E)));
+    vfloat r = v_fma(*n, v_set1(-TN_LN2_HI), xs);
+    r = v_fma(*n, v_set1(-TN_LN2_LO), r);
     vfloat p = v_set1(TN_EXP_P0);
     p = v_fma(p, r, v_set1(TN_EXP_P1));
     p = v_fma(p, r, v_set1(TN_EXP_P2));
     p = v_fma(p, r, v_set1(TN_EXP_P3));
     p = v_fma(p, r, v_set1(TN_EXP_P4));
     p = v_fma(p, r, v_set1(TN_EXP_P5));
-    vfloat y = v_add(v_fma(p, v_mul(r, r), r), v_set1(1.0f));
-    if (!V_SLOW_DENORMALS)
-        return v_ldexp(y, n);
+    return v_add(v_fma(p, v_mul(r, r), r), v_set1(1.0f));
+}
+
+/* y * 2^n without producing a denormal in any instruction (they are slow on AVX2): vectors
+ * with a result below 2^-125 (n <= -126) or a NaN make the small ones as tn_exp_tiny_f32
+ * does, as integers; the others add n to y's exponent field (exact: normal or
+ * overflowing). */
+V_INLINE vfloat v_exp_scale_(vfloat y, vfloat n)
+{
     vmask normal = v_gt(n, v_set1((float)TN_EXP_TINY_N)); /* false for NaN */
-    if (__builtin_expect(!m_all(normal), 0))
-        return v_exp_tiny_(y, n, v_le(n, v_set1((float)TN_EXP_TINY_N)));
+    if (__builtin_expect(!m_all(normal), 0)) {
+        vmask tiny = v_le(n, v_set1((float)TN_EXP_TINY_N));
+        vfloat res = v_ldexp(y, v_max(n, v_set1((float)TN_EXP_TINY_N + 1.0f)));
+        vfloat s = v_ldexp(y, v_add(v_min(n, v_set1((float)TN_EXP_TINY_N)), v_set1(149.0f)));
+        return v_select(tiny, vi_as_float(v_to_int_round(s)), res);
+    }
     return v_ldexp_normal(y, n);
+}
+
+/* exp(x), as tn_exp_f32: NaN survives the clamp (min/max with the constant first), the
+ * power of two is applied with one rounding. AVX-512's vscalefps does that at full speed,
+ * denormal results included (measured fastest for unary exp); AVX2 takes v_exp_scale_.
+ * Same bits either way. */
+V_INLINE vfloat v_exp(vfloat x)
+{
+    vfloat n, y = v_exp_reduced_(v_min(v_set1(TN_EXP_MAX), v_max(v_set1(TN_EXP_MIN), x)), &n);
+    return V_SLOW_DENORMALS ? v_exp_scale_(y, n) : v_ldexp(y, n);
+}
+
+/* exp(x) for x <= 0 or NaN, such as x minus the max of its row (softmax): the bits of
+ * v_exp on that domain without the void clamp to TN_EXP_MAX, and through v_exp_scale_ at
+ * every level (inside softmax's loops that measured twice as fast as vscalefps). */
+V_INLINE vfloat v_exp_nonpos(vfloat x)
+{
+    vfloat n, y = v_exp_reduced_(v_max(v_set1(TN_EXP_MIN), x), &n);
+    return v_exp_scale_(y, n);
 }
 
 /* tn_log_f32's sequence from x = (1 + f) 2^e0, f in [0, 1). */
@@ -180,7 +197,8 @@ V_INLINE vfloat v_powpos(vfloat b, vfloat e)
     q = v_fma(q, r, v_set1(TN_LOG2T_P0));
     vfloat l = v_fma(r, q, v_lut8(TN_LOG2T_T, j));
     vfloat y = v_fma(e, k, v_mul(e, l));
-    y = v_min(v_max(y, v_set1(-200.0f)), v_set1(200.0f));
+    /* |y| <= 127 |e| < 2^19 keeps the shift below exact without tn_powpos_f32's clamp of y
+     * to [-200, 200]: beyond it both give 0 or inf (v_scale_floor). */
     vfloat t8 = v_add(y, v_set1(TN_EXP2T_SHIFT));
     vfloat n = v_sub(t8, v_set1(TN_EXP2T_SHIFT)); /* y rounded to a multiple of 1/8 */
     vfloat f = v_sub(y, n);
@@ -190,7 +208,7 @@ V_INLINE vfloat v_powpos(vfloat b, vfloat e)
     p = v_fma(p, f, v_set1(TN_EXP2T_P1));
     p = v_mul(p, f);
     vfloat t = v_lut8(TN_EXP2T_T, ni);
-    return v_ldexp(v_fma(p, t, t), v_floor(n));
+    return v_scale_floor(v_fma(p, t, t), n);
 }
 
 /* Lanes where v_powpos does not apply: zero, negative, denormal, inf, NaN. */

@@ -27,17 +27,6 @@
 #define SM_STACK_FLOATS 4096  /* BF16 scratch up to this size lives on the stack */
 #define SM_BF16_NAN 0x7fc0u
 
-/* The fixed reduction tree of v_hsum: (l + l+8), (l + l+4), then (0+2) + (1+3). */
-static float sum16(const float * a)
-{
-    float s[8], q[4];
-    for (int l = 0; l < 8; ++l)
-        s[l] = a[l] + a[l + 8];
-    for (int l = 0; l < 4; ++l)
-        q[l] = s[l] + s[l + 4];
-    return (q[0] + q[2]) + (q[1] + q[3]);
-}
-
 static inline float max_f(float a, float x) { return x > a ? x : a; }
 
 /* Element i of fp32 (bf == 0) or BF16 (bf == 1) data. */
@@ -58,7 +47,7 @@ static float row_exp(const void * src, size_t n, float * e, int bf)
         e[i] = v;
         acc[i & 15] += v;
     }
-    return sum16(acc);
+    return tn_sum16(acc);
 }
 
 /* A block of w <= SM_COLS columns starting at element j0 of each row; e holds the exps

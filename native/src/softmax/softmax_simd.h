@@ -16,6 +16,7 @@
 #include <stdlib.h>
 
 #include "kernels.h"
+#include "simd/vmath.h"
 
 #define SM_STACK_FLOATS 4096 /* BF16 scratch up to this size lives on the stack */
 #define SM_BF16_NAN 0x7fc0u
@@ -62,40 +63,6 @@ static void sm_fill_nan(void * p, size_t n, int bf)
     }
 }
 
-/* exp(x) for x <= 0 or NaN (x minus the max of its row or column): the bits of
- * tn_exp_f32 and v_exp on that domain, with fewer operations:
- *  - the clamp to TN_EXP_MAX is void there; the max with TN_EXP_MIN returns x when x is
- *    NaN, so a NaN comes out NaN (its payload does not matter: such rows become NaN);
- *  - for n >= -125 the result y * 2^n is normal, so adding n to the exponent field is the
- *    exact product (no v_ldexp: on AVX2 its two multiplies and integer steps cost about
- *    half of this function, and denormal products are slow there);
- *  - results below FLT_MIN (n <= -126) take instead y * 2^(n + 149) (exact, at least 0.35)
- *    rounded to an integer, ties to even: the result in units of the smallest denormal,
- *    i.e. its bits.
- * TO BE REPLACED by v_exp (simd/vmath.h) once that is as fast (issue 12); the results are
- * the same. */
-V_INLINE vfloat sm_exp(vfloat x)
-{
-    vfloat xs = v_max(v_set1(TN_EXP_MIN), x);
-    vfloat n = v_round(v_mul(xs, v_set1(TN_LOG2E)));
-    vfloat r = v_fma(n, v_set1(-TN_LN2_HI), xs);
-    r = v_fma(n, v_set1(-TN_LN2_LO), r);
-    vfloat p = v_set1(TN_EXP_P0);
-    p = v_fma(p, r, v_set1(TN_EXP_P1));
-    p = v_fma(p, r, v_set1(TN_EXP_P2));
-    p = v_fma(p, r, v_set1(TN_EXP_P3));
-    p = v_fma(p, r, v_set1(TN_EXP_P4));
-    p = v_fma(p, r, v_set1(TN_EXP_P5));
-    vfloat y = v_add(v_fma(p, v_mul(r, r), r), v_set1(1.0f));
-    vfloat res = vi_as_float(vi_add(v_as_int(y), vi_sll(v_to_int_trunc(n), 23)));
-    vmask tiny = v_le(n, v_set1(-126.0f));
-    if (m_any(tiny)) {
-        vfloat k = v_add(v_min(n, v_set1(-126.0f)), v_set1(149.0f));
-        res = v_select(tiny, vi_as_float(v_to_int_round(v_ldexp(y, k))), res);
-    }
-    return res;
-}
-
 /* ---- inner == 1 ---- */
 
 static inline float row_max(const void * src, size_t n, int bf)
@@ -121,13 +88,13 @@ static inline float row_exp(const void * src, size_t n, float mx, float * e, int
     vfloat m = v_set1(mx), acc = v_zero();
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        vfloat x = sm_exp(v_sub(sm_ld(src, i, bf), m));
+        vfloat x = v_exp_nonpos(v_sub(sm_ld(src, i, bf), m));
         v_store(e + i, x);
         acc = v_add(acc, x);
     }
     if (i < n) { /* the lanes past the row read as max: exp(0), kept out of the sum */
         vmask k = m_first(n - i);
-        vfloat x = sm_exp(v_sub(v_select(k, sm_ld_n(src, i, n - i, bf), m), m));
+        vfloat x = v_exp_nonpos(v_sub(v_select(k, sm_ld_n(src, i, n - i, bf), m), m));
         v_store_n(e + i, x, n - i);
         acc = v_add(acc, v_keep(k, x));
     }
@@ -169,7 +136,7 @@ V_INLINE void row_short(const void * src, void * dst, int V, size_t ln, int bf)
     x[V - 1] = v_select(lm, x[V - 1], m); /* exp(0) past the row, kept out of the sum */
     vfloat acc = v_zero();
     for (int v = 0; v < V; ++v) {
-        x[v] = sm_exp(v_sub(x[v], m));
+        x[v] = v_exp_nonpos(v_sub(x[v], m));
         if (v == V - 1)
             x[v] = v_keep(lm, x[v]);
         acc = v_add(acc, x[v]);
@@ -207,7 +174,7 @@ static inline void rows16(const void * src, size_t count, void * dst, int bf)
     for (size_t c = 0; c < count; ++c)
         mx = v_max(mx, v_load(t + 16 * c));
     for (size_t c = 0; c < 16; ++c)
-        e[c] = c < count ? sm_exp(v_sub(v_load(t + 16 * c), mx)) : v_zero();
+        e[c] = c < count ? v_exp_nonpos(v_sub(v_load(t + 16 * c), mx)) : v_zero();
     vfloat a[8];
     for (int l = 0; l < 8; ++l)
         a[l] = v_add(e[l], e[l + 8]);
@@ -274,13 +241,13 @@ V_INLINE void flat(const void * src, size_t count, size_t inner, size_t PV, floa
         a[k] = v_zero();
     for (i = 0; i + p <= n; i += p)
         for (k = 0; k < PV; ++k) {
-            vfloat x = sm_exp(v_sub(sm_ld(src, i + 16 * k, bf), v_load(pat + 16 * k)));
+            vfloat x = v_exp_nonpos(v_sub(sm_ld(src, i + 16 * k, bf), v_load(pat + 16 * k)));
             v_store(e + i + 16 * k, x);
             a[k] = v_add(a[k], x);
         }
     for (k = 0; k < PV && i + 16 * k < n; ++k) {
         size_t r = n - i - 16 * k;
-        vfloat x = sm_exp(v_sub(sm_ld_n(src, i + 16 * k, r, bf), v_load(pat + 16 * k)));
+        vfloat x = v_exp_nonpos(v_sub(sm_ld_n(src, i + 16 * k, r, bf), v_load(pat + 16 * k)));
         v_store_n(e + i + 16 * k, x, r);
         a[k] = v_add(a[k], v_keep(m_first(r), x));
     }
@@ -337,7 +304,7 @@ V_INLINE void cols(const void * src, size_t count, size_t inner, int V, size_t l
             mx[v] = v_max(mx[v], sm_ld_n(src, c * inner + 16 * (size_t)v, w[v], bf));
     for (size_t c = 0; c < count; ++c)
         for (int v = 0; v < V; ++v) {
-            vfloat x = sm_exp(v_sub(sm_ld_n(src, c * inner + 16 * (size_t)v, w[v], bf), mx[v]));
+            vfloat x = v_exp_nonpos(v_sub(sm_ld_n(src, c * inner + 16 * (size_t)v, w[v], bf), mx[v]));
             v_store_n(e + c * es + 16 * (size_t)v, x, w[v]);
             s[v] = v_add(s[v], x);
         }
