@@ -11,7 +11,7 @@
  *   output rows measured clearly slower on large tensors.
  * - Means are x0 + sum(x - x0) / n (x0 the row's first value): exact for constant rows.
  *   One check per row of t = variance + eps (or sum of squares + eps) sends the rows out of
- *   the fp32 range to the double slow paths of normalize_slow.h.
+ *   the fp32 range to the double slow paths of normalize.h.
  * - 16bV2 keeps the canonical 16-lane order of scalar.c: one vfloat accumulator per row in
  *   NHWC (lane = channel % 16) reduced with v_hsum, and 16 lane arrays per position in NCHW
  *   reduced with the same tree.
@@ -21,7 +21,7 @@
 
 #include "kernels.h"
 #include "simd/reduce.h"
-#include "normalize_slow.h"
+#include "normalize.h"
 #include "tensorops.h"
 
 #define F 16
@@ -390,13 +390,13 @@ void TN_ISA(SynetNormalizeLayerForward)(const float * src, size_t batch, size_t 
                 tn_norm_slow_l2(x, channels, 1, scale, 1, e, dst + s * channels);
         }
     } else {
-        float * own = buf ? NULL : malloc(spatial * sizeof(float));
-        if (!buf && !own) {
+        float * own;
+        if ((buf = tn_norm_scratch(buf, spatial, &own)) == NULL) {
             fill_nan(dst, batch * size);
             return;
         }
         for (size_t b = 0; b < batch; ++b)
-            l2_across(src + b * size, channels, spatial, scale, e, buf ? buf : own, dst + b * size);
+            l2_across(src + b * size, channels, spatial, scale, e, buf, dst + b * size);
         free(own);
     }
 }
@@ -525,6 +525,22 @@ V_INLINE void layer_norm_row1(const float * x, size_t n, const float * scale, co
     }
 }
 
+/* layer_norm_across for each of `batch` items of rows x count values (V2 NCHW: channels x
+ * spatial; V3 NHWC: spatial x channels), with a scratch of count floats. */
+V_INLINE void layer_norm_across_batch(const float * src, size_t batch, size_t rows, size_t count, const float * scale,
+                                      const float * shift, int per_row, float e, float * buf, float * dst)
+{
+    const size_t size = rows * count;
+    float * own;
+    if ((buf = tn_norm_scratch(buf, count, &own)) == NULL) {
+        fill_nan(dst, batch * size);
+        return;
+    }
+    for (size_t b = 0; b < batch; ++b)
+        layer_norm_across(src + b * size, rows, count, count, scale, shift, per_row, e, buf, dst + b * size);
+    free(own);
+}
+
 void TN_ISA(SynetNormalizeLayerForwardV2)(const float * src, size_t batch, size_t channels, size_t spatial,
                                           const float * scale, const float * shift, const float * eps, int format,
                                           float * buf, float * dst)
@@ -546,14 +562,7 @@ void TN_ISA(SynetNormalizeLayerForwardV2)(const float * src, size_t batch, size_
                 layer_norm_row(src + r * channels, channels, scale, shift, e, dst + r * channels);
         }
     } else {
-        float * own = buf ? NULL : malloc(spatial * sizeof(float));
-        if (!buf && !own) {
-            fill_nan(dst, batch * size);
-            return;
-        }
-        for (size_t b = 0; b < batch; ++b)
-            layer_norm_across(src + b * size, channels, spatial, spatial, scale, shift, 1, e, buf ? buf : own, dst + b * size);
-        free(own);
+        layer_norm_across_batch(src, batch, channels, spatial, scale, shift, 1, e, buf, dst);
     }
 }
 
@@ -569,14 +578,7 @@ void TN_ISA(SynetNormalizeLayerForwardV3)(const float * src, size_t batch, size_
         for (size_t i = 0; i < batch * channels; ++i)
             layer_norm_row1(src + i * spatial, spatial, scale + i % channels, shift + i % channels, e, dst + i * spatial);
     } else {
-        float * own = buf ? NULL : malloc(channels * sizeof(float));
-        if (!buf && !own) {
-            fill_nan(dst, batch * size);
-            return;
-        }
-        for (size_t b = 0; b < batch; ++b)
-            layer_norm_across(src + b * size, spatial, channels, channels, scale, shift, 0, e, buf ? buf : own, dst + b * size);
-        free(own);
+        layer_norm_across_batch(src, batch, spatial, channels, scale, shift, 0, e, buf, dst);
     }
 }
 
@@ -592,12 +594,9 @@ void TN_ISA(SynetNormalizeLayerForwardV4)(const float * src, size_t batch, size_
     float * own = NULL;
     if (size == 0)
         return;
-    if (buf == NULL) {
-        if ((own = malloc(channels * sizeof(float))) == NULL) {
-            fill_nan(dst, batch * size);
-            return;
-        }
-        buf = own;
+    if ((buf = tn_norm_scratch(buf, channels, &own)) == NULL) {
+        fill_nan(dst, batch * size);
+        return;
     }
     for (size_t b = 0; b < batch; ++b) {
         const float * x = src + b * size;

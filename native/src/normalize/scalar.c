@@ -3,7 +3,7 @@
  * channels (V2, and its BF16 twin 16bV2), layer norm across spatial positions (V3) and
  * channel norm (V4), NCHW and NHWC. The vector levels (normalize_simd.h) follow the same
  * layout. This file also holds the double-precision slow paths of every level
- * (normalize_slow.h): rows whose fp32 statistics leave the normal range.
+ * (normalize.h): rows whose fp32 statistics leave the normal range.
  *
  * Work layout:
  * - Statistics along a contiguous row (V2/L2 NHWC, V3 NCHW, V4 NCHW) are computed row by
@@ -21,7 +21,7 @@
  * with x0 its first value (exact for a constant row, so centered values are exactly 0); the
  * variance is the mean of the squared deviations from the mean (two passes), never
  * E[x^2] - E[x]^2. A row whose t = variance + eps (or sum of squares + eps) is outside
- * [TN_NORM_TINY, FLT_MAX] is redone in double (normalize_slow.h).
+ * [TN_NORM_TINY, FLT_MAX] is redone in double (normalize.h).
  *
  * 16bV2 (BF16) gives bit-identical results on every ISA level (and in both formats for the
  * same data). For every spatial position its sums over channels use the canonical order:
@@ -45,7 +45,7 @@
 #include <stdlib.h>
 
 #include "kernels.h"
-#include "normalize_slow.h"
+#include "normalize.h"
 #include "tensorops.h"
 
 #define TN_NORM_CHUNK 2048        /* positions per chunk at most (stack array) */
@@ -143,12 +143,9 @@ void tn_scalar_SynetNormalizeLayerForward(const float * src, size_t batch, size_
     float * own = NULL;
     if (size == 0)
         return;
-    if (!acrossSpatial && !nhwc && buf == NULL) {
-        if ((own = malloc(spatial * sizeof(float))) == NULL) {
-            fill_nan(dst, batch * size);
-            return;
-        }
-        buf = own;
+    if (!acrossSpatial && !nhwc && (buf = tn_norm_scratch(buf, spatial, &own)) == NULL) {
+        fill_nan(dst, batch * size);
+        return;
     }
     for (size_t b = 0; b < batch; ++b) {
         const float * x = src + b * size;
@@ -275,12 +272,9 @@ void tn_scalar_SynetNormalizeLayerForwardV2(const float * src, size_t batch, siz
     float * own = NULL;
     if (size == 0)
         return;
-    if (!nhwc && buf == NULL) {
-        if ((own = malloc(spatial * sizeof(float))) == NULL) {
-            fill_nan(dst, batch * size);
-            return;
-        }
-        buf = own;
+    if (!nhwc && (buf = tn_norm_scratch(buf, spatial, &own)) == NULL) {
+        fill_nan(dst, batch * size);
+        return;
     }
     for (size_t b = 0; b < batch; ++b) {
         const float * x = src + b * size;
@@ -304,12 +298,9 @@ void tn_scalar_SynetNormalizeLayerForwardV3(const float * src, size_t batch, siz
     float * own = NULL;
     if (size == 0)
         return;
-    if (nhwc && buf == NULL) {
-        if ((own = malloc(channels * sizeof(float))) == NULL) {
-            fill_nan(dst, batch * size);
-            return;
-        }
-        buf = own;
+    if (nhwc && (buf = tn_norm_scratch(buf, channels, &own)) == NULL) {
+        fill_nan(dst, batch * size);
+        return;
     }
     for (size_t b = 0; b < batch; ++b) {
         const float * x = src + b * size;
@@ -335,12 +326,9 @@ void tn_scalar_SynetNormalizeLayerForwardV4(const float * src, size_t batch, siz
     float * own = NULL;
     if (size == 0)
         return;
-    if (buf == NULL) {
-        if ((own = malloc(channels * sizeof(float))) == NULL) {
-            fill_nan(dst, batch * size);
-            return;
-        }
-        buf = own;
+    if ((buf = tn_norm_scratch(buf, channels, &own)) == NULL) {
+        fill_nan(dst, batch * size);
+        return;
     }
     for (size_t b = 0; b < batch; ++b) {
         const float * x = src + b * size;
@@ -467,7 +455,7 @@ void tn_scalar_SynetNormalizeLayerForward16bV2(const uint16_t * src, size_t batc
 }
 
 
-/* ---- Slow paths of every level (normalize_slow.h): double precision ------------------- */
+/* ---- Slow paths of every level (normalize.h): double precision ------------------- */
 
 /* Element i of a float or BF16 row. */
 static double elem(const void * x, int bf16, size_t i)

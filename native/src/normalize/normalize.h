@@ -1,5 +1,6 @@
 /*
- * The normalize family at the float32 extremes: the rows the fast fp32 path cannot take.
+ * What the normalize family's scalar reference and vector source share: the scratch of the
+ * Simd signatures, and the rows the fast fp32 path cannot take (the float32 extremes).
  *
  * Every level computes a row's statistics in fp32 and then checks one number per row, the
  * value under the square root (t = variance + eps, or sum of squares + eps). When t is not
@@ -13,12 +14,22 @@
  * eps -> 0+); an all-zero L2 row with eps = 0 gives 0; channel norm with every n_c = 0 and
  * eps = 0 takes n_c / mean(n) as 0.
  */
-#ifndef TN_NORMALIZE_SLOW_H
-#define TN_NORMALIZE_SLOW_H
+#ifndef TN_NORMALIZE_H
+#define TN_NORMALIZE_H
 
 #include <float.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+
+/* The scratch of n floats a kernel's `buf` provides: buf itself, else a block of its own,
+ * also stored in *own for the caller to free. NULL only when that allocation fails (the
+ * kernels then fill dst with NaN). */
+static inline float * tn_norm_scratch(float * buf, size_t n, float ** own)
+{
+    *own = buf ? NULL : (float *)malloc(n * sizeof(float));
+    return buf ? buf : *own;
+}
 
 /* Below this, squares that underflowed (or a zero variance with eps = 0) may dominate t. */
 #define TN_NORM_TINY 0x1p-100f
