@@ -666,31 +666,6 @@ void TN_ISA(SynetNormalizeLayerForwardV4)(const float * src, size_t batch, size_
 
 /* ---- 16bV2: BF16 layer norm across channels (canonical order, see scalar.c) ------------- */
 
-/* The BF16 store of a full vector of results. Different by nature per level: on AVX-512
- * CPUs with AVX512_BF16 (hw, checked once per call), one VCVTNEPS2BF16 rounds exactly as
- * v_store_bf16 (to nearest even, NaN made quiet with its sign: checked over all 2^32 inputs)
- * except that it flushes denormal inputs, so vectors with a denormal lane take the layer's
- * sequence. Inline assembly, so that the instruction is only reached when hw is set. */
-#ifdef TN_NORM_AVX512
-V_INLINE void store_bf16(uint16_t * p, vfloat v, int hw)
-{
-    if (hw && !_mm512_fpclass_ps_mask(v, 0x20)) {
-        __m256i r;
-        __asm__("vcvtneps2bf16 %1, %0" : "=v"(r) : "v"(v));
-        _mm256_storeu_si256((__m256i *)p, r);
-    } else {
-        v_store_bf16(p, v);
-    }
-}
-#define HW_BF16() ((TnCpuFeatures() & TnCpuAvx512bf16) != 0)
-#else
-V_INLINE void store_bf16(uint16_t * p, vfloat v, int hw)
-{
-    (void)hw;
-    v_store_bf16(p, v);
-}
-#define HW_BF16() 0
-#endif
 
 /* NHWC: R (<= 4) consecutive rows of n channels at once. Each row has its own accumulator
  * (channel c is lane c % 16), so the serial canonical chains of the rows overlap. Rows of up
@@ -756,7 +731,7 @@ V_INLINE void layer_norm_rows_bf16_(const uint16_t * x, size_t R, size_t n, cons
         }
         for (size_t i = 0; i < body; i += F) {
             vfloat d = v_sub(row_bf16(x + r * n, copy[r], i, copied), m[r]);
-            store_bf16(y + r * n + i, v_fma(v_mul(d, k[r]), v_load(scale + i), v_load(shift + i)), hw);
+            v_store_bf16_hw(y + r * n + i, v_fma(v_mul(d, k[r]), v_load(scale + i), v_load(shift + i)), hw);
         }
         if (tail) {
             vfloat d = v_sub(v_load_bf16_n(x + r * n + body, tail), m[r]);
@@ -830,7 +805,7 @@ static void layer_norm_across_bf16(const uint16_t * x, size_t C, size_t S, const
             size_t p = 0;
             for (; p + F <= w; p += F) {
                 vfloat d = v_sub(v_load_bf16(q + p), v_load_aligned(mean + p));
-                store_bf16(o + p, v_fma(v_mul(d, v_load_aligned(norm + p)), sc, sh), hw);
+                v_store_bf16_hw(o + p, v_fma(v_mul(d, v_load_aligned(norm + p)), sc, sh), hw);
             }
             if (p < w) {
                 vfloat d = v_sub(v_load_bf16_n(q + p, w - p), v_load_aligned(mean + p));
@@ -851,7 +826,7 @@ void TN_ISA(SynetNormalizeLayerForward16bV2)(const uint16_t * src, size_t batch,
 {
     const size_t size = channels * spatial;
     const float e = eps[0];
-    const int hw = HW_BF16();
+    const int hw = v_hw_bf16();
     (void)buf; /* no scratch needed */
     if (size == 0)
         return;

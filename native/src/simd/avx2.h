@@ -138,6 +138,13 @@ V_INLINE void v_store_bf16_n(uint16_t * p, vfloat v, size_t n)
         memcpy(p, t, n * sizeof(uint16_t));
     }
 }
+/* No BF16 conversion instruction at this level (see simd/avx512.h). */
+V_INLINE int v_hw_bf16(void) { return 0; }
+V_INLINE void v_store_bf16_hw(uint16_t * p, vfloat v, int hw)
+{
+    (void)hw;
+    v_store_bf16(p, v);
+}
 V_INLINE vfloat v_load_f16(const uint16_t * p)
 {
     return (vfloat){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)))};

@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tensorops.h"
 #include "vmath_scalar.h"
 
 #define TN_ISA(Name) tn_avx512_##Name
@@ -87,6 +88,23 @@ V_INLINE void v_store_bf16_n(uint16_t * p, vfloat v, size_t n)
         v_store_bf16(p, v);
     else
         _mm256_mask_storeu_epi16(p, m_first(n), v_f32_to_bf16_bits(v));
+}
+
+/* The BF16 store of a full vector on CPUs with AVX512_BF16: hw = v_hw_bf16(), read once per
+ * call. One VCVTNEPS2BF16 rounds exactly as v_store_bf16 (nearest even, NaN made quiet with
+ * its sign: checked over all 2^32 inputs) except that it flushes denormal inputs, so vectors
+ * with a denormal lane take v_store_bf16. Inline assembly, so that the instruction needs no
+ * compiler flag and is only reached when hw is set. */
+V_INLINE int v_hw_bf16(void) { return (TnCpuFeatures() & TnCpuAvx512bf16) != 0; }
+V_INLINE void v_store_bf16_hw(uint16_t * p, vfloat v, int hw)
+{
+    if (hw && !_mm512_fpclass_ps_mask(v, 0x20)) {
+        __m256i r;
+        __asm__("vcvtneps2bf16 %1, %0" : "=v"(r) : "v"(v));
+        _mm256_storeu_si256((__m256i *)p, r);
+    } else {
+        v_store_bf16(p, v);
+    }
 }
 
 /* FP16 <-> FP32 (IEEE half): loading is exact; storing rounds to nearest even. */
