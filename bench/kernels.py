@@ -7,6 +7,7 @@ ONNX Runtime CPU, all on one thread, each relative to a memcpy of the same bytes
     python bench/kernels.py --isa avx2 --repeat 200
     python bench/kernels.py --peers-only           # NumPy / PyTorch / ONNX Runtime only
     python bench/kernels.py --list                 # the case names
+    python bench/kernels.py --cold --only lrn      # inputs from DRAM (caches evicted per call)
 
 Prints Markdown tables (ratios to memcpy, then absolute medians) and never asserts on
 time. The ISA level of tensorops_native is fixed at import (TENSOROPS_ISA), so each level
@@ -665,23 +666,54 @@ FOOTNOTES = {
 # Timing and checks
 # ---------------------------------------------------------------------------------------
 
-def measure(fn, budget: float, repeat: int | None) -> tuple[float, int]:
+COLD_CALLS_MAX = 300    # timed calls per contender with --cold (each eviction costs ms)
+
+
+def last_level_cache_bytes() -> int:
+    """The largest CPU cache of this machine (sysfs), 32 MiB when unknown."""
+    sizes = []
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    for index in (os.listdir(base) if os.path.isdir(base) else []):
+        try:
+            with open(os.path.join(base, index, "size")) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        sizes.append(int(text.rstrip("KMG")) * unit)
+    return max(sizes, default=32 * MIB)
+
+
+def cache_evictor():
+    """A function that pushes every earlier working set out of the caches by reading a
+    buffer of three times the last-level cache; --cold runs it before each call, untimed,
+    so each call reads its inputs (and writes its outputs) from DRAM."""
+    buf = np.ones(3 * last_level_cache_bytes() // 8, np.uint64)
+    return lambda: buf.max()
+
+
+def measure(fn, budget: float, repeat: int | None, evict=None) -> tuple[float, int]:
     """Median time of one call in microseconds, and the number of timed calls. Warm-up
     first (at least 2 calls, about a quarter of the budget), then `repeat` calls, or as
-    many as fill `budget` seconds (at least 7, at most 20000)."""
+    many as fill `budget` seconds (at least 7, at most 20000; COLD_CALLS_MAX with
+    `evict`, which runs untimed before every call)."""
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
         warm, start = [], time.perf_counter()
         while len(warm) < 2 or (time.perf_counter() - start < budget / 4 and len(warm) < 1000):
+            if evict:
+                evict()
             t = time.perf_counter()
             fn()
             warm.append(time.perf_counter() - t)
         estimate = max(float(np.median(warm)), 1e-7)
-        n = repeat if repeat else int(min(max(budget / estimate, 7), 20000))
+        n = repeat if repeat else int(min(max(budget / estimate, 7), COLD_CALLS_MAX if evict else 20000))
         samples = np.empty(n, np.int64)
         clock = time.perf_counter_ns
         for i in range(n):
+            if evict:
+                evict()
             t = clock()
             fn()
             samples[i] = clock() - t
@@ -840,6 +872,7 @@ def worker_main(args) -> int:
     report = tn.kernels()
     cases = {c.name: c for c in all_cases()}
     out = sys.stdout
+    evict = cache_evictor() if args.cold else None
     out.write(json.dumps({"hello": True, "isa": tn.isa(), "kernels": report}) + "\n")
     out.flush()
     for line in sys.stdin:
@@ -853,7 +886,7 @@ def worker_main(args) -> int:
                 setup = case.build(case.rng())
                 fn = setup.ours(tn)
                 answer["mismatch"] = check(fn(), setup.numpy(), setup.tol)
-                answer["median_us"], answer["calls"] = measure(fn, request["budget"], request["repeat"])
+                answer["median_us"], answer["calls"] = measure(fn, request["budget"], request["repeat"], evict)
                 answer["status"] = "ok"
             except Exception as exc:  # a Python-level failure: report it, keep serving
                 answer["status"] = "error"
@@ -866,15 +899,17 @@ def worker_main(args) -> int:
 class Worker:
     """One `--worker --isa LEVEL` subprocess, restarted after a crash."""
 
-    def __init__(self, isa: str):
+    def __init__(self, isa: str, cold: bool = False):
         self.isa = isa
+        self.cold = cold
         self.proc: subprocess.Popen | None = None
         self.hello: dict | None = None
         self.broken: str | None = None  # why the worker cannot start, once it failed to
 
     def start(self):
         env = dict(os.environ, TENSOROPS_ISA=self.isa)
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", "--isa", self.isa],
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--isa", self.isa, *(["--cold"] if self.cold else [])]
+        self.proc = subprocess.Popen(cmd,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, bufsize=1)
         line = self._read_line(CASE_TIMEOUT_S)
         if line is None:
@@ -965,7 +1000,8 @@ def run_case(case: Case, args, peers, workers) -> dict:
     # operation (read every input once, write every output once) is (in + out) / 2.
     row["copy_bytes"] = (row["in_bytes"] + row["out_bytes"]) // 2
     copy = memcpy_fn(row["copy_bytes"])
-    before, _ = measure(copy, args.budget, args.repeat)
+    evict = cache_evictor() if args.cold else None
+    before, _ = measure(copy, args.budget, args.repeat, evict)
     for peer in peers:
         entry = {}
         try:
@@ -976,7 +1012,7 @@ def run_case(case: Case, args, peers, workers) -> dict:
                 call, result = made
                 call()
                 entry["mismatch"] = check(result(), reference, setup.tol)
-                entry["median_us"], entry["calls"] = measure(call, args.budget, args.repeat)
+                entry["median_us"], entry["calls"] = measure(call, args.budget, args.repeat, evict)
                 entry["status"] = "ok"
         except Exception as exc:  # a peer refusing the graph is a result, not a failure
             entry = {"status": "error", "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
@@ -986,7 +1022,7 @@ def run_case(case: Case, args, peers, workers) -> dict:
         row["ours"][isa] = worker.run(case, args.budget, args.repeat)
     # memcpy again after the contenders; the faster of the two is the baseline, so a
     # disturbance during one of them (the machine is shared) cannot flatter the ratios.
-    after, _ = measure(copy, args.budget, args.repeat)
+    after, _ = measure(copy, args.budget, args.repeat, evict)
     row["memcpy_runs_us"] = [before, after]
     row["memcpy_us"] = min(before, after)
     return row
@@ -1059,6 +1095,13 @@ def render(rows: list[dict], args, peers, isas, hellos) -> str:
         "the copy that moves the same memory traffic as the operation must (read every input once, "
         "write every output once; inputs = the data tensors, not the small per-channel parameters), Python call included; measured before and after the "
         "contenders of each case, the faster kept. Ratios below are time / memcpy time (lower is better).")
+    if args.cold:
+        add(f"- **Cold caches (--cold)**: before every call (untimed) a read of {3 * last_level_cache_bytes() >> 20} MiB "
+            "(three times the last-level cache) evicts the case's data, for every contender and for memcpy alike, "
+            f"so inputs are read from DRAM; at most {COLD_CALLS_MAX} timed calls each.")
+    else:
+        add("- Warm caches: the same inputs on every call, so tensors that fit the last-level cache are read "
+            "from it (memcpy included); `--cold` measures with data in DRAM.")
     add("- ONNX Runtime: models built in memory (onnx.helper, opset 17), inputs and outputs bound once "
         "(run_with_iobinding: no per-call output copy); ours, NumPy and PyTorch allocate their outputs "
         "on every call.")
@@ -1179,6 +1222,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, help="timed calls per contender (default: adaptive, see --budget)")
     p.add_argument("--budget", type=float, default=0.2,
                    help="seconds of timed calls per contender when --repeat is not given (default: %(default)s)")
+    p.add_argument("--cold", action="store_true",
+                   help="evict the caches before every timed call (inputs and outputs in DRAM), for all contenders and memcpy")
     p.add_argument("--json", metavar="PATH", help="also write the raw results as JSON")
     p.add_argument("--list", action="store_true", help="print the case names and exit")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -1198,7 +1243,7 @@ def main(argv=None) -> int:
     peers = parse_list(args.peers, PEERS, "peers")
 
     started = time.perf_counter()
-    workers = {isa: Worker(isa) for isa in isas}
+    workers = {isa: Worker(isa, args.cold) for isa in isas}
     hellos = {}
     rows = []
     try:
