@@ -28,7 +28,7 @@ static inline uint16_t tn_f32_to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
-/* Constants of exp and log (Cephes minimax polynomials, Cody-Waite split of ln 2). */
+/* Constants of exp (Cephes minimax polynomial, Cody-Waite split of ln 2). */
 #define TN_LOG2E 1.44269504088896341f
 #define TN_LN2_HI 0.693359375f
 #define TN_LN2_LO (-2.12194440e-4f)
@@ -40,16 +40,6 @@ static inline uint16_t tn_f32_to_bf16(float f)
 #define TN_EXP_P5 5.0000001201e-1f
 #define TN_EXP_MIN (-104.0f) /* below: result rounds to +0 */
 #define TN_EXP_MAX 89.0f     /* above: result overflows to +inf */
-#define TN_LOG_P0 7.0376836292e-2f
-#define TN_LOG_P1 (-1.1514610310e-1f)
-#define TN_LOG_P2 1.1676998740e-1f
-#define TN_LOG_P3 (-1.2420140846e-1f)
-#define TN_LOG_P4 1.4249322787e-1f
-#define TN_LOG_P5 (-1.6668057665e-1f)
-#define TN_LOG_P6 2.0000714765e-1f
-#define TN_LOG_P7 (-2.4999993993e-1f)
-#define TN_LOG_P8 3.3333331174e-1f
-#define TN_SQRTHF 0.707106781186547524f
 
 /* y * 2^n for n <= -126 (y in [0.7, 1.5), so the result is below 2^-125, denormal or in
  * the lowest binade): y * 2^(n + 149) is exact and normal, and rounding it to an integer
@@ -89,8 +79,43 @@ static inline float tn_exp_f32(float x)
     return y * tn_bits_f32((uint32_t)(j2 + 127) << 23);
 }
 
-/* Natural log, relative error about 1 ulp; log(0) = -inf, log(x < 0) = NaN, denormals
- * handled exactly. */
+/* Natural log, table-driven. x = 2^k z with z in [0.698, 1.396): t = bits(x) - TN_LOG_OFF
+ * gives k (its exponent field) and the interval i of z (its top 4 mantissa bits); the 16
+ * intervals are 2^19 ulps wide, and the one holding 1 is centred on 1 in value, with
+ * c = 1, so that near 1 the result is r = x - 1 (exact) plus a tiny term. Elsewhere
+ * c_i ~ 1/midpoint, chosen so that -log(c_i) is within 0.02 ulp of a float (the table
+ * adds no rounding), and |log x| > 0.02: r = z c_i - 1 (|r| < 0.0298, one rounding),
+ * log x = (k ln2 - log c_i) + (r + r^2 Q(r)). Relative error about 1 ulp; log(0) = -inf,
+ * log(x < 0) = NaN, denormals scaled by 2^23 first (exact). */
+#define TN_LOG_OFF 0x3f32aaabu
+#define TN_LN2 0.693147180559945309f
+static const float TN_LOG_C[16] = {
+    1.401430011e+00f, 1.342685342e+00f, 1.288599133e+00f, 1.238685966e+00f, 1.192577124e+00f, 1.149671078e+00f, 1.109807611e+00f, 1.072608471e+00f,
+    1.037816882e+00f, 1.000000000e+00f, 9.504835606e-01f, 8.971964717e-01f, 8.495576382e-01f, 8.067233562e-01f, 7.680038214e-01f, 7.328100801e-01f,
+};
+static const float TN_LOG_L[16] = { /* -log(TN_LOG_C[i]) */
+    -3.374931514e-01f, -2.946715951e-01f, -2.535556853e-01f, -2.140511125e-01f, -1.761166155e-01f, -1.394758821e-01f, -1.041866764e-01f, -7.009350508e-02f,
+    -3.711935505e-02f, 0.0f, 5.078441277e-02f, 1.084804088e-01f, 1.630394906e-01f, 2.147744745e-01f, 2.639605701e-01f, 3.108687103e-01f,
+};
+#define TN_LOG_Q0 (-4.999999702e-01f)
+#define TN_LOG_Q1 3.334794641e-01f
+#define TN_LOG_Q2 (-2.501562834e-01f)
+
+/* The table step of tn_log_f32 for a positive normal x, kadj (0 or -23) added to k. */
+static inline float tn_log_core_f32(float x, float kadj)
+{
+    uint32_t u = tn_f32_bits(x);
+    uint32_t t = u - TN_LOG_OFF;
+    float k = (float)((int32_t)t >> 23) + kadj;
+    float z = tn_bits_f32(u - (t & 0xff800000u));
+    uint32_t i = (t >> 19) & 15u;
+    float r = fmaf(z, TN_LOG_C[i], -1.0f);
+    float hi = fmaf(k, TN_LN2, TN_LOG_L[i]);
+    float q = fmaf(TN_LOG_Q2, r, TN_LOG_Q1);
+    q = fmaf(q, r, TN_LOG_Q0);
+    return hi + fmaf(r * r, q, r);
+}
+
 static inline float tn_log_f32(float x)
 {
     if (x != x)
@@ -101,35 +126,9 @@ static inline float tn_log_f32(float x)
         return -INFINITY;
     if (x == INFINITY)
         return x;
-    float e_adjust = 0.0f;
-    if (x < FLT_MIN) {
-        x *= 8388608.0f; /* 2^23 */
-        e_adjust = -23.0f;
-    }
-    uint32_t u = tn_f32_bits(x);
-    float e = (float)((int32_t)(u >> 23) - 126) + e_adjust;
-    float m = tn_bits_f32((u & 0x007fffffu) | 0x3f000000u); /* [0.5, 1) */
-    if (m < TN_SQRTHF) {
-        e = e - 1.0f;
-        m = m + m - 1.0f;
-    } else {
-        m = m - 1.0f;
-    }
-    float z = m * m;
-    float p = TN_LOG_P0;
-    p = fmaf(p, m, TN_LOG_P1);
-    p = fmaf(p, m, TN_LOG_P2);
-    p = fmaf(p, m, TN_LOG_P3);
-    p = fmaf(p, m, TN_LOG_P4);
-    p = fmaf(p, m, TN_LOG_P5);
-    p = fmaf(p, m, TN_LOG_P6);
-    p = fmaf(p, m, TN_LOG_P7);
-    p = fmaf(p, m, TN_LOG_P8);
-    float y = p * m * z;
-    y = fmaf(e, TN_LN2_LO, y);
-    y = fmaf(z, -0.5f, y);
-    float r = m + y;
-    return fmaf(e, TN_LN2_HI, r);
+    if (x < FLT_MIN)
+        return tn_log_core_f32(x * 8388608.0f, -23.0f); /* 2^23 */
+    return tn_log_core_f32(x, 0.0f);
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -187,30 +186,33 @@ static inline float tn_tanh_f32(float x)
     return tn_bits_f32(tn_f32_bits(p) | sign);
 }
 
-/* erf: intervals of width 1/2 on [0, 4); |x| is clamped to the float below 4 (erf rounds
- * to 1 there). Absolute error about 1e-7; the polynomials stay in [0, 1] (checked over
- * every float of the domain). */
-#define TN_ERF_MAXARG 3.99999976f
-static const float TN_ERF_MID[8] = {0.0f, 0.75f, 1.25f, 1.75f, 2.25f, 2.75f, 3.25f, 3.75f};
-static const float TN_ERF_C[7][8] = {
-    {0.000000000e+00, 7.111556530e-01, 9.229001403e-01, 9.866716862e-01, 9.985373020e-01, 9.998993874e-01, 9.999957085e-01, 9.999998808e-01},
-    {1.128379345e+00, 6.429315209e-01, 2.365212142e-01, 5.277483910e-02, 7.142300252e-03, 5.862942198e-04, 2.919364306e-05, 8.818862511e-07},
-    {-2.100469646e-05, -4.821980894e-01, -2.956519425e-01, -9.235618263e-02, -1.607012376e-02, -1.612270135e-03, -9.487214993e-05, -3.306468670e-06},
-    {-3.756214678e-01, 2.672729641e-02, 1.675232202e-01, 9.017764777e-02, 2.172696032e-02, 2.758208662e-03, 1.952195162e-04, 7.911755347e-06},
-    {-4.470884800e-03, 1.506722420e-01, -6.124116946e-03, -4.810649157e-02, -1.908969320e-02, -3.257592907e-03, -2.860492386e-04, -1.376844375e-05},
-    {1.309878528e-01, -5.126184970e-02, -4.677865282e-02, 5.969766993e-03, 1.058138162e-02, 2.825813834e-03, 3.326130100e-04, 2.020491593e-05},
-    {-3.492581472e-02, -2.654670738e-02, 2.051293664e-02, 9.059783071e-03, -2.764199162e-03, -1.669101999e-03, -2.750402200e-04, -2.087336361e-05},
+/* erf: 8 intervals of |x| centred on i/2 (i = round(2|x|), read from the low bits of
+ * 2|x| + 1.5 * 2^23; interval 0 is [0, 1/4]), a quintic in t = |x| - i/2 (exact), its
+ * coefficients looked up like tanh's. |x| is clamped to the float below 3.75 (so 2|x|
+ * rounds to 7, not to 8), where erf is within 1.2e-7 of 1: the last interval's constant is
+ * raised so that it gives exactly 1 there. Absolute error about 4e-7 (interval 0 is fitted
+ * for relative error, so tiny arguments keep 2/sqrt(pi) x); the polynomials stay in [0, 1]
+ * (checked over every float). */
+#define TN_ERF_MAXARG 3.74999976f
+#define TN_ERF_SHIFT 12582912.0f /* 1.5 * 2^23 */
+static const float TN_ERF_C[6][8] = {
+    {0.000000000e+00f, 5.204995275e-01f, 8.427008390e-01f, 9.661052823e-01f, 9.953222871e-01f, 9.995930195e-01f, 9.999778867e-01f, 9.999993443e-01f},
+    {1.128379107e+00f, 8.787828088e-01f, 4.151081145e-01f, 1.189300790e-01f, 2.066684887e-02f, 2.178307623e-03f, 1.392710255e-04f, 5.402187981e-06f},
+    {6.983314051e-06f, -4.392836094e-01f, -4.151160121e-01f, -1.784373522e-01f, -4.133517295e-02f, -5.439623259e-03f, -4.161098041e-04f, -1.871989662e-05f},
+    {-3.763317466e-01f, -1.464876533e-01f, 1.383036673e-01f, 1.387730688e-01f, 4.823772609e-02f, 8.347709663e-03f, 7.872809656e-04f, 4.201688716e-05f},
+    {2.020223765e-03f, 1.784584224e-01f, 6.957469136e-02f, -4.280392081e-02f, -3.439354524e-02f, -8.882846683e-03f, -1.114491373e-03f, -7.524093962e-05f},
+    {1.059560776e-01f, 7.974995300e-03f, -6.735238433e-02f, -1.544031966e-02f, 1.267653517e-02f, 6.182382349e-03f, 1.065525343e-03f, 8.956461534e-05f},
 };
 
 static inline float tn_erf_f32(float x)
 {
     uint32_t sign = tn_f32_bits(x) & 0x80000000u;
     float a = tn_minps_f32(TN_ERF_MAXARG, tn_abs_f32(x));
-    int32_t i = tn_cvttps_i32(a * 2.0f);
-    i &= 7; /* <= 7 but for NaN (INT32_MIN: any row, the result is NaN) */
-    float t = a - TN_ERF_MID[i];
-    float p = TN_ERF_C[6][i];
-    for (int k = 5; k >= 0; --k)
+    float s = fmaf(a, 2.0f, TN_ERF_SHIFT);
+    uint32_t i = tn_f32_bits(s) & 7u; /* for NaN any row: the result is NaN */
+    float t = fmaf(s - TN_ERF_SHIFT, -0.5f, a);
+    float p = TN_ERF_C[5][i];
+    for (int k = 4; k >= 0; --k)
         p = fmaf(p, t, TN_ERF_C[k][i]);
     return tn_bits_f32(tn_f32_bits(p) | sign);
 }

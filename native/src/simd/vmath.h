@@ -61,44 +61,44 @@ V_INLINE vfloat v_exp_nonpos(vfloat x)
     return v_exp_scale_(y, n);
 }
 
-/* tn_log_f32's sequence from x = (1 + f) 2^e0, f in [0, 1). */
-V_INLINE vfloat v_log_core_(vfloat mm, vfloat e0)
+/* tn_log_core_f32 on 16 lanes: the table lookups are one permute each (AVX2: two and a
+ * blend). */
+V_INLINE vfloat v_log_core_(vfloat x, vfloat kadj, int adjust)
 {
-    vmask big = v_ge(mm, v_set1(2.0f * TN_SQRTHF));
-    vfloat e = v_select(big, v_add(e0, v_set1(1.0f)), e0);
-    vfloat m = v_sub(v_select(big, v_mul(mm, v_set1(0.5f)), mm), v_set1(1.0f));
-    vfloat z = v_mul(m, m);
-    vfloat p = v_set1(TN_LOG_P0);
-    p = v_fma(p, m, v_set1(TN_LOG_P1));
-    p = v_fma(p, m, v_set1(TN_LOG_P2));
-    p = v_fma(p, m, v_set1(TN_LOG_P3));
-    p = v_fma(p, m, v_set1(TN_LOG_P4));
-    p = v_fma(p, m, v_set1(TN_LOG_P5));
-    p = v_fma(p, m, v_set1(TN_LOG_P6));
-    p = v_fma(p, m, v_set1(TN_LOG_P7));
-    p = v_fma(p, m, v_set1(TN_LOG_P8));
-    vfloat y = v_mul(v_mul(p, m), z);
-    y = v_fma(e, v_set1(TN_LN2_LO), y);
-    y = v_fma(z, v_set1(-0.5f), y);
-    return v_fma(e, v_set1(TN_LN2_HI), v_add(m, y));
+    vint u = v_as_int(x);
+    vint t = vi_sub(u, vi_set1((int32_t)TN_LOG_OFF));
+    vfloat k = vi_to_float(vi_sra(t, 23));
+    if (adjust)
+        k = v_add(k, kadj);
+    vfloat z = vi_as_float(vi_sub(u, vi_and(t, vi_set1((int32_t)0xff800000u))));
+    vint i = vi_srl(t, 19); /* v_permute reads its low 4 bits */
+    vfloat r = v_fma(z, v_permute(v_load(TN_LOG_C), i), v_set1(-1.0f));
+    vfloat hi = v_fma(k, v_set1(TN_LN2), v_permute(v_load(TN_LOG_L), i));
+    vfloat q = v_fma(v_set1(TN_LOG_Q2), r, v_set1(TN_LOG_Q1));
+    q = v_fma(q, r, v_set1(TN_LOG_Q0));
+    return v_add(hi, v_fma(v_mul(r, r), q, r));
 }
 
-/* log(x), as tn_log_f32. Positive normal lanes take the cheap frexp; vectors that hold
- * denormal, zero, negative, inf or NaN lanes are redone with the full frexp and patched. */
+/* The vectors of v_log that hold denormal, zero, negative, inf or NaN lanes: denormals
+ * are scaled by 2^23, the others patched. Out of line and cold, so that the common path
+ * keeps its registers. */
+static __attribute__((noinline, cold)) vfloat v_log_special_(vfloat x)
+{
+    vmask tiny = v_lt(x, v_set1(FLT_MIN));
+    vfloat xs = v_select(tiny, v_mul(x, v_set1(8388608.0f)), x);
+    vfloat r = v_log_core_(xs, v_keep(tiny, v_set1(-23.0f)), 1);
+    r = v_select(v_eq(x, v_set1(INFINITY)), x, r);
+    r = v_select(v_eq(x, v_zero()), v_set1(-INFINITY), r);
+    r = v_select(v_lt(x, v_zero()), v_set1(NAN), r);
+    return v_select(v_isnan(x), v_add(x, x), r);
+}
+
+/* log(x), as tn_log_f32. */
 V_INLINE vfloat v_log(vfloat x)
 {
-    vfloat e0;
-    vfloat mm = v_frexp_normal(x, &e0); /* before the call that reads e0 */
-    vfloat r = v_log_core_(mm, e0);
-    vmask special = v_not_positive_normal(x);
-    if (m_any(special)) {
-        mm = v_frexp(x, &e0);
-        r = v_log_core_(mm, e0);
-        r = v_select(v_eq(x, v_set1(INFINITY)), x, r);
-        r = v_select(v_eq(x, v_zero()), v_set1(-INFINITY), r);
-        r = v_select(v_lt(x, v_zero()), v_set1(NAN), r);
-        r = v_select(v_isnan(x), v_add(x, x), r);
-    }
+    vfloat r = v_log_core_(x, v_zero(), 0);
+    if (__builtin_expect(m_any(v_not_positive_normal(x)), 0))
+        r = v_log_special_(x);
     return r;
 }
 
@@ -126,10 +126,11 @@ V_INLINE vfloat v_tanh(vfloat x)
 V_INLINE vfloat v_erf(vfloat x)
 {
     vfloat a = v_absmin_(x, TN_ERF_MAXARG);
-    vint i = v_to_int_trunc(v_mul(a, v_set1(2.0f)));
-    vfloat t = v_sub(a, v_lut8(TN_ERF_MID, i));
-    vfloat p = v_lut8(TN_ERF_C[6], i);
-    for (int k = 5; k >= 0; --k)
+    vfloat s = v_fma(a, v_set1(2.0f), v_set1(TN_ERF_SHIFT));
+    vint i = v_as_int(s); /* v_lut8 reads its low 3 bits: round(2a) */
+    vfloat t = v_fma(v_sub(s, v_set1(TN_ERF_SHIFT)), v_set1(-0.5f), a);
+    vfloat p = v_lut8(TN_ERF_C[5], i);
+    for (int k = 4; k >= 0; --k)
         p = v_fma(p, t, v_lut8(TN_ERF_C[k], i));
     return v_with_sign_(p, x);
 }
