@@ -3,6 +3,8 @@ avx2, avx512; a level this CPU lacks is skipped with the reason):
 
 - BF16 outputs (layer_norm_channels, softmax) are identical bit for bit, NaNs included
   (docs/kernels.md: every level produces bit-identical BF16 outputs);
+- LRN outputs are identical bit for bit (docs/kernels.md), over bases from 2^-104 to 2^104
+  and special values, for LRN's own power and the table pow;
 - unary results: bit-identical for the exact ops, within each other's accuracy bounds
   (twice the docs/kernels.md bound, same NaN and infinity positions) for the others.
 """
@@ -73,9 +75,13 @@ def bf16_case():
 @pytest.mark.parametrize("a,b", PAIRS, ids=PAIR_IDS)
 def test_bf16_outputs_identical_across_isa_levels(isa_runner, bf16_case, a, b):
     require("SynetNormalizeLayerForward16bV2", "SynetSoftmax16b")
-    ya = isa_runner.run("bf16", a, BF16_SCRIPT, bf16_case)
-    yb = isa_runner.run("bf16", b, BF16_SCRIPT, bf16_case)
-    assert ya.keys() == yb.keys() and len(ya) > 50
+    same_bits_at_levels(isa_runner, "bf16", BF16_SCRIPT, bf16_case, a, b, lambda n: n > 50)
+
+
+def same_bits_at_levels(isa_runner, tag, script, case, a, b, count_ok):
+    ya = isa_runner.run(tag, a, script, case)
+    yb = isa_runner.run(tag, b, script, case)
+    assert ya.keys() == yb.keys() and count_ok(len(ya))
     for name in sorted(ya):
         assert_same_bits(yb[name], ya[name], what=f"{name} at {b} vs {a}")
 
@@ -114,3 +120,40 @@ def test_unary_agrees_across_isa_levels(isa_runner, unary_case, a, b):
             problems.append(f"{op}: {int(diff.sum())} differ, e.g. x={x[i]!r}: {a} {p[i]!r}, {b} {q[i]!r}")
     assert not problems, "\n".join(problems)
 
+
+
+LRN_SCRIPT = """
+for key in sorted(inputs):
+    if key.endswith("_x"):
+        name = key[:-2]
+        fmt = ("nchw", "nhwc")[int(inputs[name + "_fmt"])]
+        outputs[name] = tn.lrn_cross_channels(inputs[key], int(inputs[name + "_half"]), inputs[name + "_k"],
+                                              format=fmt).view(np.uint32)
+"""
+
+
+@pytest.fixture(scope="session")
+def lrn_case():
+    rng = np.random.default_rng(11)
+    inputs = {}
+    i = 0
+    for fmt_code, fmt in enumerate(("nchw", "nhwc")):
+        for channels, half, spatial in [(17, 2, 49), (96, 2, 300), (16, 5, 37), (5, 1, 3136)]:
+            for k2 in (-0.75, -1.0, 0.3, -1.5):
+                shape = image_shape(1, channels, spatial, fmt)
+                x = (np.exp2(rng.uniform(-26, 26, shape)) * rng.choice([-1.0, 1.0], shape)).astype(np.float32)
+                if i % 2:   # ordinary activations: long runs of one exponent
+                    x = rng.normal(0, 4, shape).astype(np.float32)
+                x.reshape(-1)[[3, 40, -1]] = [np.nan, np.inf, 0.0]
+                inputs[f"lrn{i:03d}_x"] = x
+                inputs[f"lrn{i:03d}_half"] = np.array(half)
+                inputs[f"lrn{i:03d}_k"] = np.float32([i % 3 * 0.5, 1e-4 if i % 2 else 1.0, k2])
+                inputs[f"lrn{i:03d}_fmt"] = np.array(fmt_code)
+                i += 1
+    return inputs
+
+
+@pytest.mark.parametrize("a,b", PAIRS, ids=PAIR_IDS)
+def test_lrn_identical_across_isa_levels(isa_runner, lrn_case, a, b):
+    require("SynetLrnLayerCrossChannels")
+    same_bits_at_levels(isa_runner, "lrn", LRN_SCRIPT, lrn_case, a, b, lambda n: n == 32)

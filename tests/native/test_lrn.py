@@ -84,3 +84,35 @@ def test_lrn_nan_inf(rng, fmt):
     flat = x.reshape(-1)
     flat[3], flat[40], flat[-1] = np.nan, np.inf, -np.inf
     check(x, 2, np.float32([1.0, 0.1, -0.75]), fmt)
+
+
+def lrn_power_inputs(rng, n=1 << 16):
+    """x with |x| from 2^-52 to 2^52, so b = x^2 (half 0, k = (0, 1, k2)) spans LRN's own power
+    range 2^-100 <= b < 2^101 and beyond it. First half sorted by magnitude (runs of one
+    exponent: the per-exponent tables), second half shuffled (mixed exponents per vector)."""
+    mag = np.exp2(rng.uniform(-52, 52, n))
+    x = (mag * rng.choice([-1.0, 1.0], n)).astype(np.float32)
+    x[: n // 2] = x[np.argsort(np.abs(x[: n // 2]))]
+    return x
+
+
+@pytest.mark.parametrize("k2", [-0.75, -0.5, -1.0, 1.0, 0.3, -0.999, 0.0, -1.5])
+def test_lrn_power_accuracy(rng, k2):
+    """docs/kernels.md: LRN's own power (|k2| <= 1, 2^-100 <= b < 2^101) is within 2.4e-7 of
+    b^k2 (measured), so y within 3.5e-7; other bases and |k2| > 1 take the table pow
+    (2e-7 + 3e-8 |k2 log2 b|)."""
+    require("SynetLrnLayerCrossChannels")
+    x = lrn_power_inputs(rng)
+    k = np.float32([0.0, 1.0, k2])
+    y = tn.lrn_cross_channels(x.reshape(1, 1, -1), 0, k, format="nchw").reshape(-1)
+    b = (x.astype(np.float64) ** 2).astype(np.float32).astype(np.float64)   # S = x^2 rounded once
+    exact = x * b ** np.float64(np.float32(k2))
+    pw = np.abs(exact / x)
+    # the power and y both normal floats (the power is a float before it meets x)
+    normal = (np.abs(exact) >= 2.0 ** -126) & (np.abs(exact) < 2.0 ** 128) & (pw >= 2.0 ** -126) & (pw < 2.0 ** 128)
+    own = (b >= 2.0 ** -100) & (b < 2.0 ** 101) & (abs(k2) <= 1) & normal
+    rel = np.abs(y / exact - 1)
+    assert rel[own].max(initial=0) <= 3.5e-7, f"own power: worst {rel[own].max()}"
+    other = ~own & (b >= 2.0 ** -126) & normal
+    bound = 5e-7 + 4e-8 * np.abs(k2 * np.log2(b[other]))   # "about", plus the rounding of y
+    assert (rel[other] <= bound).all(), f"table pow: worst {rel[other].max()}"

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "lrn_pow.h"
 #include "tensorops.h"
 
 #define LRN_CHUNK 512          /* spatial columns per NCHW chunk, direct path */
@@ -21,11 +22,69 @@
 typedef struct {
     vfloat k0, k1, k2v;
     float k2;
+    int own;           /* |k2| <= LRN_POW_MAX_EXP: LRN's power (lrn_pow.h), else v_pow */
+    vint K;            /* pw.K in every lane */
+    vfloat a0, a1, a2, a3, ev;
+    LrnPow pw;
 } LrnK;
 
-V_INLINE vfloat lrn_value(vfloat x, vfloat s, const LrnK * k)
+/* 2^(e k) on 16 lanes: lrn_exp2k of scalar.c. */
+V_INLINE vfloat lrn_exp2k(vfloat e, vfloat k)
 {
-    return v_mul(x, v_pow(v_fma(k->k1, s, k->k0), k->k2v, k->k2));
+    vfloat hi = v_mul(e, k), lo = v_fms(e, k, hi);
+    vfloat n = v_round(hi);
+    vfloat f = v_add(v_sub(hi, n), lo);
+    vfloat q = v_set1(LRN_EXP2_Q[5]);
+    for (int i = 4; i >= 0; --i)
+        q = v_fma(q, f, v_set1(LRN_EXP2_Q[i]));
+    return v_ldexp_normal(v_fma(q, f, v_set1(1.0f)), n);
+}
+
+/* q = r P(r) of lrn_pow.h */
+V_INLINE vfloat lrn_rp(vfloat r, LrnK * k)
+{
+    vfloat q = v_fma(k->a3, r, k->a2);
+    q = v_fma(q, r, k->a1);
+    q = v_fma(q, r, k->a0);
+    return v_mul(q, r);
+}
+
+/* tn_lrn_pow lane by lane, for vectors whose bases do not all have exponent pw.K; when
+ * they share another one in range, the tables move to it (the next vectors of a plane
+ * usually share it too). */
+static __attribute__((noinline)) vfloat lrn_pow_lanes(vfloat b, LrnK * k)
+{
+    vint u = v_as_int(b);
+    vint K = vi_srl(u, 23), j = vi_srl(u, 20); /* v_lut8 uses the low 3 bits of j */
+    vfloat kf;
+    vfloat m = v_frexp_normal(b, &kf);
+    vfloat r = v_fma(m, v_lut8(k->pw.c, j), v_set1(-1.0f));
+    vfloat g = v_mul(v_lut8(k->pw.A, j), lrn_exp2k(k->ev, kf));
+    vfloat p = v_fma(lrn_rp(r, k), g, g);
+    vmask out = m_or(vi_gt(vi_set1(LRN_K_LO), K), vi_gt(K, vi_set1(LRN_K_HI)));
+    if (m_any(out))
+        return v_select(out, v_pow(b, k->k2v, k->k2), p);
+    int32_t K0 = (int32_t)(tn_f32_bits(v_lane(b, 0)) >> 23);
+    if (m_all(vi_eq(K, vi_set1(K0)))) {
+        tn_lrn_pow_set_k(&k->pw, K0);
+        k->K = vi_set1(K0);
+    }
+    return p;
+}
+
+V_INLINE vfloat lrn_value(vfloat x, vfloat s, LrnK * k)
+{
+    vfloat b = v_fma(k->k1, s, k->k0);
+    if (!k->own)
+        return v_mul(x, v_pow(b, k->k2v, k->k2));
+    vint u = v_as_int(b);
+    if (__builtin_expect(!m_all(vi_eq(vi_srl(u, 23), k->K)), 0))
+        return v_mul(x, lrn_pow_lanes(b, k));
+    /* every base has exponent pw.K: r and g from the per-exponent tables */
+    vint j = vi_srl(u, 20);
+    vfloat r = v_fma(b, v_lut8(k->pw.ck, j), v_set1(-1.0f));
+    vfloat g = v_lut8(k->pw.G, j);
+    return v_mul(x, v_fma(lrn_rp(r, k), g, g));
 }
 
 /* Sum of squares of rows d0 .. d0 + W - 1 (W a constant after inlining) at lane i; the
@@ -43,7 +102,7 @@ V_INLINE vfloat window_sum(const float * src, size_t stride, ptrdiff_t d0, int W
 /* Channel c of a narrow window: n lanes, rows lo .. lo + W - 1 (W = hi - lo + 1; a
  * constant after inlining for the interior channels). */
 V_INLINE void lrn_channel(const float * src, size_t stride, ptrdiff_t c, ptrdiff_t lo, int W, size_t n,
-                          const LrnK * k, float * dst)
+                          LrnK * k, float * dst)
 {
     const float * xc = src + c * (ptrdiff_t)stride;
     float * yc = dst + c * (ptrdiff_t)stride;
@@ -62,7 +121,7 @@ V_INLINE void lrn_channel(const float * src, size_t stride, ptrdiff_t c, ptrdiff
 
 /* Narrow windows: n lanes starting at src, channel rows `stride` floats apart; H = h is a
  * constant after inlining, so the interior channels run an unrolled window. */
-V_INLINE void lrn_direct_h(const float * src, size_t stride, ptrdiff_t C, ptrdiff_t H, size_t n, const LrnK * k,
+V_INLINE void lrn_direct_h(const float * src, size_t stride, ptrdiff_t C, ptrdiff_t H, size_t n, LrnK * k,
                            float * dst)
 {
     for (ptrdiff_t c = 0; c < C; ++c) {
@@ -74,7 +133,7 @@ V_INLINE void lrn_direct_h(const float * src, size_t stride, ptrdiff_t C, ptrdif
     }
 }
 
-static void lrn_direct(const float * src, size_t stride, ptrdiff_t C, ptrdiff_t h, size_t n, const LrnK * k,
+static void lrn_direct(const float * src, size_t stride, ptrdiff_t C, ptrdiff_t h, size_t n, LrnK * k,
                        float * dst)
 {
     switch (h) {
@@ -90,7 +149,7 @@ static void lrn_direct(const float * src, size_t stride, ptrdiff_t C, ptrdiff_t 
 /* Wide windows (h > TN_LRN_DIRECT_HALF): n <= W lanes; suf holds 2h rows of W floats,
  * pre one row; W is a multiple of 16. */
 static void lrn_blocks(const float * src, size_t stride, ptrdiff_t C, ptrdiff_t h, size_t n, size_t W,
-                       const LrnK * k, float * dst, float * suf, float * pre)
+                       LrnK * k, float * dst, float * suf, float * pre)
 {
     ptrdiff_t B = 2 * h;
     for (ptrdiff_t kb = 0; kb < C; kb += B) {
@@ -147,7 +206,19 @@ void TN_ISA(SynetLrnLayerCrossChannels)(const float * src, size_t half, size_t c
         tn_scalar_SynetLrnLayerCrossChannels(src, half, channels, spatial, k, dst, format);
         return;
     }
-    LrnK kv = {v_set1(k[0]), v_set1(k[1]), v_set1(k[2]), k[2]};
+    LrnK kv;
+    kv.k0 = v_set1(k[0]);
+    kv.k1 = v_set1(k[1]);
+    kv.k2v = v_set1(k[2]);
+    kv.k2 = k[2];
+    kv.own = fabsf(k[2]) <= LRN_POW_MAX_EXP;
+    tn_lrn_pow_init(&kv.pw, k[2]);
+    kv.K = vi_set1(kv.pw.K);
+    kv.a0 = v_set1(kv.pw.a[0]);
+    kv.a1 = v_set1(kv.pw.a[1]);
+    kv.a2 = v_set1(kv.pw.a[2]);
+    kv.a3 = v_set1(kv.pw.a[3]);
+    kv.ev = kv.k2v;
     int nhwc = format == TnTensorFormatNhwc;
     int direct = h <= TN_LRN_DIRECT_HALF;
 
