@@ -20,6 +20,7 @@
 #include <stdlib.h>
 
 #include "kernels.h"
+#include "softmax_exp.h"
 
 #define SM_COLS 16            /* columns per block when inner >= SM_FLAT_INNER */
 #define SM_FLAT_INNER 16
@@ -28,6 +29,9 @@
 #define SM_BF16_NAN 0x7fc0u
 
 static inline float max_f(float a, float x) { return x > a ? x : a; }
+
+/* exp(x - max): FP32 takes the unary exp, BF16 the cheaper one of softmax_exp.h. */
+static inline float sm_exp(float d, int bf) { return bf ? sm_exp_bf16_scalar(d) : tn_exp_f32(d); }
 
 /* Element i of fp32 (bf == 0) or BF16 (bf == 1) data. */
 static inline float ld(const void * p, size_t i, int bf)
@@ -43,7 +47,7 @@ static float row_exp(const void * src, size_t n, float * e, int bf)
         mx = max_f(mx, ld(src, i, bf));
     float acc[16] = {0};
     for (size_t i = 0; i < n; ++i) {
-        float v = tn_exp_f32(ld(src, i, bf) - mx);
+        float v = sm_exp(ld(src, i, bf) - mx, bf);
         e[i] = v;
         acc[i & 15] += v;
     }
@@ -65,7 +69,7 @@ static void cols_exp(const void * src, size_t j0, size_t count, size_t inner, si
         sum[j] = 0.0f;
     for (size_t c = 0; c < count; ++c)
         for (size_t j = 0; j < w; ++j) {
-            float v = tn_exp_f32(ld(src, c * inner + j0 + j, bf) - mx[j]);
+            float v = sm_exp(ld(src, c * inner + j0 + j, bf) - mx[j], bf);
             e[c * es + j] = v;
             sum[j] += v;
         }
@@ -92,7 +96,7 @@ static void flat_exp(const void * src, size_t count, size_t inner, float * e, fl
             cm[j] = max_f(cm[j], ld(src, c * inner + j, bf));
     for (size_t i = 0; i < n; i += p)
         for (size_t q = 0; q < p && i + q < n; ++q) {
-            float v = tn_exp_f32(ld(src, i + q, bf) - cm[q % inner]);
+            float v = sm_exp(ld(src, i + q, bf) - cm[q % inner], bf);
             e[i + q] = v;
             acc[q] += v;
         }
