@@ -209,8 +209,8 @@ static void l2_across(const float * x, size_t C, size_t S, const float * scale, 
     /* Whole rows in one chunk: chunks of positions whose rows stay in L2 (64 to 736 of
      * (512, 1444)) measured 10-50% slower than two whole passes, also with the next chunk
      * prefetched or summed while this one is scaled: their short strided row segments defeat
-     * the hardware prefetchers and touch every page of the item once per chunk. Two passes
-     * move the item through L3 three times (memcpy: twice), about 1.65x memcpy. */
+     * the hardware prefetchers (huge pages did not help). Two passes move the item through L3
+     * three times (memcpy: twice), about 1.65x memcpy. */
     for (size_t s0 = 0, w = S; s0 < S; s0 += w) {
         const float * xs = x + s0;
         float * ks = k + s0, * ys = y + s0;
