@@ -95,16 +95,36 @@ V_INLINE void v_store_bf16_n(uint16_t * p, vfloat v, size_t n)
  * its sign: checked over all 2^32 inputs) except that it flushes denormal inputs, so vectors
  * with a denormal lane take v_store_bf16. Inline assembly, so that the instruction needs no
  * compiler flag and is only reached when hw is set. */
+V_INLINE __m256i v_bf16_hw_bits_(vfloat v)
+{
+    __m256i r;
+    __asm__("vcvtneps2bf16 %1, %0" : "=v"(r) : "v"(v));
+    return r;
+}
 V_INLINE int v_hw_bf16(void) { return (TnCpuFeatures() & TnCpuAvx512bf16) != 0; }
 V_INLINE void v_store_bf16_hw(uint16_t * p, vfloat v, int hw)
 {
     if (hw && !_mm512_fpclass_ps_mask(v, 0x20)) {
-        __m256i r;
-        __asm__("vcvtneps2bf16 %1, %0" : "=v"(r) : "v"(v));
-        _mm256_storeu_si256((__m256i *)p, r);
+        _mm256_storeu_si256((__m256i *)p, v_bf16_hw_bits_(v));
     } else {
         v_store_bf16(p, v);
     }
+}
+/* v_store_bf16_hw for vectors the caller knows hold no denormal lane (among the first n for
+ * _n): the per-vector check is skipped. */
+V_INLINE void v_store_bf16_hw_normal(uint16_t * p, vfloat v, int hw)
+{
+    if (hw)
+        _mm256_storeu_si256((__m256i *)p, v_bf16_hw_bits_(v));
+    else
+        v_store_bf16(p, v);
+}
+V_INLINE void v_store_bf16_hw_normal_n(uint16_t * p, vfloat v, size_t n, int hw)
+{
+    if (hw)
+        _mm256_mask_storeu_epi16(p, m_first(n), v_bf16_hw_bits_(v));
+    else
+        v_store_bf16_n(p, v, n);
 }
 
 /* FP16 <-> FP32 (IEEE half): loading is exact; storing rounds to nearest even. */

@@ -209,6 +209,12 @@ V_INLINE void row_short(const char * src, char * dst, size_t rs, int R, int V, s
             continue;
         }
         vfloat k = v_set1(1.0f / sum[r]);
+        if (fast) { /* results near e^-SM_FAST_SPAN / 256 or above, > 2^-126: no denormal */
+            for (int v = 0; v < V - 1; ++v)
+                v_store_bf16_hw_normal((uint16_t *)d + 16 * v, v_mul(x[r][v], k), hw);
+            v_store_bf16_hw_normal_n((uint16_t *)d + 16 * (V - 1), v_mul(x[r][V - 1], k), ln, hw);
+            continue;
+        }
         for (int v = 0; v < V - 1; ++v)
             sm_st(d, 16 * (size_t)v, v_mul(x[r][v], k), bf, hw);
         sm_st_n(d, 16 * (size_t)(V - 1), v_mul(x[r][V - 1], k), ln, bf, hw);
