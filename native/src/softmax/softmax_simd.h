@@ -64,11 +64,10 @@ V_INLINE vfloat sm_exp_bf16(vfloat d)
     vfloat s = v_fma(d, v_set1(SM_LOG2E), v_set1(SM_ROUND));
     vfloat n = v_sub(s, v_set1(SM_ROUND));
     vfloat f = v_fms(d, v_set1(SM_LOG2E), n);
-    vfloat p = v_set1(SM_EXP2_P4);
-    p = v_fma(p, f, v_set1(SM_EXP2_P3));
+    vfloat p = v_set1(SM_EXP2_P3);
     p = v_fma(p, f, v_set1(SM_EXP2_P2));
     p = v_fma(p, f, v_set1(SM_EXP2_P1));
-    p = v_fma(p, f, v_set1(1.0f));
+    p = v_fma(p, f, v_set1(SM_EXP2_P0));
     if (__builtin_expect(!m_all(v_gt(n, v_set1((float)TN_EXP_TINY_N))), 0))
         return v_exp_scale_(p, n); /* tiny results or NaN */
     return vi_as_float(vi_add(v_as_int(p), vi_sll(v_as_int(s), 23))); /* s's low bits hold n */
@@ -82,11 +81,10 @@ V_INLINE vfloat sm_exp_bf16_near(vfloat d)
 {
     vfloat s = v_fma(d, v_set1(SM_LOG2E), v_set1(SM_ROUND));
     vfloat f = v_fms(d, v_set1(SM_LOG2E), v_sub(s, v_set1(SM_ROUND)));
-    vfloat p = v_set1(SM_EXP2_P4);
-    p = v_fma(p, f, v_set1(SM_EXP2_P3));
+    vfloat p = v_set1(SM_EXP2_P3);
     p = v_fma(p, f, v_set1(SM_EXP2_P2));
     p = v_fma(p, f, v_set1(SM_EXP2_P1));
-    p = v_fma(p, f, v_set1(1.0f));
+    p = v_fma(p, f, v_set1(SM_EXP2_P0));
     return vi_as_float(vi_add(v_as_int(p), vi_sll(v_as_int(s), 23)));
 }
 
