@@ -64,9 +64,14 @@ V_INLINE void v_store_n(float * p, vfloat v, size_t n)
 V_INLINE vfloat v_load_mask(const float * p, vmask m) { return _mm512_maskz_loadu_ps(m, p); }
 V_INLINE void v_store_mask(float * p, vfloat v, vmask m) { _mm512_mask_storeu_ps(p, m, v); }
 
-/* BF16 <-> FP32: loading is exact; storing rounds as tn_f32_to_bf16 (nearest even, NaN kept
- * quiet with its sign, denormals kept). */
-V_INLINE vfloat v_bf16_bits_to_f32(__m256i b) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)); }
+/* BF16 <-> FP32: loading is exact (one VPERMW with a zeroing mask puts value i in the high
+ * half of lane i: one op where zero-extend and shift took two); storing rounds as
+ * tn_f32_to_bf16 (nearest even, NaN kept quiet with its sign, denormals kept). */
+V_INLINE vfloat v_bf16_bits_to_f32(__m256i b)
+{
+    const __m512i idx = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0, 7, 0, 6, 0, 5, 0, 4, 0, 3, 0, 2, 0, 1, 0, 0, 0);
+    return _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xaaaaaaaau, idx, _mm512_castsi256_si512(b)));
+}
 V_INLINE vfloat v_load_bf16(const uint16_t * p) { return v_bf16_bits_to_f32(_mm256_loadu_si256((const __m256i *)p)); }
 V_INLINE vfloat v_load_bf16_n(const uint16_t * p, size_t n)
 {
@@ -95,16 +100,36 @@ V_INLINE void v_store_bf16_n(uint16_t * p, vfloat v, size_t n)
  * its sign: checked over all 2^32 inputs) except that it flushes denormal inputs, so vectors
  * with a denormal lane take v_store_bf16. Inline assembly, so that the instruction needs no
  * compiler flag and is only reached when hw is set. */
+V_INLINE __m256i v_bf16_hw_bits_(vfloat v)
+{
+    __m256i r;
+    __asm__("vcvtneps2bf16 %1, %0" : "=v"(r) : "v"(v));
+    return r;
+}
 V_INLINE int v_hw_bf16(void) { return (TnCpuFeatures() & TnCpuAvx512bf16) != 0; }
 V_INLINE void v_store_bf16_hw(uint16_t * p, vfloat v, int hw)
 {
     if (hw && !_mm512_fpclass_ps_mask(v, 0x20)) {
-        __m256i r;
-        __asm__("vcvtneps2bf16 %1, %0" : "=v"(r) : "v"(v));
-        _mm256_storeu_si256((__m256i *)p, r);
+        _mm256_storeu_si256((__m256i *)p, v_bf16_hw_bits_(v));
     } else {
         v_store_bf16(p, v);
     }
+}
+/* v_store_bf16_hw for vectors the caller knows hold no denormal lane (among the first n for
+ * _n): the per-vector check is skipped. */
+V_INLINE void v_store_bf16_hw_normal(uint16_t * p, vfloat v, int hw)
+{
+    if (hw)
+        _mm256_storeu_si256((__m256i *)p, v_bf16_hw_bits_(v));
+    else
+        v_store_bf16(p, v);
+}
+V_INLINE void v_store_bf16_hw_normal_n(uint16_t * p, vfloat v, size_t n, int hw)
+{
+    if (hw)
+        _mm256_mask_storeu_epi16(p, m_first(n), v_bf16_hw_bits_(v));
+    else
+        v_store_bf16_n(p, v, n);
 }
 
 /* FP16 <-> FP32 (IEEE half): loading is exact; storing rounds to nearest even. */

@@ -64,11 +64,10 @@ V_INLINE vfloat sm_exp_bf16(vfloat d)
     vfloat s = v_fma(d, v_set1(SM_LOG2E), v_set1(SM_ROUND));
     vfloat n = v_sub(s, v_set1(SM_ROUND));
     vfloat f = v_fms(d, v_set1(SM_LOG2E), n);
-    vfloat p = v_set1(SM_EXP2_P4);
-    p = v_fma(p, f, v_set1(SM_EXP2_P3));
+    vfloat p = v_set1(SM_EXP2_P3);
     p = v_fma(p, f, v_set1(SM_EXP2_P2));
     p = v_fma(p, f, v_set1(SM_EXP2_P1));
-    p = v_fma(p, f, v_set1(1.0f));
+    p = v_fma(p, f, v_set1(SM_EXP2_P0));
     if (__builtin_expect(!m_all(v_gt(n, v_set1((float)TN_EXP_TINY_N))), 0))
         return v_exp_scale_(p, n); /* tiny results or NaN */
     return vi_as_float(vi_add(v_as_int(p), vi_sll(v_as_int(s), 23))); /* s's low bits hold n */
@@ -82,11 +81,10 @@ V_INLINE vfloat sm_exp_bf16_near(vfloat d)
 {
     vfloat s = v_fma(d, v_set1(SM_LOG2E), v_set1(SM_ROUND));
     vfloat f = v_fms(d, v_set1(SM_LOG2E), v_sub(s, v_set1(SM_ROUND)));
-    vfloat p = v_set1(SM_EXP2_P4);
-    p = v_fma(p, f, v_set1(SM_EXP2_P3));
+    vfloat p = v_set1(SM_EXP2_P3);
     p = v_fma(p, f, v_set1(SM_EXP2_P2));
     p = v_fma(p, f, v_set1(SM_EXP2_P1));
-    p = v_fma(p, f, v_set1(1.0f));
+    p = v_fma(p, f, v_set1(SM_EXP2_P0));
     return vi_as_float(vi_add(v_as_int(p), vi_sll(v_as_int(s), 23)));
 }
 
@@ -209,6 +207,12 @@ V_INLINE void row_short(const char * src, char * dst, size_t rs, int R, int V, s
             continue;
         }
         vfloat k = v_set1(1.0f / sum[r]);
+        if (fast) { /* results near e^-SM_FAST_SPAN / 256 or above, > 2^-126: no denormal */
+            for (int v = 0; v < V - 1; ++v)
+                v_store_bf16_hw_normal((uint16_t *)d + 16 * v, v_mul(x[r][v], k), hw);
+            v_store_bf16_hw_normal_n((uint16_t *)d + 16 * (V - 1), v_mul(x[r][V - 1], k), ln, hw);
+            continue;
+        }
         for (int v = 0; v < V - 1; ++v)
             sm_st(d, 16 * (size_t)v, v_mul(x[r][v], k), bf, hw);
         sm_st_n(d, 16 * (size_t)(V - 1), v_mul(x[r][V - 1], k), ln, bf, hw);
