@@ -46,8 +46,8 @@ V_INLINE vfloat lrn_exp2k(vfloat e, vfloat k)
 /* g (1 + r P(r)) of lrn_pow.h, P = a0 + a1 r + a2 r^2 + a3 r^3 */
 V_INLINE vfloat lrn_series(vfloat r, vfloat g, vfloat a0, vfloat a1, vfloat a2, vfloat a3)
 {
-    vfloat q = v_mul(v_fma(v_fma(v_fma(a3, r, a2), r, a1), r, a0), r);
-    return v_fma(q, g, g);
+    vfloat t = v_fma(v_fma(v_fma(a3, r, a2), r, a1), r, a0);
+    return v_fma(v_mul(g, r), t, g);
 }
 
 /* b^k2 for bases that all have exponent pw.K: r and g from the per-exponent tables. */
