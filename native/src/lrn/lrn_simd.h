@@ -20,6 +20,7 @@
 
 #define LRN_CHUNK 512          /* spatial columns per wide-window block, at most */
 #define LRN_V 2                /* column vectors per narrow-window walk: 1 leaves the chains too serial */
+#define LRN_AHEAD 128          /* floats: prefetch distance of the walk along a row */
 #define LRN_STACK_FLOATS 8192  /* 32 KB of stack scratch, malloc beyond */
 
 typedef struct {
@@ -144,6 +145,12 @@ V_INLINE void lrn_column(const float * src, size_t stride, ptrdiff_t C, int H, i
             const float * xd = src + (c + H) * (ptrdiff_t)stride;
             float * yc = dst + c * (ptrdiff_t)stride;
             int in = c + H < C;
+            /* 96-odd rows walked at once are too many streams for the hardware prefetcher
+             * when the tensor comes from DRAM: fetch the next blocks' lines ahead */
+            v_prefetch_l1(xd + LRN_AHEAD);
+            v_prefetch_l1(xd + LRN_AHEAD + 16);
+            v_prefetch_l1(yc + LRN_AHEAD);
+            v_prefetch_l1(yc + LRN_AHEAD + 16);
             for (int v = 0; v < LRN_V; ++v)
                 w[2 * H][v] = in ? LRN_LOAD(xd + 16 * v, v) : v_zero();
             vfloat b[LRN_V];
