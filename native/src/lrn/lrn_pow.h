@@ -6,8 +6,9 @@
  *   b^e = 2^(e k) c_j^-e (1 + r)^e,
  * with (1 + r)^e = 1 + r P(r), P the binomial series of e to r^4 with the r^5 and r^6
  * terms folded in over |r| <= 1/17 (Chebyshev economization), and g = c_j^-e 2^(e k)
- * from a per-call table times an exact-argument exp2. Operation sequence (scalar.c):
- *   q = r * fma(fma(fma(a3, r, a2), r, a1), r, a0);  g = A_j * E(k);  b^e = fma(q, g, g).
+ * from a per-call table times an exact-argument exp2. Operation sequence (scalar.c); g r
+ * is formed beside P's Horner chain, so no multiply follows it:
+ *   t = fma(fma(fma(a3, r, a2), r, a1), r, a0);  g = A_j * E(k);  b^e = fma(g * r, t, g).
  * Other bases (0, negative, denormal, tiny, huge, inf, NaN) and larger |e| take the
  * shared tn_pow_f32 / v_pow. All lanes of one call share e, so the tables are set once
  * per call; when a vector's bases share one K, ck_j = c_j 2^-k (exact) gives r = fma(b,

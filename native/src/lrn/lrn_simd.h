@@ -2,9 +2,11 @@
  * SynetLrnLayerCrossChannels written once against the vector layer (simd/README.md) and
  * compiled by avx512.c and avx2.c: the per-lane algorithm of scalar.c (see there) on 16
  * lanes at a time, so every level gives bit-identical results.
- * - NCHW: lanes are spatial positions. The tensor is walked in chunks of spatial columns
- *   so the rows of one channel window stay in L1; narrow windows are summed directly
- *   (2*half+1 fma per vector), wide ones with block suffix/prefix sums.
+ * - NCHW: lanes are spatial positions. Narrow windows: a block of columns walks down the
+ *   channels with the window's rows in registers, so each element is loaded once (the
+ *   channel planes are rarely 64-byte aligned, and a window read from memory costs 2*half+1
+ *   line-crossing loads per vector); the sum is still the 2*half+1 fma chain per output.
+ *   Wide windows: chunks of spatial columns with block suffix/prefix sums.
  * - NHWC: lanes are channels of one pixel for narrow windows (the pixel is copied into a
  *   zero-padded row, so every window is 2*half+1 unaligned loads); for wide windows 16
  *   pixels are transposed into a channel-major tile and run through the NCHW block code.
@@ -16,7 +18,9 @@
 #include "lrn_pow.h"
 #include "tensorops.h"
 
-#define LRN_CHUNK 512          /* spatial columns per NCHW chunk, direct path */
+#define LRN_CHUNK 512          /* spatial columns per wide-window block, at most */
+#define LRN_V 2                /* column vectors per narrow-window walk: 1 leaves the chains too serial */
+#define LRN_AHEAD 128          /* floats: prefetch distance of the walk along a row */
 #define LRN_STACK_FLOATS 8192  /* 32 KB of stack scratch, malloc beyond */
 
 typedef struct {
@@ -40,13 +44,20 @@ V_INLINE vfloat lrn_exp2k(vfloat e, vfloat k)
     return v_ldexp_normal(v_fma(q, f, v_set1(1.0f)), n);
 }
 
-/* q = r P(r) of lrn_pow.h */
-V_INLINE vfloat lrn_rp(vfloat r, LrnK * k)
+/* g (1 + r P(r)) of lrn_pow.h, P = a0 + a1 r + a2 r^2 + a3 r^3 */
+V_INLINE vfloat lrn_series(vfloat r, vfloat g, vfloat a0, vfloat a1, vfloat a2, vfloat a3)
 {
-    vfloat q = v_fma(k->a3, r, k->a2);
-    q = v_fma(q, r, k->a1);
-    q = v_fma(q, r, k->a0);
-    return v_mul(q, r);
+    vfloat t = v_fma(v_fma(v_fma(a3, r, a2), r, a1), r, a0);
+    return v_fma(v_mul(g, r), t, g);
+}
+
+/* b^k2 for bases that all have exponent pw.K: r and g from the per-exponent tables. */
+V_INLINE vfloat lrn_pow_k(vfloat b, const float * ck, const float * G, vfloat a0, vfloat a1, vfloat a2,
+                          vfloat a3)
+{
+    vint j = vi_srl(v_as_int(b), 20); /* v_lut8 uses the low 3 bits of j */
+    vfloat r = v_fma(b, v_lut8(ck, j), v_set1(-1.0f));
+    return lrn_series(r, v_lut8(G, j), a0, a1, a2, a3);
 }
 
 /* tn_lrn_pow lane by lane, for vectors whose bases do not all have exponent pw.K; when
@@ -60,7 +71,7 @@ static __attribute__((noinline)) vfloat lrn_pow_lanes(vfloat b, LrnK * k)
     vfloat m = v_frexp_normal(b, &kf);
     vfloat r = v_fma(m, v_lut8(k->pw.c, j), v_set1(-1.0f));
     vfloat g = v_mul(v_lut8(k->pw.A, j), lrn_exp2k(k->ev, kf));
-    vfloat p = v_fma(lrn_rp(r, k), g, g);
+    vfloat p = lrn_series(r, g, k->a0, k->a1, k->a2, k->a3);
     vmask out = m_or(vi_gt(vi_set1(LRN_K_LO), K), vi_gt(K, vi_set1(LRN_K_HI)));
     if (m_any(out))
         return v_select(out, v_pow(b, k->k2v, k->k2), p);
@@ -72,65 +83,113 @@ static __attribute__((noinline)) vfloat lrn_pow_lanes(vfloat b, LrnK * k)
     return p;
 }
 
+/* x b^k2 for any bases: lane by lane (own power), or v_pow */
+static __attribute__((noinline)) vfloat lrn_value_lanes(vfloat x, vfloat b, LrnK * k)
+{
+    return v_mul(x, k->own ? lrn_pow_lanes(b, k) : v_pow(b, k->k2v, k->k2));
+}
+
 V_INLINE vfloat lrn_value(vfloat x, vfloat s, LrnK * k)
 {
     vfloat b = v_fma(k->k1, s, k->k0);
-    if (!k->own)
-        return v_mul(x, v_pow(b, k->k2v, k->k2));
-    vint u = v_as_int(b);
-    if (__builtin_expect(!m_all(vi_eq(vi_srl(u, 23), k->K)), 0))
-        return v_mul(x, lrn_pow_lanes(b, k));
-    /* every base has exponent pw.K: r and g from the per-exponent tables */
-    vint j = vi_srl(u, 20);
-    vfloat r = v_fma(b, v_lut8(k->pw.ck, j), v_set1(-1.0f));
-    vfloat g = v_lut8(k->pw.G, j);
-    return v_mul(x, v_fma(lrn_rp(r, k), g, g));
+    if (__builtin_expect(!k->own || !m_all(vi_eq(vi_srl(v_as_int(b), 23), k->K)), 0))
+        return lrn_value_lanes(x, b, k);
+    return v_mul(x, lrn_pow_k(b, k->pw.ck, k->pw.G, k->a0, k->a1, k->a2, k->a3));
 }
 
-/* Sum of squares of rows d0 .. d0 + W - 1 (W a constant after inlining) at lane i; the
- * first min(n, 16) lanes are read. */
-V_INLINE vfloat window_sum(const float * src, size_t stride, ptrdiff_t d0, int W, size_t i, size_t n)
+/* What the narrow-window walk reads per vector, in locals of the walk: LrnK's address
+ * reaches lrn_pow_lanes, so its fields would be reloaded after every store. */
+typedef struct {
+    vfloat k0, k1, a0, a1, a2, a3;
+    vint K;
+    float ck[8], G[8];
+} LrnHot;
+
+V_INLINE void lrn_hot(LrnHot * h, const LrnK * k)
 {
-    vfloat s = v_zero();
-    for (int w = 0; w < W; ++w) {
-        vfloat a = v_load_n(src + (d0 + w) * (ptrdiff_t)stride + i, n);
-        s = v_fma(a, a, s);
+    h->k0 = k->k0;
+    h->k1 = k->k1;
+    h->a0 = k->a0;
+    h->a1 = k->a1;
+    h->a2 = k->a2;
+    h->a3 = k->a3;
+    h->K = k->K;
+    memcpy(h->ck, k->pw.ck, sizeof h->ck);
+    memcpy(h->G, k->pw.G, sizeof h->G);
+}
+
+/* Narrow windows on NCHW, each element loaded once: a block of LRN_V column vectors
+ * (n <= 16 LRN_V lanes, `full` when n = 16 LRN_V) walks down the channels keeping rows
+ * c - H .. c + H in registers. Rows outside the tensor read as +0: fma(0, 0, s) leaves s
+ * unchanged (and 0 + 0 = +0 at the start), so the chain has the bits of the clipped
+ * window's. H and full are constants after inlining. */
+V_INLINE void lrn_column(const float * src, size_t stride, ptrdiff_t C, int H, int full, size_t n, LrnK * k,
+                         float * dst)
+{
+    vfloat w[2 * TN_LRN_DIRECT_HALF + 1][LRN_V];
+    size_t m[LRN_V];
+    for (int v = 0; v < LRN_V; ++v)
+        m[v] = full ? 16 : (n > 16 * (size_t)v ? n - 16 * (size_t)v : 0);
+#define LRN_LOAD(p, v) (full ? v_load(p) : v_load_n(p, m[v]))
+    for (int r = 0; r < 2 * H; ++r)
+        for (int v = 0; v < LRN_V; ++v) {
+            ptrdiff_t d = r - H;
+            w[r][v] = d >= 0 && d < C ? LRN_LOAD(src + d * (ptrdiff_t)stride + 16 * v, v) : v_zero();
+        }
+    const int own = k->own;
+    ptrdiff_t c = 0;
+    while (c < C) {
+        LrnHot h; /* refreshed when lrn_pow_lanes moved the tables */
+        lrn_hot(&h, k);
+        for (;;) {
+            const float * xd = src + (c + H) * (ptrdiff_t)stride;
+            float * yc = dst + c * (ptrdiff_t)stride;
+            int in = c + H < C;
+            /* 96-odd rows walked at once are too many streams for the hardware prefetcher
+             * when the tensor comes from DRAM: fetch the next blocks' lines ahead */
+            v_prefetch_l1(xd + LRN_AHEAD);
+            v_prefetch_l1(xd + LRN_AHEAD + 16);
+            v_prefetch_l1(yc + LRN_AHEAD);
+            v_prefetch_l1(yc + LRN_AHEAD + 16);
+            for (int v = 0; v < LRN_V; ++v)
+                w[2 * H][v] = in ? LRN_LOAD(xd + 16 * v, v) : v_zero();
+            vfloat b[LRN_V];
+            vmask same = m_first(16);
+            for (int v = 0; v < LRN_V; ++v) {
+                vfloat s = v_zero();
+                for (int r = 0; r <= 2 * H; ++r)
+                    s = v_fma(w[r][v], w[r][v], s);
+                b[v] = v_fma(h.k1, s, h.k0);
+                same = m_and(same, vi_eq(vi_srl(v_as_int(b[v]), 23), h.K));
+            }
+            int fast = own && m_all(same);
+            for (int v = 0; v < LRN_V; ++v) {
+                /* unconditional, so the table broadcasts leave the loop */
+                vfloat y = v_mul(w[H][v], lrn_pow_k(b[v], h.ck, h.G, h.a0, h.a1, h.a2, h.a3));
+                if (__builtin_expect(!fast, 0))
+                    y = lrn_value_lanes(w[H][v], b[v], k);
+                if (full)
+                    v_store(yc + 16 * v, y);
+                else
+                    v_store_n(yc + 16 * v, y, m[v]);
+            }
+            for (int r = 0; r < 2 * H; ++r)
+                for (int v = 0; v < LRN_V; ++v)
+                    w[r][v] = w[r + 1][v];
+            if (++c == C || (!fast && own))
+                break;
+        }
     }
-    return s;
+#undef LRN_LOAD
 }
 
-/* Channel c of a narrow window: n lanes, rows lo .. lo + W - 1 (W = hi - lo + 1; a
- * constant after inlining for the interior channels). */
-V_INLINE void lrn_channel(const float * src, size_t stride, ptrdiff_t c, ptrdiff_t lo, int W, size_t n,
-                          LrnK * k, float * dst)
+V_INLINE void lrn_direct_h(const float * src, size_t stride, ptrdiff_t C, int H, size_t n, LrnK * k, float * dst)
 {
-    const float * xc = src + c * (ptrdiff_t)stride;
-    float * yc = dst + c * (ptrdiff_t)stride;
     size_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        vfloat s0 = window_sum(src, stride, lo, W, i, 16);
-        vfloat s1 = window_sum(src, stride, lo, W, i + 16, 16);
-        v_store(yc + i, lrn_value(v_load(xc + i), s0, k));
-        v_store(yc + i + 16, lrn_value(v_load(xc + i + 16), s1, k));
-    }
-    for (; i < n; i += 16) {
-        vfloat s0 = window_sum(src, stride, lo, W, i, n - i);
-        v_store_n(yc + i, lrn_value(v_load_n(xc + i, n - i), s0, k), n - i);
-    }
-}
-
-/* Narrow windows: n lanes starting at src, channel rows `stride` floats apart; H = h is a
- * constant after inlining, so the interior channels run an unrolled window. */
-V_INLINE void lrn_direct_h(const float * src, size_t stride, ptrdiff_t C, ptrdiff_t H, size_t n, LrnK * k,
-                           float * dst)
-{
-    for (ptrdiff_t c = 0; c < C; ++c) {
-        ptrdiff_t lo = c - H < 0 ? 0 : c - H, hi = c + H < C - 1 ? c + H : C - 1;
-        if (hi - lo == 2 * H)
-            lrn_channel(src, stride, c, lo, (int)(2 * H + 1), n, k, dst);
-        else
-            lrn_channel(src, stride, c, lo, (int)(hi - lo + 1), n, k, dst);
-    }
+    for (; i + 16 * LRN_V <= n; i += 16 * LRN_V)
+        lrn_column(src + i, stride, C, H, 1, 16 * LRN_V, k, dst + i);
+    if (i < n)
+        lrn_column(src + i, stride, C, H, 0, n - i, k, dst + i);
 }
 
 static void lrn_direct(const float * src, size_t stride, ptrdiff_t C, ptrdiff_t h, size_t n, LrnK * k,
@@ -141,8 +200,7 @@ static void lrn_direct(const float * src, size_t stride, ptrdiff_t C, ptrdiff_t 
     case 1: lrn_direct_h(src, stride, C, 1, n, k, dst); break;
     case 2: lrn_direct_h(src, stride, C, 2, n, k, dst); break;
     case 3: lrn_direct_h(src, stride, C, 3, n, k, dst); break;
-    case 4: lrn_direct_h(src, stride, C, 4, n, k, dst); break;
-    default: lrn_direct_h(src, stride, C, h, n, k, dst); break;
+    default: lrn_direct_h(src, stride, C, 4, n, k, dst); break;
     }
 }
 
@@ -241,8 +299,7 @@ void TN_ISA(SynetLrnLayerCrossChannels)(const float * src, size_t half, size_t c
 
     if (!nhwc) {
         if (direct) {
-            for (size_t s = 0; s < spatial; s += LRN_CHUNK)
-                lrn_direct(src + s, spatial, C, h, spatial - s < LRN_CHUNK ? spatial - s : LRN_CHUNK, &kv, dst + s);
+            lrn_direct(src, spatial, C, h, spatial, &kv, dst);
         } else {
             float * suf = work, * pre = work + (size_t)(2 * h) * W;
             for (size_t s = 0; s < spatial; s += W)

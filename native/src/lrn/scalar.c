@@ -90,13 +90,9 @@ float tn_lrn_pow(const LrnPow * p, float b)
     uint32_t j = (u >> 20) & 7u;
     float m = tn_bits_f32((u & 0x007fffffu) | 0x3f800000u);
     float r = fmaf(m, p->c[j], -1.0f);
-    float q = p->a[3];
-    q = fmaf(q, r, p->a[2]);
-    q = fmaf(q, r, p->a[1]);
-    q = fmaf(q, r, p->a[0]);
-    q = q * r;
+    float t = fmaf(fmaf(fmaf(p->a[3], r, p->a[2]), r, p->a[1]), r, p->a[0]);
     float g = p->A[j] * lrn_exp2k(p->e, (float)(K - 127));
-    return fmaf(q, g, g);
+    return fmaf(g * r, t, g);
 }
 
 /* pw: LRN's power for |k2| <= LRN_POW_MAX_EXP, NULL for tn_pow_f32. */
