@@ -766,6 +766,12 @@ static void across_pair_sums(const uint16_t * xs, size_t C, size_t S, size_t w, 
         const uint16_t * xe = xs + 2 * j * S, * xo = xe + S;
         float * a = ls[j % 16], * b = lq[j % 16];
         const int paired = 2 * j + 1 < C, first = j < 16;
+        /* Two rows read side by side are no stream the prefetchers follow well from DRAM
+         * (25% slower than one row after the other): prefetch the pair 16 ahead. */
+        if (2 * j + 33 < C) {
+            prefetch_l2(xe + 32 * S, w * sizeof(uint16_t));
+            prefetch_l2(xo + 32 * S, w * sizeof(uint16_t));
+        }
         for (size_t p = 0; p < w; p += F) {
             const vfloat c = v_load_aligned(cen + p);
             vfloat e = v_sub(v_load_bf16_n(xe + p, w - p), c);
