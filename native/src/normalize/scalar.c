@@ -17,26 +17,31 @@
  * V4 `channels` floats; the rest need none. A NULL buf is replaced by a malloc'ed one; if
  * that fails, dst is filled with NaN.
  *
- * Mean and variance are multiplied by 1/count; the mean of a row is x0 + sum(x - x0) / count
- * with x0 its first value (exact for a constant row, so centered values are exactly 0); the
- * variance is the mean of the squared deviations from the mean (two passes), never
- * E[x^2] - E[x]^2. A row whose t = variance + eps (or sum of squares + eps) is outside
- * [TN_NORM_TINY, FLT_MAX] is redone in double (normalize.h).
+ * Mean and variance are multiplied by 1/count. The FP32 layer norms take the mean of a row
+ * as x0 + sum(x - x0) / count with x0 its first value (exact for a constant row, so centered
+ * values are exactly 0) and the variance as the mean of the squared deviations from the
+ * mean (two passes), never E[x^2] - E[x]^2; the BF16 layer norm (below) takes one pass. A
+ * row whose t = variance + eps (or sum of squares + eps) is outside [TN_NORM_TINY, FLT_MAX]
+ * is redone in double (normalize.h).
  *
  * 16bV2 (BF16) gives bit-identical results on every ISA level (and in both formats for the
- * same data). For every spatial position its sums over channels use the canonical order:
- * channel c goes to lane c % 16, each lane adds its channels in increasing order starting
- * from +0.0f, and the 16 lanes are reduced as v_hsum does: lanes i + (i + 8), then
- * i + (i + 4), then (0 + 2) + (1 + 3). In NCHW the lanes run over the channels at a fixed
- * spatial position exactly as in NHWC. Lanes without any channel (channels < 16) or without
- * a channel in the last block of 16 would only add +0.0f, which leaves every such sum
- * unchanged (a lane sum started at +0.0f and rounded to nearest is never -0.0f), so code may
- * skip those additions. The sequence, identical on every level (x0 = the first channel):
- *     mean = x0 + sum(x - x0) * (1 / channels)
- *     d    = x - mean;  sum of squares accumulated as fma(d, d, lane)
- *     t    = sumsq * (1 / channels) + eps; outside [TN_NORM_TINY, FLT_MAX]: the row is
- *            tn_norm_slow_layer_bf16 (double), on every level
- *     norm = 1 / sqrt(t)
+ * same data: NCHW takes the channels at a fixed spatial position exactly as NHWC). Its
+ * statistics are one pass over y = x - c, c the center (the mean of the first P values, P
+ * the largest power of two <= min(channels, 16): exact for a constant row). The channels
+ * go in pairs (2j, 2j + 1), a missing partner (odd channels) being y = +0.0f: pair j adds
+ * to lane j % 16 as s += y_2j + y_2j+1 and q = fma(y_2j+1, y_2j+1, fma(y_2j, y_2j, q)),
+ * each lane in increasing j from +0.0f, and the 16 lanes (and the P values of the center,
+ * the other lanes +0.0f) are reduced as v_hsum does: lanes i + (i + 8), then i + (i + 4),
+ * then (0 + 2) + (1 + 3). Lanes without any pair would only add +0.0f, which leaves every
+ * such sum unchanged (a lane sum started at +0.0f and rounded to nearest is never -0.0f),
+ * so code may skip those additions. The sequence, identical on every level:
+ *     c    = sum(first P) * (1 / P);  s, q the pair sums about c
+ *     ms   = s * (1 / channels);  var = q * (1 / channels) - ms * ms;  mean = c + ms
+ *     if ms * ms > var (c more than one standard deviation from the mean: the variance
+ *     cancelled): s, q again about mean, ms and var as above, mean = mean + ms
+ *     t    = var + eps; outside [TN_NORM_TINY, FLT_MAX]: the row is tn_norm_slow_layer_bf16
+ *            (double), on every level
+ *     norm = 1 / sqrt(t);  d = x - mean
  *     y    = bf16(fma(d * norm, scale[c], shift[c]))
  */
 #include "vmath_scalar.h"
@@ -49,7 +54,6 @@
 #include "tensorops.h"
 
 #define TN_NORM_CHUNK 2048        /* positions per chunk at most (stack array) */
-#define TN_NORM_LANES_CHUNK 256   /* positions per chunk of 16bV2 NCHW (16 lane arrays) */
 #define TN_NORM_SUM_BLOCK 4096    /* long sums add partial sums of this many values */
 
 static void fill_nan(float * dst, size_t n)
@@ -366,70 +370,48 @@ void tn_scalar_SynetNormalizeLayerForwardV4(const float * src, size_t batch, siz
 
 /* ---- 16bV2: BF16 layer norm across channels (canonical order, see the top) ----------- */
 
-/* NHWC: one row of n channels. */
-static void layer_norm_row_bf16(const uint16_t * x, size_t n, const float * scale, const float * shift, float eps,
-                                uint16_t * y)
+/* The sums of the pairs (2j, 2j + 1) of the n values x[i * stride] about c: pair j adds to
+ * lane j % 16, a missing partner (odd n) being +0; the lanes reduce as v_hsum does. */
+static void bf16_pair_sums(const uint16_t * x, size_t n, size_t stride, float c, float * s, float * q)
 {
-    const float inv = 1.0f / (float)n, x0 = tn_bf16_to_f32(x[0]);
-    float lane[16] = {0};
-    for (size_t c = 0; c < n; ++c)
-        lane[c % 16] += tn_bf16_to_f32(x[c]) - x0;
-    const float mean = x0 + tn_sum16(lane) * inv;
-    for (int i = 0; i < 16; ++i)
-        lane[i] = 0.0f;
-    for (size_t c = 0; c < n; ++c) {
-        float d = tn_bf16_to_f32(x[c]) - mean;
-        lane[c % 16] = fmaf(d, d, lane[c % 16]);
+    float ls[16] = {0}, lq[16] = {0};
+    for (size_t j = 0; 2 * j < n; ++j) {
+        float e = tn_bf16_to_f32(x[2 * j * stride]) - c;
+        float o = 2 * j + 1 < n ? tn_bf16_to_f32(x[(2 * j + 1) * stride]) - c : 0.0f;
+        ls[j % 16] += e + o;
+        lq[j % 16] = fmaf(o, o, fmaf(e, e, lq[j % 16]));
     }
-    const float t = tn_sum16(lane) * inv + eps, norm = 1.0f / sqrtf(t);
+    *s = tn_sum16(ls);
+    *q = tn_sum16(lq);
+}
+
+/* One row of n channels, `stride` apart (1 in NHWC, spatial in NCHW: the same bits). */
+static void layer_norm_bf16(const uint16_t * x, size_t n, size_t stride, const float * scale, const float * shift,
+                            float eps, uint16_t * y)
+{
+    const size_t P = n >= 16 ? 16 : n >= 8 ? 8 : n >= 4 ? 4 : n >= 2 ? 2 : 1;
+    const float inv = 1.0f / (float)n;
+    float first[16] = {0}, s, q;
+    for (size_t i = 0; i < P; ++i)
+        first[i] = tn_bf16_to_f32(x[i * stride]);
+    float mean = tn_sum16(first) * (1.0f / (float)P);
+    bf16_pair_sums(x, n, stride, mean, &s, &q);
+    float ms = s * inv, var = q * inv - ms * ms;
+    mean += ms;
+    if (ms * ms > var) {
+        bf16_pair_sums(x, n, stride, mean, &s, &q);
+        ms = s * inv;
+        var = q * inv - ms * ms;
+        mean += ms;
+    }
+    const float t = var + eps, norm = 1.0f / sqrtf(t);
     if (!tn_norm_fast_ok(t)) {
-        tn_norm_slow_layer_bf16(x, n, 1, scale, shift, 1, eps, y);
+        tn_norm_slow_layer_bf16(x, n, stride, scale, shift, 1, eps, y);
         return;
     }
     for (size_t c = 0; c < n; ++c) {
-        float d = tn_bf16_to_f32(x[c]) - mean;
-        y[c] = tn_f32_to_bf16(fmaf(d * norm, scale[c], shift[c]));
-    }
-}
-
-/* NCHW, one batch item: chunks of spatial positions, 16 lane accumulators per position. */
-static void layer_norm_nchw_bf16(const uint16_t * x, size_t C, size_t S, const float * scale, const float * shift,
-                                 float eps, uint16_t * y)
-{
-    const float inv = 1.0f / (float)C;
-    const size_t L = C < 16 ? C : 16;
-    const size_t W = TN_NORM_LANES_CHUNK;
-    float lane[16][TN_NORM_LANES_CHUNK], mean[TN_NORM_LANES_CHUNK], norm[TN_NORM_LANES_CHUNK];
-    for (size_t s0 = 0; s0 < S; s0 += W) {
-        size_t w = S - s0 < W ? S - s0 : W;
-        const uint16_t * xs = x + s0;
-        uint16_t * ys = y + s0;
-        for (size_t c = 0; c < C; ++c) {
-            float * a = lane[c % 16];
-            for (size_t p = 0; p < w; ++p)
-                a[p] = (c < 16 ? 0.0f : a[p]) + (tn_bf16_to_f32(xs[c * S + p]) - tn_bf16_to_f32(xs[p]));
-        }
-        tn_lanes_tree(lane[0], TN_NORM_LANES_CHUNK, L, w);
-        for (size_t p = 0; p < w; ++p)
-            mean[p] = tn_bf16_to_f32(xs[p]) + lane[0][p] * inv;
-        for (size_t c = 0; c < C; ++c) {
-            float * a = lane[c % 16];
-            for (size_t p = 0; p < w; ++p) {
-                float d = tn_bf16_to_f32(xs[c * S + p]) - mean[p];
-                a[p] = fmaf(d, d, c < 16 ? 0.0f : a[p]);
-            }
-        }
-        tn_lanes_tree(lane[0], TN_NORM_LANES_CHUNK, L, w);
-        for (size_t p = 0; p < w; ++p)
-            norm[p] = 1.0f / sqrtf(lane[0][p] * inv + eps);
-        for (size_t c = 0; c < C; ++c)
-            for (size_t p = 0; p < w; ++p) {
-                float d = tn_bf16_to_f32(xs[c * S + p]) - mean[p];
-                ys[c * S + p] = tn_f32_to_bf16(fmaf(d * norm[p], scale[c], shift[c]));
-            }
-        for (size_t p = 0; p < w; ++p)
-            if (!tn_norm_fast_ok(lane[0][p] * inv + eps))
-                tn_norm_slow_layer_bf16(xs + p, C, S, scale, shift, 1, eps, ys + p);
+        float d = tn_bf16_to_f32(x[c * stride]) - mean;
+        y[c * stride] = tn_f32_to_bf16(fmaf(d * norm, scale[c], shift[c]));
     }
 }
 
@@ -446,11 +428,11 @@ void tn_scalar_SynetNormalizeLayerForward16bV2(const uint16_t * src, size_t batc
     for (size_t b = 0; b < batch; ++b) {
         const uint16_t * x = src + b * size;
         uint16_t * y = dst + b * size;
-        if (nhwc)
-            for (size_t s = 0; s < spatial; ++s)
-                layer_norm_row_bf16(x + s * channels, channels, scale, shift, e, y + s * channels);
-        else
-            layer_norm_nchw_bf16(x, channels, spatial, scale, shift, e, y);
+        for (size_t s = 0; s < spatial; ++s)
+            if (nhwc)
+                layer_norm_bf16(x + s * channels, channels, 1, scale, shift, e, y + s * channels);
+            else
+                layer_norm_bf16(x + s, channels, spatial, scale, shift, e, y + s);
     }
 }
 
