@@ -231,24 +231,10 @@ V_INLINE vmask v_nonfinite(vfloat a)
 V_INLINE vfloat v_select(vmask m, vfloat a, vfloat b) { return (vfloat){_mm256_blendv_ps(b.lo, a.lo, m.lo), _mm256_blendv_ps(b.hi, a.hi, m.hi)}; }
 V_INLINE vfloat v_keep(vmask m, vfloat a) { return (vfloat){_mm256_and_ps(m.lo, a.lo), _mm256_and_ps(m.hi, a.hi)}; }
 
-/* ---- Reductions: the tree of simd/avx512.h ------------------------------------------- */
+/* ---- Reductions: the tree of simd/hreduce.h, its first step over the two halves ------ */
 
-#define V_HREDUCE_(op256, op128, op_ss) \
-    __m256 s = op256(v.lo, v.hi); \
-    __m128 q = op128(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)); \
-    q = op128(q, _mm_movehl_ps(q, q)); \
-    q = op_ss(q, _mm_movehdup_ps(q)); \
-    return _mm_cvtss_f32(q)
-V_INLINE float v_hsum(vfloat v) { V_HREDUCE_(_mm256_add_ps, _mm_add_ps, _mm_add_ss); }
-V_INLINE float v_hmax(vfloat v) { V_HREDUCE_(_mm256_max_ps, _mm_max_ps, _mm_max_ss); }
-V_INLINE float v_hmin(vfloat v) { V_HREDUCE_(_mm256_min_ps, _mm_min_ps, _mm_min_ss); }
-#undef V_HREDUCE_
-V_INLINE float v_lane(vfloat v, int l)
-{
-    float t[16];
-    v_store(t, v);
-    return t[l];
-}
+#define V_HALF8_(op256) op256(v.lo, v.hi)
+#include "simd/hreduce.h"
 
 /* ---- 32-bit integers ----------------------------------------------------------------- */
 

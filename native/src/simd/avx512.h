@@ -207,27 +207,10 @@ V_INLINE vfloat v_select(vmask m, vfloat a, vfloat b) { return _mm512_mask_blend
 /* a in the lanes of m, +0 elsewhere. */
 V_INLINE vfloat v_keep(vmask m, vfloat a) { return _mm512_maskz_mov_ps(m, a); }
 
-/* ---- Reductions: one fixed tree on every level -------------------------------------- */
+/* ---- Reductions: one fixed tree on every level (simd/hreduce.h) --------------------- */
 
-/* Lanes (i, i+8), then (i, i+4), then (0+2) + (1+3); v_hmax / v_hmin take the same tree
- * with x86 max / min (a NaN lane may or may not win: callers that care test for NaN). */
-#define V_HREDUCE_(op256, op128, op_ss) \
-    __m256 s = op256(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)); \
-    __m128 q = op128(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)); \
-    q = op128(q, _mm_movehl_ps(q, q)); \
-    q = op_ss(q, _mm_movehdup_ps(q)); \
-    return _mm_cvtss_f32(q)
-V_INLINE float v_hsum(vfloat v) { V_HREDUCE_(_mm256_add_ps, _mm_add_ps, _mm_add_ss); }
-V_INLINE float v_hmax(vfloat v) { V_HREDUCE_(_mm256_max_ps, _mm_max_ps, _mm_max_ss); }
-V_INLINE float v_hmin(vfloat v) { V_HREDUCE_(_mm256_min_ps, _mm_min_ps, _mm_min_ss); }
-#undef V_HREDUCE_
-/* Lane l. */
-V_INLINE float v_lane(vfloat v, int l)
-{
-    float t[16];
-    _mm512_storeu_ps(t, v);
-    return t[l];
-}
+#define V_HALF8_(op256) op256(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1))
+#include "simd/hreduce.h"
 
 /* ---- 32-bit integers ----------------------------------------------------------------- */
 
