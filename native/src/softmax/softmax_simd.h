@@ -5,7 +5,7 @@
  * on every level. BF16 takes the cheaper exp of softmax_exp.h (docs/kernels.md).
  *
  * inner == 1: a row is contiguous. Rows of up to 16 * SM_REG_V elements are read once into
- *   registers (max, exp and 16-lane sum, scale), two rows at a time; longer ones take
+ *   registers (max, exp and 16-lane sum, scale), BF16 ones two at a time; longer ones take
  *   three passes while the row sits in L1 (max; exp, kept and summed; scale by 1 / sum).
  *   Runs of at least 16 rows shorter than 16 are transposed so that each lane holds one row.
  * 1 < inner < SM_FLAT_INNER: the contiguous slab is walked in periods of lcm(inner, 16)
