@@ -8,6 +8,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -362,6 +363,14 @@ static inline float tn_pow_f32(float b, float e)
  * of 2*half channels, each window = a suffix of one block + a prefix of the next). Every
  * level uses the same rule and order, so all levels give bit-identical results. */
 #define TN_LRN_DIRECT_HALF 4
+
+/* The number of leading values whose mean centers one-pass statistics (gnorm, the BF16
+ * layer norm): the largest power of two <= min(n, 16), so their sum in the 16-lane tree and
+ * its product by 1 / count are exact for a constant row. */
+static inline size_t tn_lead_count(size_t n)
+{
+    return n >= 16 ? 16 : n >= 8 ? 8 : n >= 4 ? 4 : n >= 2 ? 2 : 1;
+}
 
 /* The sum of 16 lanes in v_hsum's fixed tree: (l + l+8), (l + l+4), then (0+2) + (1+3). */
 static inline float tn_sum16(const float * a)

@@ -162,14 +162,7 @@ static inline void tn_gn_finish(TnGnStats * s)
     s->next = TN_GN_DONE;
 }
 
-/* The number of leading values whose mean is the first shift: a power of two (their sum
- * and its product by 1 / k are exact for a constant row), at most 16. */
-static inline size_t tn_gn_lead(size_t n)
-{
-    return n >= 16 ? 16 : n >= 8 ? 8 : n >= 4 ? 4 : n >= 2 ? 2 : 1;
-}
-
-/* c0: the mean of the tn_gn_lead(n) first values (summed with the 16-lane tree), x0: the
+/* c0: the mean of the tn_lead_count(n) first values (summed with the 16-lane tree), x0: the
  * first value (the shift of a scaled row). */
 static inline void tn_gn_begin(TnGnStats * s, float c0, float x0, size_t n, float eps, int nv)
 {

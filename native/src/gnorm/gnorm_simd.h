@@ -353,7 +353,7 @@ static __attribute__((noinline)) float row_amax(const void * src, size_t at, siz
 INLINE void row_stats(const void * src, size_t at, size_t n, const TnNormalization * norm, int type, TnGnStats * st,
                       Cursor * pf)
 {
-    const size_t k = tn_gn_lead(n);
+    const size_t k = tn_lead_count(n);
     const vfloat lead = ldn(src, at, k, type);
     tn_gn_begin(st, v_hsum(lead) * (1.0f / (float)k), v_lane(lead, 0), n, norm->eps, norm->normalizeVariance);
     float s1, s2;
@@ -459,7 +459,7 @@ INLINE void columns_sums(const void * src, size_t base, size_t count, size_t inn
 INLINE void columns_stats(const void * src, size_t base, size_t count, size_t inner, size_t p0, size_t w, Chunk * ch,
                           const TnNormalization * norm, int type)
 {
-    const size_t k = tn_gn_lead(count);
+    const size_t k = tn_lead_count(count);
     for (size_t r = 0; r < k; ++r)
         for (size_t p = 0; p < w; p += F) {
             const size_t n = w - p, at = base + r * inner + p0 + p;

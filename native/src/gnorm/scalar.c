@@ -224,7 +224,7 @@ void tn_scalar_NormalizationRows(const void * src, size_t outer, size_t segments
     for (size_t o = 0; o < outer; ++o) {
         const size_t base = o * n;
         TnGnStats st;
-        const size_t k = tn_gn_lead(n);
+        const size_t k = tn_lead_count(n);
         float lead[16] = {0};
         for (size_t i = 0; i < k; ++i)
             lead[i] = load1(src, base + i, type);
@@ -260,7 +260,7 @@ static void columns_stats(const void * src, size_t base, size_t count, size_t in
                           const TnNormalization * norm, int type, TnGnStats * st)
 {
     float l1[16][TN_GN_CHUNK], l2[16][TN_GN_CHUNK];   /* 32 KB of stack */
-    const size_t L = count < 16 ? count : 16, k = tn_gn_lead(count);
+    const size_t L = count < 16 ? count : 16, k = tn_lead_count(count);
     for (size_t r = 0; r < k; ++r)
         for (size_t p = 0; p < w; ++p)
             l1[r][p] = load1(src, base + r * inner + p0 + p, type);

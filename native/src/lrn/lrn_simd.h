@@ -28,7 +28,7 @@ typedef struct {
     float k2;
     int own;           /* |k2| <= LRN_POW_MAX_EXP: LRN's power (lrn_pow.h), else v_pow */
     vint K;            /* pw.K in every lane */
-    vfloat a0, a1, a2, a3, ev;
+    vfloat a0, a1, a2, a3;
     LrnPow pw;
 } LrnK;
 
@@ -70,7 +70,7 @@ static __attribute__((noinline)) vfloat lrn_pow_lanes(vfloat b, LrnK * k)
     vfloat kf;
     vfloat m = v_frexp_normal(b, &kf);
     vfloat r = v_fma(m, v_lut8(k->pw.c, j), v_set1(-1.0f));
-    vfloat g = v_mul(v_lut8(k->pw.A, j), lrn_exp2k(k->ev, kf));
+    vfloat g = v_mul(v_lut8(k->pw.A, j), lrn_exp2k(k->k2v, kf));
     vfloat p = lrn_series(r, g, k->a0, k->a1, k->a2, k->a3);
     vmask out = m_or(vi_gt(vi_set1(LRN_K_LO), K), vi_gt(K, vi_set1(LRN_K_HI)));
     if (m_any(out))
@@ -276,7 +276,6 @@ void TN_ISA(SynetLrnLayerCrossChannels)(const float * src, size_t half, size_t c
     kv.a1 = v_set1(kv.pw.a[1]);
     kv.a2 = v_set1(kv.pw.a[2]);
     kv.a3 = v_set1(kv.pw.a[3]);
-    kv.ev = kv.k2v;
     int nhwc = format == TnTensorFormatNhwc;
     int direct = h <= TN_LRN_DIRECT_HALF;
 

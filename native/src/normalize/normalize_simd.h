@@ -669,10 +669,6 @@ void TN_ISA(SynetNormalizeLayerForwardV4)(const float * src, size_t batch, size_
 
 /* ---- 16bV2: BF16 layer norm across channels (canonical order, see scalar.c) ------------- */
 
-/* The center c of a row's one-pass statistics: the mean of its first P values (P the
- * largest power of two <= min(n, 16)), summed in the v_hsum tree. */
-V_INLINE size_t bf16_center_count(size_t n) { return n >= 16 ? 16 : n >= 8 ? 8 : n >= 4 ? 4 : n >= 2 ? 2 : 1; }
-
 /* Channel pair (2j, 2j + 1) adds to lane j % 16: s += (x0 - c) + (x1 - c) and
  * q = fma(x1 - c, x1 - c, fma(x0 - c, x0 - c, q)). */
 V_INLINE void bf16_pair_add(vfloat e, vfloat o, vfloat * s, vfloat * q)
@@ -718,12 +714,12 @@ V_INLINE void bf16_pair_sums(const uint16_t * x, size_t R, size_t n, const vfloa
 static void layer_norm_rows_bf16(const uint16_t * x, size_t R, size_t n, const float * scale, const float * shift,
                                  float eps, int hw, uint16_t * y)
 {
-    const float inv = 1.0f / (float)n, pinv = 1.0f / (float)bf16_center_count(n);
+    const float inv = 1.0f / (float)n, pinv = 1.0f / (float)tn_lead_count(n);
     const size_t tail = n % F, body = n - tail;
     vfloat c[4], s[4], q[4];
     float t[4], mean[4];
     for (size_t r = 0; r < R; ++r) {
-        mean[r] = v_hsum(v_load_bf16_n(x + r * n, bf16_center_count(n))) * pinv;
+        mean[r] = v_hsum(v_load_bf16_n(x + r * n, tn_lead_count(n))) * pinv;
         c[r] = v_set1(mean[r]);
     }
     bf16_pair_sums(x, R, n, c, s, q);
@@ -789,7 +785,7 @@ static void across_pair_sums(const uint16_t * xs, size_t C, size_t S, size_t w, 
 static void layer_norm_across_bf16(const uint16_t * x, size_t C, size_t S, const float * scale, const float * shift,
                                    float eps, int hw, uint16_t * y)
 {
-    const size_t P = bf16_center_count(C);
+    const size_t P = tn_lead_count(C);
     const vfloat vinv = v_set1(1.0f / (float)C), pinv = v_set1(1.0f / (float)P), ve = v_set1(eps), one = v_set1(1.0f);
     float ls[16][TN_NORM_LANES_CHUNK] __attribute__((aligned(64)));
     float lq[16][TN_NORM_LANES_CHUNK] __attribute__((aligned(64)));

@@ -389,7 +389,7 @@ static void bf16_pair_sums(const uint16_t * x, size_t n, size_t stride, float c,
 static void layer_norm_bf16(const uint16_t * x, size_t n, size_t stride, const float * scale, const float * shift,
                             float eps, uint16_t * y)
 {
-    const size_t P = n >= 16 ? 16 : n >= 8 ? 8 : n >= 4 ? 4 : n >= 2 ? 2 : 1;
+    const size_t P = tn_lead_count(n);
     const float inv = 1.0f / (float)n;
     float first[16] = {0}, s, q;
     for (size_t i = 0; i < P; ++i)

@@ -107,14 +107,6 @@ V_INLINE __m256i v_bf16_hw_bits_(vfloat v)
     return r;
 }
 V_INLINE int v_hw_bf16(void) { return (TnCpuFeatures() & TnCpuAvx512bf16) != 0; }
-V_INLINE void v_store_bf16_hw(uint16_t * p, vfloat v, int hw)
-{
-    if (hw && !_mm512_fpclass_ps_mask(v, 0x20)) {
-        _mm256_storeu_si256((__m256i *)p, v_bf16_hw_bits_(v));
-    } else {
-        v_store_bf16(p, v);
-    }
-}
 /* v_store_bf16_hw for vectors the caller knows hold no denormal lane (among the first n for
  * _n): the per-vector check is skipped. */
 V_INLINE void v_store_bf16_hw_normal(uint16_t * p, vfloat v, int hw)
@@ -123,6 +115,10 @@ V_INLINE void v_store_bf16_hw_normal(uint16_t * p, vfloat v, int hw)
         _mm256_storeu_si256((__m256i *)p, v_bf16_hw_bits_(v));
     else
         v_store_bf16(p, v);
+}
+V_INLINE void v_store_bf16_hw(uint16_t * p, vfloat v, int hw)
+{
+    v_store_bf16_hw_normal(p, v, hw && !_mm512_fpclass_ps_mask(v, 0x20)); /* 0x20: denormal */
 }
 V_INLINE void v_store_bf16_hw_normal_n(uint16_t * p, vfloat v, size_t n, int hw)
 {

@@ -57,17 +57,23 @@ V_INLINE void sm_st_n(void * p, size_t i, vfloat v, size_t n, int bf, int hw)
         v_store_n((float *)p + i, v, n);
 }
 
-/* sm_exp_bf16_scalar (softmax_exp.h), operation for operation. */
-V_INLINE vfloat sm_exp_bf16(vfloat d)
+/* The steps of sm_exp_bf16_scalar (softmax_exp.h) up to the polynomial: s = d log2(e) +
+ * SM_ROUND (n = round(d log2(e)) in its low bits), p = 2^f. */
+V_INLINE vfloat sm_exp2_frac(vfloat d, vfloat * s)
 {
-    d = v_max(v_set1(TN_EXP_MIN), d); /* NaN kept */
-    vfloat s = v_fma(d, v_set1(SM_LOG2E), v_set1(SM_ROUND));
-    vfloat n = v_sub(s, v_set1(SM_ROUND));
-    vfloat f = v_fms(d, v_set1(SM_LOG2E), n);
+    *s = v_fma(d, v_set1(SM_LOG2E), v_set1(SM_ROUND));
+    vfloat f = v_fms(d, v_set1(SM_LOG2E), v_sub(*s, v_set1(SM_ROUND)));
     vfloat p = v_set1(SM_EXP2_P3);
     p = v_fma(p, f, v_set1(SM_EXP2_P2));
     p = v_fma(p, f, v_set1(SM_EXP2_P1));
-    p = v_fma(p, f, v_set1(SM_EXP2_P0));
+    return v_fma(p, f, v_set1(SM_EXP2_P0));
+}
+
+/* sm_exp_bf16_scalar, operation for operation. */
+V_INLINE vfloat sm_exp_bf16(vfloat d)
+{
+    vfloat s, p = sm_exp2_frac(v_max(v_set1(TN_EXP_MIN), d), &s); /* NaN kept */
+    vfloat n = v_sub(s, v_set1(SM_ROUND));
     if (__builtin_expect(!m_all(v_gt(n, v_set1((float)TN_EXP_TINY_N))), 0))
         return v_exp_scale_(p, n); /* tiny results or NaN */
     return vi_as_float(vi_add(v_as_int(p), vi_sll(v_as_int(s), 23))); /* s's low bits hold n */
@@ -79,12 +85,7 @@ V_INLINE vfloat sm_exp_bf16(vfloat d)
 #define SM_FAST_SPAN 80.0f
 V_INLINE vfloat sm_exp_bf16_near(vfloat d)
 {
-    vfloat s = v_fma(d, v_set1(SM_LOG2E), v_set1(SM_ROUND));
-    vfloat f = v_fms(d, v_set1(SM_LOG2E), v_sub(s, v_set1(SM_ROUND)));
-    vfloat p = v_set1(SM_EXP2_P3);
-    p = v_fma(p, f, v_set1(SM_EXP2_P2));
-    p = v_fma(p, f, v_set1(SM_EXP2_P1));
-    p = v_fma(p, f, v_set1(SM_EXP2_P0));
+    vfloat s, p = sm_exp2_frac(d, &s);
     return vi_as_float(vi_add(v_as_int(p), vi_sll(v_as_int(s), 23)));
 }
 
