@@ -208,7 +208,6 @@ V_INLINE vfloat v_neg(vfloat a) { return v_xor(a, v_set1(-0.0f)); }
 V_INLINE vfloat v_round(vfloat a) { return V_ROUND_(_MM_FROUND_TO_NEAREST_INT); }
 V_INLINE vfloat v_floor(vfloat a) { return V_ROUND_(_MM_FROUND_TO_NEG_INF); }
 V_INLINE vfloat v_ceil(vfloat a) { return V_ROUND_(_MM_FROUND_TO_POS_INF); }
-V_INLINE vfloat v_trunc(vfloat a) { return V_ROUND_(_MM_FROUND_TO_ZERO); }
 #undef V_ROUND_
 
 /* ---- Floats: compare and select ------------------------------------------------------ */
@@ -220,14 +219,8 @@ V_INLINE vmask v_le(vfloat a, vfloat b) { return V_CMP_(_CMP_LE_OQ); }
 V_INLINE vmask v_gt(vfloat a, vfloat b) { return V_CMP_(_CMP_GT_OQ); }
 V_INLINE vmask v_ge(vfloat a, vfloat b) { return V_CMP_(_CMP_GE_OQ); }
 V_INLINE vmask v_eq(vfloat a, vfloat b) { return V_CMP_(_CMP_EQ_OQ); }
-V_INLINE vmask v_neq(vfloat a, vfloat b) { return V_CMP_(_CMP_NEQ_UQ); }
 #undef V_CMP_
 V_INLINE vmask v_isnan(vfloat a) { return (vmask){_mm256_cmp_ps(a.lo, a.lo, _CMP_UNORD_Q), _mm256_cmp_ps(a.hi, a.hi, _CMP_UNORD_Q)}; }
-V_INLINE vmask v_nonfinite(vfloat a)
-{
-    vfloat x = v_abs(a), inf = v_set1(INFINITY);
-    return (vmask){_mm256_cmp_ps(x.lo, inf.lo, _CMP_NLT_UQ), _mm256_cmp_ps(x.hi, inf.hi, _CMP_NLT_UQ)};
-}
 V_INLINE vfloat v_select(vmask m, vfloat a, vfloat b) { return (vfloat){_mm256_blendv_ps(b.lo, a.lo, m.lo), _mm256_blendv_ps(b.hi, a.hi, m.hi)}; }
 V_INLINE vfloat v_keep(vmask m, vfloat a) { return (vfloat){_mm256_and_ps(m.lo, a.lo), _mm256_and_ps(m.hi, a.hi)}; }
 
@@ -311,11 +304,6 @@ V_INLINE vfloat v_lut8(const float * table, vint i)
 {
     __m256 t = _mm256_loadu_ps(table);
     return (vfloat){_mm256_permutevar8x32_ps(t, i.lo), _mm256_permutevar8x32_ps(t, i.hi)};
-}
-V_INLINE vfloat v_bitselect(vfloat a, vfloat b, vint m)
-{
-    vfloat mf = vi_as_float(m);
-    return v_or(v_andnot(mf, a), v_and(mf, b));
 }
 
 /* ---- Prefetch ------------------------------------------------------------------------ */

@@ -171,7 +171,6 @@ V_INLINE vfloat v_neg(vfloat a) { return _mm512_castsi512_ps(_mm512_xor_si512(_m
 V_INLINE vfloat v_round(vfloat a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 V_INLINE vfloat v_floor(vfloat a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
 V_INLINE vfloat v_ceil(vfloat a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC); }
-V_INLINE vfloat v_trunc(vfloat a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC); }
 /* y * 2^n for integral n in [-252, 254], rounded once (denormal results included). */
 V_INLINE vfloat v_ldexp(vfloat y, vfloat n) { return _mm512_scalef_ps(y, n); }
 
@@ -194,10 +193,7 @@ V_INLINE vmask v_le(vfloat a, vfloat b) { return _mm512_cmp_ps_mask(a, b, _CMP_L
 V_INLINE vmask v_gt(vfloat a, vfloat b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }
 V_INLINE vmask v_ge(vfloat a, vfloat b) { return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }
 V_INLINE vmask v_eq(vfloat a, vfloat b) { return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ); }
-V_INLINE vmask v_neq(vfloat a, vfloat b) { return _mm512_cmp_ps_mask(a, b, _CMP_NEQ_UQ); } /* true for NaN */
 V_INLINE vmask v_isnan(vfloat a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q); }
-/* Lanes whose |a| is inf or NaN. */
-V_INLINE vmask v_nonfinite(vfloat a) { return _mm512_fpclass_ps_mask(a, 0x99); }
 /* m ? a : b, lane by lane. */
 V_INLINE vfloat v_select(vmask m, vfloat a, vfloat b) { return _mm512_mask_blend_ps(m, b, a); }
 /* a in the lanes of m, +0 elsewhere. */
@@ -243,11 +239,6 @@ V_INLINE vint v_to_int_round(vfloat a) { return _mm512_cvt_roundps_epi32(a, _MM_
 V_INLINE vfloat v_lut8(const float * table, vint i)
 {
     return _mm512_permutexvar_ps(i, _mm512_broadcast_f32x8(_mm256_loadu_ps(table))); /* both halves hold the table */
-}
-/* Bit select: (a & ~m) | (b & m), on the bits of m. */
-V_INLINE vfloat v_bitselect(vfloat a, vfloat b, vint m)
-{
-    return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(m, _mm512_castps_si512(b), _mm512_castps_si512(a), 0xca));
 }
 
 /* ---- Prefetch ------------------------------------------------------------------------ */
