@@ -49,9 +49,11 @@
 #include "tensorops.h"
 
 /* Rows kernel: while a row is written, the input this far ahead (at least one row) is
- * prefetched into L2. */
+ * prefetched. Short: from DRAM, layer norm (8,197,768) ran 15-20% faster one row (3 KiB)
+ * ahead than 16 KiB ahead (on AMD the prefetch fills L1 too, where far lines crowd out the
+ * rows at work). */
 #ifndef TN_GN_AHEAD_BYTES
-#define TN_GN_AHEAD_BYTES (16 * 1024)
+#define TN_GN_AHEAD_BYTES (2 * 1024)
 #endif
 /* Rows kernel: long row sums are taken block by block of this many values (a multiple of 64),
  * the blocks' lane sums added into lane totals: a smaller rounding error than one running sum

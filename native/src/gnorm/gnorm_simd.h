@@ -8,11 +8,12 @@
  * its squares, four accumulators each: the canonical 64 lanes), which brings the row into
  * L1/L2; the output pass finds it there. The statistics of the next row are computed before
  * the output of this one, and while a row is written the input TN_GN_AHEAD_BYTES further on
- * is prefetched into L2, so the memory keeps streaming during the cache passes. Rows that
+ * is prefetched (simd/prefetch.h), so the memory keeps streaming during the cache passes. Rows that
  * need scaling (gnorm.h) take a plain path.
  * Columns: positions in chunks of at most TN_GN_CHUNK; whole rows of a chunk are streamed
  * into 16 lane arrays (row r adds into lane r % 16), reduced with the canonical tree.
  */
+#include "simd/prefetch.h"
 #include "simd/reduce.h"
 #include "simd/vmath.h"
 
@@ -22,21 +23,6 @@
 
 #define F TN_LANES
 #define INLINE static inline __attribute__((always_inline))
-
-/* The prefetch cursor of the rows kernel: lines from p up to end (exclusive) are still to be
- * prefetched into L2; every pass takes a step now and then. */
-typedef struct {
-    const char * p;
-    const char * end;
-} Cursor;
-
-INLINE void pf_step(Cursor * c)
-{
-    if (c->p < c->end) {
-        v_prefetch_l2(c->p);
-        c->p += 64;
-    }
-}
 
 /* ---- Loads and stores of any type (element index i of p; _n: the first n lanes) ------------ */
 
@@ -220,11 +206,11 @@ INLINE vfloat norm_vec(const void * src, size_t i, size_t n, Norm nm, int scaled
 /* Full vectors of one segment from position e while e + F <= size; returns the next e. */
 INLINE size_t output_body(const void * src, void * dst, size_t at, size_t e, size_t size, const Norm * nm,
                           const float * s, size_t sstep, vfloat s0, const float * b, size_t bstep, vfloat b0,
-                          Cursor * pf, const TnNormalization * norm, int type, int act, int stream)
+                          v_cursor * pf, const TnNormalization * norm, int type, int act, int stream)
 {
     const Norm nv = *nm;   /* in registers: the stores to dst could alias *nm */
     for (; e + F <= size; e += F) {
-        pf_step(pf);
+        v_cursor_step(pf);
         vfloat y = norm_vec(src, at + e, F, nv, 0, s + e, sstep != 0, s0, b + e, bstep != 0, b0, norm, act, type);
         st(dst, at + e, y, type, stream);
     }
@@ -235,7 +221,7 @@ INLINE size_t output_body(const void * src, void * dst, size_t at, size_t e, siz
  * [e0, e1) to be whole aligned cache lines), then a partial one. */
 INLINE void output_range(const void * src, void * dst, size_t at, size_t e0, size_t e1, const Norm * nm,
                          const float * s, size_t sstep, vfloat s0, const float * b, size_t bstep, vfloat b0,
-                         Cursor * pf, const TnNormalization * norm, int type, int stream)
+                         v_cursor * pf, const TnNormalization * norm, int type, int stream)
 {
     size_t e = norm->activation != TnActivationIdentity
         ? (stream ? output_body(src, dst, at, e0, e1, nm, s, sstep, s0, b, bstep, b0, pf, norm, type, 1, 1)
@@ -248,12 +234,12 @@ INLINE void output_range(const void * src, void * dst, size_t at, size_t e0, siz
                      norm->activation, type), type);
 }
 
-/* Output of one row, segment by segment, while the input further on is prefetched into L2.
+/* Output of one row, segment by segment, while the input further on is prefetched.
  * With `stream` (large FP32 outputs of long rows, see rows_typed) the whole 64-byte lines of each segment are written with streaming stores: no read for
  * ownership of those lines. A line is never written partly by streaming stores (that would
  * flush a partial write-combining buffer): the parts before the first and after the last
  * whole line use ordinary stores. */
-INLINE void output_row(const void * src, void * dst, size_t base, Cursor * pf, size_t segments, size_t size,
+INLINE void output_row(const void * src, void * dst, size_t base, v_cursor * pf, size_t segments, size_t size,
                        const Norm * nm, const float * sp, const TnNormalizationParam * sc, const float * bp,
                        const TnNormalizationParam * bi, const TnNormalization * norm, int type, int stream)
 {
@@ -307,7 +293,7 @@ INLINE vfloat shifted(vfloat x, vfloat vp, vfloat vc, int scaled)
  * 64-lane order (gnorm.h): element i goes to accumulator (i / 16) % 4, lane i % 16, block by
  * block of TN_GN_BLOCK values whose sums are added into totals; the totals are added as
  * (0 + 1) + (2 + 3), then the lanes as v_hsum does. */
-INLINE void row_sums(const void * src, size_t at, size_t n, float c, float p, int scaled, int type, Cursor * pf,
+INLINE void row_sums(const void * src, size_t at, size_t n, float c, float p, int scaled, int type, v_cursor * pf,
                      float * s1, float * s2)
 {
     const vfloat vc = v_set1(c), vp = v_set1(p);
@@ -317,7 +303,7 @@ INLINE void row_sums(const void * src, size_t at, size_t n, float c, float p, in
         vfloat a0 = v_zero(), a1 = a0, a2 = a0, a3 = a0, e0 = a0, e1 = a0, e2 = a0, e3 = a0;
         size_t i = 0;
         for (; i + 4 * F <= bn; i += 4 * F) {
-            pf_step(pf);
+            v_cursor_step(pf);
             vfloat y0 = shifted(ld(src, bat + i, type), vp, vc, scaled);
             vfloat y1 = shifted(ld(src, bat + i + F, type), vp, vc, scaled);
             vfloat y2 = shifted(ld(src, bat + i + 2 * F, type), vp, vc, scaled);
@@ -351,7 +337,7 @@ static __attribute__((noinline)) float row_amax(const void * src, size_t at, siz
 
 /* The statistics of the row of n values from element `at` (gnorm.h). */
 INLINE void row_stats(const void * src, size_t at, size_t n, const TnNormalization * norm, int type, TnGnStats * st,
-                      Cursor * pf)
+                      v_cursor * pf)
 {
     const size_t k = tn_lead_count(n);
     const vfloat lead = ldn(src, at, k, type);
@@ -374,7 +360,7 @@ INLINE void row_stats(const void * src, size_t at, size_t n, const TnNormalizati
 
 /* Rows one at a time, the statistics of the next row computed before the output of this one:
  * the latency of their reduction tree and square root overlaps with the output stores. While
- * a row is written, the input `ahead` elements further on is prefetched into L2. */
+ * a row is written, the input `ahead` elements further on is prefetched. */
 INLINE void rows_typed(const void * src, size_t outer, size_t segments, size_t size, const TnNormalization * norm,
                        void * dst, int type)
 {
@@ -388,7 +374,7 @@ INLINE void rows_typed(const void * src, size_t outer, size_t segments, size_t s
                        (uintptr_t)dst % es == 0;
     TnGnStats cur, next;
     const char * const bytes = (const char *)src, * const last = bytes + total * es;
-    Cursor pf = {bytes + (ahead < total ? ahead : total) * es, bytes};
+    v_cursor pf = {bytes + (ahead < total ? ahead : total) * es, bytes};
     pf.end = bytes + (ahead + n < total ? ahead + n : total) * es;
     row_stats(src, 0, n, norm, type, &cur, &pf);
     next = cur;

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 
 #include "kernels.h"
+#include "simd/prefetch.h"
 #include "simd/reduce.h"
 #include "normalize.h"
 #include "tensorops.h"
@@ -33,6 +34,11 @@
  * and stream faster row by row (measured). */
 #ifndef TN_NORM_CACHED_BYTES
 #define TN_NORM_CACHED_BYTES (1024 * 1024)
+#endif
+/* 16bV2 NHWC: while a group of rows is written, the next group and this much beyond it are
+ * prefetched (from DRAM (8,197,768) ran 10-20% faster; 4 to 16 KiB measured alike). */
+#ifndef TN_NORM_AHEAD_BYTES
+#define TN_NORM_AHEAD_BYTES (4 * 1024)
 #endif
 
 /* min(n, 16) values; the other lanes read as +0 / are not written. */
@@ -710,9 +716,11 @@ V_INLINE void bf16_pair_sums(const uint16_t * x, size_t R, size_t n, const vfloa
  * cancel) takes a second pass about that mean. The output is written row after row: one
  * sequential stream (writing the R rows side by side was no faster). The normalize pass is
  * now two thirds of the time, about half of it the BF16 store; measured no faster: an fp32
- * copy of the row (zipped from the pairs) for that pass, R = 2 or 3, the lane sums as FMAs. */
+ * copy of the row (zipped from the pairs) for that pass, R = 2 or 3, the lane sums as FMAs.
+ * The normalize pass steps pf, the prefetch of the rows to come (from DRAM the statistics
+ * pass would otherwise wait for them). */
 static void layer_norm_rows_bf16(const uint16_t * x, size_t R, size_t n, const float * scale, const float * shift,
-                                 float eps, int hw, uint16_t * y)
+                                 float eps, int hw, v_cursor * pf, uint16_t * y)
 {
     const float inv = 1.0f / (float)n, pinv = 1.0f / (float)tn_lead_count(n);
     const size_t tail = n % F, body = n - tail;
@@ -742,6 +750,7 @@ static void layer_norm_rows_bf16(const uint16_t * x, size_t R, size_t n, const f
         }
         const vfloat m = v_set1(mean[r]), k = v_set1(1.0f / sqrtf(t[r]));
         for (size_t i = 0; i < body; i += F) {
+            v_cursor_step(pf);
             vfloat d = v_sub(v_load_bf16(x + r * n + i), m);
             v_store_bf16_hw(y + r * n + i, v_fma(v_mul(d, k), v_load(scale + i), v_load(shift + i)), hw);
         }
@@ -873,11 +882,17 @@ void TN_ISA(SynetNormalizeLayerForward16bV2)(const uint16_t * src, size_t batch,
     if (size == 0)
         return;
     if (format == TnTensorFormatNhwc || spatial == 1) {
-        size_t rows = batch * spatial, r = 0;
-        for (; r + 4 <= rows; r += 4)
-            layer_norm_rows_bf16(src + r * channels, 4, channels, scale, shift, e, hw, dst + r * channels);
-        for (; r < rows; ++r)
-            layer_norm_rows_bf16(src + r * channels, 1, channels, scale, shift, e, hw, dst + r * channels);
+        /* Groups of four rows; pf prefetches from the second group on, up to the end of the
+         * group after the one being written plus TN_NORM_AHEAD_BYTES. */
+        const size_t rows = batch * spatial, row_bytes = channels * sizeof(uint16_t), total = rows * row_bytes;
+        const char * const bytes = (const char *)src;
+        v_cursor pf = {bytes + (4 * row_bytes < total ? 4 * row_bytes : total), NULL};
+        for (size_t r = 0, R; r < rows; r += R) {
+            R = rows - r >= 4 ? 4 : 1;
+            const size_t ahead = (r + R + 4) * row_bytes + TN_NORM_AHEAD_BYTES;
+            pf.end = bytes + (ahead < total ? ahead : total);
+            layer_norm_rows_bf16(src + r * channels, R, channels, scale, shift, e, hw, &pf, dst + r * channels);
+        }
     } else {
         for (size_t b = 0; b < batch; ++b)
             layer_norm_across_bf16(src + b * size, channels, spatial, scale, shift, e, hw, dst + b * size);
