@@ -8,8 +8,8 @@
  * its squares, four accumulators each: the canonical 64 lanes), which brings the row into
  * L1/L2; the output pass finds it there. The statistics of the next row are computed before
  * the output of this one, and while a row is written the input TN_GN_AHEAD_BYTES further on
- * is prefetched (simd/prefetch.h), so the memory keeps streaming during the cache passes. Rows that
- * need scaling (gnorm.h) take a plain path.
+ * is prefetched (simd/prefetch.h), so the memory keeps streaming during the cache passes.
+ * Rows that need scaling (gnorm.h) take a plain path.
  * Columns: positions in chunks of at most TN_GN_CHUNK; whole rows of a chunk are streamed
  * into 16 lane arrays (row r adds into lane r % 16), reduced with the canonical tree.
  */

@@ -188,7 +188,7 @@ V_INLINE void column_deviation_sums(const float * x, size_t rows, size_t stride,
 /* acc[p] = sum over the rows of x[r * stride + p]^2, p < w: four rows at a time (a quarter
  * of the accumulator loads and stores: (1,512,1444) L2 went from 1.8 to 1.6-1.7 x memcpy),
  * the next four prefetched into L2 (four row streams are more than the hardware prefetchers
- * keep up with from DRAM: 10-15% faster there, and in cache too). */
+ * keep up with from DRAM: 10-15% faster there, the same in cache). */
 V_INLINE void column_sum_squares(const float * x, size_t rows, size_t stride, size_t w, float * acc)
 {
     size_t r = 0;
