@@ -74,15 +74,6 @@ V_INLINE size_t line_head(const void * p, size_t n)
 V_INLINE size_t head_n(size_t h, size_t n) { return h && n >= F ? F : h; }
 V_INLINE size_t tail_at(size_t i, size_t n) { return n >= F ? n - F : i; }
 
-/* Prefetch into L2 the cache lines of [p, p + bytes), bytes > 0, all inside the tensor. */
-V_INLINE void prefetch_l2(const void * p, size_t bytes)
-{
-    const char * c = (const char *)p;
-    for (size_t i = 0; i < bytes; i += 64)
-        v_prefetch_l2(c + i);
-    v_prefetch_l2(c + bytes - 1);
-}
-
 static void fill_nan(float * dst, size_t n)
 {
     for (size_t i = 0; i < n; i += F)
@@ -791,8 +782,8 @@ static void across_pair_sums(const uint16_t * xs, size_t C, size_t S, size_t w, 
         /* Two rows read side by side are no stream the prefetchers follow well from DRAM
          * (25% slower than one row after the other): prefetch the pair 16 ahead. */
         if (2 * j + 33 < C) {
-            prefetch_l2(xe + 32 * S, w * sizeof(uint16_t));
-            prefetch_l2(xo + 32 * S, w * sizeof(uint16_t));
+            v_prefetch_l2_range(xe + 32 * S, w * sizeof(uint16_t));
+            v_prefetch_l2_range(xo + 32 * S, w * sizeof(uint16_t));
         }
         for (size_t p = 0; p < w; p += F) {
             const vfloat c = v_load_aligned(cen + p);
@@ -869,7 +860,7 @@ static void layer_norm_across_bf16(const uint16_t * x, size_t C, size_t S, const
             uint16_t * o = ys + c * S;
             const vfloat sc = v_set1(scale[c]), sh = v_set1(shift[c]);
             if (wn)
-                prefetch_l2(q + w, wn * sizeof(uint16_t));
+                v_prefetch_l2_range(q + w, wn * sizeof(uint16_t));
             size_t p = 0;
             for (; p + F <= w; p += F) {
                 vfloat d = v_sub(v_load_bf16(q + p), v_load_aligned(mean + p));
