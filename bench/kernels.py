@@ -692,35 +692,48 @@ def cache_evictor():
     return lambda: buf.max()
 
 
-def measure(fn, budget: float, repeat: int | None, evict=None) -> tuple[float, int]:
-    """Median time of one call in microseconds, and the number of timed calls. Warm-up
-    first (at least 2 calls, about a quarter of the budget), then `repeat` calls, or as
-    many as fill `budget` seconds (at least 7, at most 20000; COLD_CALLS_MAX with
-    `evict`, which runs untimed before every call)."""
+def warm_up(fn, budget: float, evict=None) -> float:
+    """Call `fn` for about a quarter of `budget` seconds (at least twice, at most 1000
+    times; `evict` untimed before each call) and return the median seconds per call."""
+    times, start = [], time.perf_counter()
+    while len(times) < 2 or (time.perf_counter() - start < budget / 4 and len(times) < 1000):
+        if evict:
+            evict()
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return max(float(np.median(times)), 1e-7)
+
+
+def time_calls(fn, n: int, evict=None) -> list[int]:
+    """The times of `n` calls of `fn` in nanoseconds, the garbage collector off and `evict`
+    (when given) run untimed before each call."""
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        warm, start = [], time.perf_counter()
-        while len(warm) < 2 or (time.perf_counter() - start < budget / 4 and len(warm) < 1000):
-            if evict:
-                evict()
-            t = time.perf_counter()
-            fn()
-            warm.append(time.perf_counter() - t)
-        estimate = max(float(np.median(warm)), 1e-7)
-        n = repeat if repeat else int(min(max(budget / estimate, 7), COLD_CALLS_MAX if evict else 20000))
-        samples = np.empty(n, np.int64)
+        samples = []
         clock = time.perf_counter_ns
-        for i in range(n):
+        for _ in range(n):
             if evict:
                 evict()
             t = clock()
             fn()
-            samples[i] = clock() - t
+            samples.append(clock() - t)
     finally:
         if gc_was_enabled:
             gc.enable()
-    return float(np.median(samples)) / 1e3, n
+    return samples
+
+
+def calls_per_round(estimate: float, args, evict) -> int:
+    """Timed calls per round for a contender taking `estimate` seconds per call: --repeat
+    spread over the rounds, or as many as fill --budget (at least 7 and at most 20000 calls
+    in all; COLD_CALLS_MAX with eviction)."""
+    if args.repeat:
+        total = args.repeat
+    else:
+        total = int(min(max(args.budget / estimate, 7), COLD_CALLS_MAX if evict else 20000))
+    return max(1, -(-total // args.rounds))
 
 
 def as_arrays(result) -> list[np.ndarray]:
@@ -863,7 +876,8 @@ def peer_callable(peer: str, setup: Setup, reference):
 # ---------------------------------------------------------------------------------------
 
 def worker_main(args) -> int:
-    """Answer requests {"case", "repeat", "budget"} from stdin, one JSON line each."""
+    """Answer requests from stdin, one JSON line each: {"case", "budget"} prepares a case
+    (build, check against NumPy, warm up) and {"calls": n} times n calls of the prepared one."""
     import faulthandler
 
     faulthandler.enable()  # a crashing kernel leaves its Python stack on stderr
@@ -875,22 +889,28 @@ def worker_main(args) -> int:
     evict = cache_evictor() if args.cold else None
     out.write(json.dumps({"hello": True, "isa": tn.isa(), "kernels": report}) + "\n")
     out.flush()
+    fn = None
     for line in sys.stdin:
         request = json.loads(line)
-        case = cases[request["case"]]
-        answer = {"case": case.name, "kernel_isa": report.get(case.kernel, "missing")}
-        if answer["kernel_isa"] == "missing":
-            answer["status"] = "missing"
+        if "calls" in request:
+            answer = {"samples_ns": time_calls(fn, request["calls"], evict)}
         else:
-            try:
-                setup = case.build(case.rng())
-                fn = setup.ours(tn)
-                answer["mismatch"] = check(fn(), setup.numpy(), setup.tol)
-                answer["median_us"], answer["calls"] = measure(fn, request["budget"], request["repeat"], evict)
-                answer["status"] = "ok"
-            except Exception as exc:  # a Python-level failure: report it, keep serving
-                answer["status"] = "error"
-                answer["error"] = f"{type(exc).__name__}: {exc}"
+            fn = None
+            case = cases[request["case"]]
+            answer = {"case": case.name, "kernel_isa": report.get(case.kernel, "missing")}
+            if answer["kernel_isa"] == "missing":
+                answer["status"] = "missing"
+            else:
+                try:
+                    setup = case.build(case.rng())
+                    fn = setup.ours(tn)
+                    answer["mismatch"] = check(fn(), setup.numpy(), setup.tol)
+                    answer["estimate_s"] = warm_up(fn, request["budget"], evict)
+                    answer["status"] = "ok"
+                except Exception as exc:  # a Python-level failure: report it, keep serving
+                    fn = None
+                    answer["status"] = "error"
+                    answer["error"] = f"{type(exc).__name__}: {exc}"
         out.write(json.dumps(answer) + "\n")
         out.flush()
     return 0
@@ -905,6 +925,7 @@ class Worker:
         self.proc: subprocess.Popen | None = None
         self.hello: dict | None = None
         self.broken: str | None = None  # why the worker cannot start, once it failed to
+        self.case: Case | None = None   # the case prepared last
 
     def start(self):
         env = dict(os.environ, TENSOROPS_ISA=self.isa)
@@ -940,13 +961,23 @@ class Worker:
                 return f"killed by signal {-code}"
         return f"exit code {code}"
 
-    def run(self, case: Case, budget: float, repeat: int | None) -> dict:
+    def prepare(self, case: Case, budget: float) -> dict:
+        """Build, check and warm up `case` in the worker: its entry ("status" "ok" with
+        "estimate_s", or why not)."""
         if self.proc is None or self.proc.poll() is not None:
             if not self.broken:
                 self.start()
             if self.broken:
                 return {"case": case.name, "status": "error", "error": self.broken}
-        self.proc.stdin.write(json.dumps({"case": case.name, "budget": budget, "repeat": repeat}) + "\n")
+        self.case = case
+        return self._ask({"case": case.name, "budget": budget})
+
+    def time_calls(self, n: int) -> dict:
+        """{"samples_ns": [...]} for n calls of the prepared case, or a failed entry."""
+        return self._ask({"calls": n})
+
+    def _ask(self, request: dict) -> dict:
+        self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         line = self._read_line(CASE_TIMEOUT_S)
         if line is not None:
@@ -958,8 +989,8 @@ class Worker:
         else:
             status, reason = "crashed", self._ended()
         self.proc = None
-        return {"case": case.name, "status": status, "error": reason,
-                "kernel_isa": (self.hello or {}).get("kernels", {}).get(case.kernel, "?")}
+        return {"case": self.case.name, "status": status, "error": reason,
+                "kernel_isa": (self.hello or {}).get("kernels", {}).get(self.case.kernel, "?")}
 
     def close(self):
         if self.proc is not None and self.proc.poll() is None:
@@ -989,7 +1020,25 @@ def log(message: str):
     print(message, file=sys.stderr, flush=True)
 
 
+class LocalContender:
+    """memcpy or a peer, timed in this process."""
+
+    def __init__(self, fn, evict):
+        self.fn, self.evict = fn, evict
+
+    def prepare(self, budget: float) -> float:
+        return warm_up(self.fn, budget, self.evict)
+
+    def time_calls(self, n: int) -> dict:
+        return {"samples_ns": time_calls(self.fn, n, self.evict)}
+
+
 def run_case(case: Case, args, peers, workers) -> dict:
+    """Prepare every contender, then time them in rounds: each round times a block of calls
+    of memcpy and of every contender in turn (the order rotating), and a contender's ratio is
+    the median over the rounds of its block median / memcpy's block median of the same round.
+    The memory speed of a shared machine drifts by tens of percent within minutes; rounds
+    of a fraction of a second each put every contender under the same drift."""
     row = {"case": case.name, "family": case.family, "kernel": case.kernel, "notes": list(case.notes),
            "peers": {}, "ours": {}}
     setup = case.build(case.rng())
@@ -999,9 +1048,9 @@ def run_case(case: Case, args, peers, workers) -> dict:
     # A copy of n bytes reads n and writes n: the copy moving the same traffic as the
     # operation (read every input once, write every output once) is (in + out) / 2.
     row["copy_bytes"] = (row["in_bytes"] + row["out_bytes"]) // 2
-    copy = memcpy_fn(row["copy_bytes"])
     evict = cache_evictor() if args.cold else None
-    before, _ = measure(copy, args.budget, args.repeat, evict)
+    memcpy = LocalContender(memcpy_fn(row["copy_bytes"]), evict)
+    timed = [(None, memcpy, calls_per_round(memcpy.prepare(args.budget), args, evict))]  # (entry, contender, calls)
     for peer in peers:
         entry = {}
         try:
@@ -1012,19 +1061,40 @@ def run_case(case: Case, args, peers, workers) -> dict:
                 call, result = made
                 call()
                 entry["mismatch"] = check(result(), reference, setup.tol)
-                entry["median_us"], entry["calls"] = measure(call, args.budget, args.repeat, evict)
+                contender = LocalContender(call, evict)
+                timed.append((entry, contender, calls_per_round(contender.prepare(args.budget), args, evict)))
                 entry["status"] = "ok"
         except Exception as exc:  # a peer refusing the graph is a result, not a failure
             entry = {"status": "error", "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
         row["peers"][peer] = entry
-    del setup, reference
     for isa, worker in workers.items():
-        row["ours"][isa] = worker.run(case, args.budget, args.repeat)
-    # memcpy again after the contenders; the faster of the two is the baseline, so a
-    # disturbance during one of them (the machine is shared) cannot flatter the ratios.
-    after, _ = measure(copy, args.budget, args.repeat, evict)
-    row["memcpy_runs_us"] = [before, after]
-    row["memcpy_us"] = min(before, after)
+        entry = row["ours"][isa] = worker.prepare(case, args.budget)
+        if entry.get("status") == "ok":
+            timed.append((entry, worker, calls_per_round(entry.pop("estimate_s"), args, evict)))
+
+    samples = {id(c): [] for _, c, _ in timed}
+    round_medians = {id(c): [] for _, c, _ in timed}
+    for r in range(args.rounds):
+        shift = r % len(timed)
+        for entry, contender, n in timed[shift:] + timed[:shift]:
+            if entry is not None and entry.get("status") != "ok":
+                continue  # its worker died in an earlier round
+            answer = contender.time_calls(n)
+            if "samples_ns" not in answer:
+                entry.clear()
+                entry.update(answer)
+                continue
+            samples[id(contender)] += answer["samples_ns"]
+            round_medians[id(contender)].append(float(np.median(answer["samples_ns"])))
+    base = round_medians[id(memcpy)]
+    row["memcpy_us"] = float(np.median(samples[id(memcpy)])) / 1e3
+    row["memcpy_round_us"] = [t / 1e3 for t in base]
+    for entry, contender, _ in timed[1:]:
+        if entry.get("status") == "ok":
+            mine = round_medians[id(contender)]
+            entry["median_us"] = float(np.median(samples[id(contender)])) / 1e3
+            entry["calls"] = len(samples[id(contender)])
+            entry["ratio"] = float(np.median([t / b for t, b in zip(mine, base)]))
     return row
 
 
@@ -1043,8 +1113,7 @@ def cell(entry: dict | None, memcpy_us: float | None, requested_isa: str | None 
     status = entry.get("status")
     if status != "ok":
         return {"n/a": "n/a", "missing": "missing"}.get(status, status or "?")
-    t = entry["median_us"]
-    text = fmt_ratio(t / memcpy_us) if memcpy_us else fmt_us(t)
+    text = fmt_ratio(entry["ratio"]) if memcpy_us else fmt_us(entry["median_us"])
     if requested_isa and entry.get("kernel_isa") not in (None, requested_isa):
         text += f" ({entry['kernel_isa']})"
     if entry.get("mismatch"):
@@ -1087,14 +1156,18 @@ def render(rows: list[dict], args, peers, isas, hellos) -> str:
         add(f"- tensorops_native: {levels}; each level in its own process, Python call included "
             "(argument checks, output allocation).")
     add("- One thread everywhere: torch.set_num_threads(1) and set_num_interop_threads(1); ONNX Runtime "
-        "intra_op_num_threads=1, inter_op_num_threads=1, ORT_SEQUENTIAL; OMP/MKL/OpenBLAS threads 1.")
-    add("- Time: median of per-call times after a warm-up; " +
-        (f"{args.repeat} timed calls per contender." if args.repeat else
-         f"as many timed calls as fit in {args.budget:g} s per contender (7 to 20000)."))
+        "intra_op_num_threads=1, inter_op_num_threads=1, ORT_SEQUENTIAL; OMP/MKL/OpenBLAS threads 1; "
+        f"every process pinned to CPU {args.cpu}.")
+    add("- Time: after a warm-up, every contender and memcpy are timed in turn, in "
+        f"{args.rounds} rounds (the order rotating), " +
+        (f"{args.repeat} timed calls per contender in all." if args.repeat else
+         f"as many timed calls as fit in {args.budget:g} s per contender (7 to 20000 in all)."))
     add("- **memcpy**: np.copyto of a preallocated uint8 array into another, of (input bytes + output bytes) / 2: "
         "the copy that moves the same memory traffic as the operation must (read every input once, "
-        "write every output once; inputs = the data tensors, not the small per-channel parameters), Python call included; measured before and after the "
-        "contenders of each case, the faster kept. Ratios below are time / memcpy time (lower is better).")
+        "write every output once; inputs = the data tensors, not the small per-channel parameters), Python call "
+        "included. **Ratios** are the median over the rounds of (contender's median / memcpy's median in that "
+        "round), lower is better: the memory speed of a shared machine drifts within minutes, and the rounds "
+        "put memcpy and the contenders under the same drift. Absolute times are medians over all calls.")
     if args.cold:
         add(f"- **Cold caches (--cold)**: before every call (untimed) a read of {3 * last_level_cache_bytes() >> 20} MiB "
             "(three times the last-level cache) evicts the case's data, for every contender and for memcpy alike, "
@@ -1132,7 +1205,7 @@ def render(rows: list[dict], args, peers, isas, hellos) -> str:
         if target is not None and judge:
             entry = row["ours"].get(judge, {})
             if entry.get("status") == "ok":
-                ratio = entry["median_us"] / m
+                ratio = entry["ratio"]
                 met = "yes" if ratio <= target and not entry.get("mismatch") else "NO"
             else:
                 met = "—"
@@ -1220,10 +1293,14 @@ def main(argv=None) -> int:
     p.add_argument("--peers", default=",".join(PEERS), help="peers to measure (default: %(default)s, or none)")
     p.add_argument("--peers-only", action="store_true", help="do not measure tensorops_native")
     p.add_argument("--repeat", type=int, help="timed calls per contender (default: adaptive, see --budget)")
+    p.add_argument("--rounds", type=int, default=20,
+                   help="rounds that alternate the contenders; each is timed for --budget / --rounds per round (default: %(default)s)")
     p.add_argument("--budget", type=float, default=0.2,
                    help="seconds of timed calls per contender when --repeat is not given (default: %(default)s)")
     p.add_argument("--cold", action="store_true",
                    help="evict the caches before every timed call (inputs and outputs in DRAM), for all contenders and memcpy")
+    p.add_argument("--cpu", type=int, default=min(os.sched_getaffinity(0)),
+                   help="the CPU that every contender runs on (default: the first one allowed, %(default)s)")
     p.add_argument("--json", metavar="PATH", help="also write the raw results as JSON")
     p.add_argument("--list", action="store_true", help="print the case names and exit")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -1231,6 +1308,8 @@ def main(argv=None) -> int:
 
     if args.repeat is not None and args.repeat < 1:
         p.error("--repeat must be >= 1")
+    if args.rounds < 1:
+        p.error("--rounds must be >= 1")
     if args.worker:
         return worker_main(args)
     if args.list:
@@ -1242,6 +1321,14 @@ def main(argv=None) -> int:
     isas = [] if args.peers_only else parse_list(args.isa, ISA_LEVELS, "isa")
     peers = parse_list(args.peers, PEERS, "peers")
 
+    # Contenders take turns, never run at once: on one CPU (workers inherit the affinity)
+    # they all see the same core and caches. Left to the scheduler, the workers' times from
+    # DRAM were biased against the main process's (fp32 layer norm: ours 1.7-2.1x memcpy
+    # against PyTorch's 1.3-1.9x; pinned, the two within 10% in five runs).
+    try:
+        os.sched_setaffinity(0, {args.cpu})
+    except OSError as exc:
+        p.error(f"--cpu {args.cpu}: {exc.strerror}")
     started = time.perf_counter()
     workers = {isa: Worker(isa, args.cold) for isa in isas}
     hellos = {}
