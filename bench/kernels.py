@@ -1294,7 +1294,7 @@ def main(argv=None) -> int:
     p.add_argument("--peers-only", action="store_true", help="do not measure tensorops_native")
     p.add_argument("--repeat", type=int, help="timed calls per contender (default: adaptive, see --budget)")
     p.add_argument("--rounds", type=int, default=20,
-                   help="rounds that alternate the contenders; each is timed for --budget / --rounds per round (default: %(default)s)")
+                   help="rounds that alternate the contenders; each contender's timed calls are spread evenly over them (default: %(default)s)")
     p.add_argument("--budget", type=float, default=0.2,
                    help="seconds of timed calls per contender when --repeat is not given (default: %(default)s)")
     p.add_argument("--cold", action="store_true",
