@@ -152,15 +152,36 @@ def lrn_cross_channels(x, half, k, *, format="nchw", out=None):
     fmt = ck.tensor_format(format)
     x, batch, channels, spatial = _image(x, fmt)
     half = ck.integer(half, "half", minimum=0)
-    k = ck.f32_params(k, "k", (3,))
-    if not np.all(np.isfinite(k)):
-        raise ck.ArgumentError("k", f"must be finite, got {k.tolist()}")
+    k = _lrn_k(k)
     half = min(half, channels)  # a wider window covers the same channels
     y = ck.output(out, x.shape, x.dtype, (x,))
     if x.size:
-        lib.TnSynetLrnLayerCrossChannelsBatch(_f32_ptr(x), batch, half, channels, spatial, _f32_ptr(k),
-                                              _f32_ptr(y), fmt)
+        lib.TnSynetLrnLayerCrossChannelsBatch(_f32_ptr(x), batch, half, channels, spatial, k, _f32_ptr(y), fmt)
     return y
+
+
+# The smallest magnitude that rounds to infinity in float32: 2^128 - 2^103.
+_F32_ROUNDS_TO_INF = 2.0 ** 128 - 2.0 ** 103
+
+
+def _lrn_k(k):
+    """(k0, k1, k2) as the float[3] the kernel takes: three real numbers, finite in float32.
+    The usual form, a tuple or list of three Python numbers, is checked without NumPy: from
+    cold caches NumPy's conversion and isfinite on three values took about 90 µs, more than
+    the whole kernel's setup. Anything else, and any value this rejects, takes the general
+    path, which gives the errors."""
+    if type(k) in (tuple, list) and len(k) == 3 and all(type(v) in (float, int) for v in k):
+        try:
+            values = [float(v) for v in k]
+        except OverflowError:  # an int beyond any float
+            values = []
+        # NaN fails the comparison, so it goes to the general path too
+        if values and all(abs(v) < _F32_ROUNDS_TO_INF for v in values):
+            return ffi.new("float[3]", values)
+    arr = ck.f32_params(k, "k", (3,))
+    if not np.all(np.isfinite(arr)):
+        raise ck.ArgumentError("k", f"must be finite, got {arr.tolist()}")
+    return _f32_ptr(arr)
 
 
 def _with_channels(shape, fmt, channels):

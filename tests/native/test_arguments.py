@@ -165,6 +165,8 @@ BAD_VALUES = [
     ("eps", lambda: tn.layer_norm_channels(x4(), sc(), sc(), eps=np.float64("nan"))),
     ("k", lambda: tn.lrn_cross_channels(x4(), 1, (1, float("nan"), 1))),
     ("k", lambda: tn.lrn_cross_channels(x4(), 1, (float("inf"), 1, 1))),
+    ("k", lambda: tn.lrn_cross_channels(x4(), 1, [1, 1, 2.0 ** 128 - 2.0 ** 103])),  # rounds to inf in float32
+    ("k", lambda: tn.lrn_cross_channels(x4(), 1, (-3.5e38, 1, 1))),
     # half
     ("half", lambda: tn.lrn_cross_channels(x4(), -1, (1, 1, 1))),
     # shuffle channel counts

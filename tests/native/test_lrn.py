@@ -78,6 +78,21 @@ def test_lrn_onnx_mapping(rng, fmt, size, alpha, beta, bias):
     assert_close(y, ref.from_bcs(exact, shape, fmt), rtol=RTOL, atol=1e-37, what=f"ONNX LRN size {size}")
 
 
+@pytest.mark.parametrize("k", [(1.0, 1e-4 / 5, -0.75), [2, 3, -1], (0.1, 0.3, 0.7), [1e-40, 0.5, -0.25],
+                               (2.0 ** 128 - 2.0 ** 104, 1e-30, -0.5)],
+                         ids=["alexnet", "ints", "inexact", "denormal-k0", "float32-max"])
+def test_lrn_k_as_numbers(rng, k):
+    """k given as Python numbers (checked without NumPy) gives the bits k as a float32 array
+    gives, for values that round in float32, a denormal and the largest float32."""
+    require("SynetLrnLayerCrossChannels")
+    x = f32(rng, image_shape(2, 9, 7, "nchw"), scale=3.0)
+    k32 = np.array(k, np.float32)
+    assert np.all(np.isfinite(k32))
+    y = tn.lrn_cross_channels(x, 2, k)
+    assert np.array_equal(y.view(np.uint32), tn.lrn_cross_channels(x, 2, k32).view(np.uint32))
+    check(x, 2, k32, "nchw")
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_lrn_nan_inf(rng, fmt):
     x = f32(rng, image_shape(1, 17, 5, fmt))
