@@ -120,9 +120,12 @@ def finite_float(value, name: str, *, minimum: float | None = None) -> float:
 
 
 def integer(value, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+    if type(value) is int:  # the usual case: skips the ABC check, slow from cold caches
+        result = value
+    elif isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise ArgumentTypeError(name, f"expected an integer, got {type(value).__name__}")
-    result = int(value)
+    else:
+        result = int(value)
     if minimum is not None and result < minimum:
         raise ArgumentError(name, f"must be >= {minimum}, got {result}")
     if maximum is not None and result > maximum:
