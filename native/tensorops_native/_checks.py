@@ -85,11 +85,6 @@ def is_bf16(value) -> bool:
     return dtype is not None and (dtype == BF16 or (dtype.kind == "u" and dtype.itemsize == 2))
 
 
-def bits16(arr: np.ndarray) -> np.ndarray:
-    """The uint16 view of a BF16 array, for C."""
-    return arr.view(np.uint16)
-
-
 def f32_params(value, name: str, shape: tuple[int, ...]) -> np.ndarray:
     """Per-channel (or similar) float parameters: any real array-like of exactly `shape`,
     converted to contiguous float32."""
