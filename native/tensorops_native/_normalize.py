@@ -532,14 +532,13 @@ def normalize(x, scale=None, bias=None, *, axes, num_groups=1, eps=1e-5, normali
         if arr is not None:
             c.data = data = _param_buffer(arr, spec[0])
             keep.append(data)
-    src = x.view(np.uint16) if x.dtype.itemsize == 2 else x   # raw bits for C
-    out = dst = y.view(np.uint16) if y.dtype.itemsize == 2 else y
+    src, dst = x, y   # C takes the raw bits of any dtype straight from the buffers
     if plan.transpose is not None:
         work, perm, inverse, permuted = plan.transpose
-        src = np.ascontiguousarray(src.reshape(work).transpose(perm))
-        dst = np.empty(permuted, src.dtype)
+        src = np.ascontiguousarray(x.reshape(work).transpose(perm))
+        dst = np.empty(permuted, x.dtype)
     kernel = lib.TnNormalizationRows if plan.rows else lib.TnNormalizationColumns
     kernel(ffi.from_buffer(src), *plan.dims, norm, ffi.from_buffer(dst))
     if plan.transpose is not None:
-        np.copyto(out.reshape(work), dst.transpose(inverse))
+        np.copyto(y.reshape(work), dst.transpose(inverse))
     return y
