@@ -20,6 +20,7 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 F32 = np.dtype(np.float32)
 U16 = np.dtype(np.uint16)
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+FLOAT32_ROUNDS_TO_INF = 2.0 ** 128 - 2.0 ** 103  # the smallest magnitude that float32 rounds to inf
 FORMATS = {"nchw": 0, "nhwc": 1}
 FORMAT_NAMES = {v: k for k, v in FORMATS.items()}
 

@@ -163,14 +163,10 @@ def lrn_cross_channels(x, half, k, *, format="nchw", out=None):
     return y
 
 
-# The smallest magnitude that rounds to infinity in float32: 2^128 - 2^103.
-_F32_ROUNDS_TO_INF = 2.0 ** 128 - 2.0 ** 103
-
-
 def _lrn_k(k):
     """(k0, k1, k2) as the float[3] the kernel takes: three real numbers, finite in float32.
     The usual form, a tuple or list of three Python numbers, is checked without NumPy: from
-    cold caches NumPy's conversion and isfinite on three values took about 90 µs, more than
+    cold caches NumPy's conversion and isfinite on three values took about 90 us, more than
     the whole kernel's setup. Anything else, and any value this rejects, takes the general
     path, which gives the errors."""
     if type(k) in (tuple, list) and len(k) == 3 and all(type(v) in (float, int) for v in k):
@@ -179,7 +175,7 @@ def _lrn_k(k):
         except OverflowError:  # an int beyond any float
             values = []
         # NaN fails the comparison, so it goes to the general path too
-        if values and all(abs(v) < _F32_ROUNDS_TO_INF for v in values):
+        if values and all(abs(v) < ck.FLOAT32_ROUNDS_TO_INF for v in values):
             return ffi.new("float[3]", values)
     arr = ck.f32_params(k, "k", (3,))
     if not np.all(np.isfinite(arr)):
