@@ -12,8 +12,10 @@ ONNX Runtime CPU, all on one thread, each relative to a memcpy of the same bytes
 Prints Markdown tables (ratios to memcpy, then absolute medians) and never asserts on
 time. The ISA level of tensorops_native is fixed at import (TENSOROPS_ISA), so each level
 runs in its own worker process: this script started again with `--worker --isa LEVEL`,
-which answers one JSON line per case on stdout. A worker that crashes (a kernel still
-missing or broken) costs only the case it was running; the next case gets a new worker.
+which prepares a case and then times blocks of calls on request, one JSON line per request
+on stdout, so the main process can alternate it with memcpy and the peers in rounds. A
+worker that crashes (a kernel still missing or broken) costs only the case it was running;
+the next case gets a new worker.
 """
 from __future__ import annotations
 
