@@ -56,6 +56,17 @@ def bf16_inputs():
                 inputs[f"ln{i:03d}_shift"] = rng.uniform(-1, 1, channels).astype(np.float32)
                 inputs[f"ln{i:03d}_fmt"] = np.array(fmt_code)
                 i += 1
+    # Rows written 32 values at a time, with denormal and +-0 outputs among normal ones in
+    # some pairs (the conversion of a pair falls back to the exact one for those).
+    for j, fmt in enumerate(("nhwc", "nchw")):
+        x = rng.normal(0.3, 1.0, image_shape(2, 80, 7, fmt)).astype(np.float32).astype(ref.BF16)
+        scale = rng.uniform(-1.5, 1.5, 80).astype(np.float32)
+        shift = rng.uniform(-1, 1, 80).astype(np.float32)
+        scale[[2, 35, 64]], shift[[2, 35, 64]] = 1e-39, 0.0
+        scale[[7, 50]], shift[7], shift[50] = 0.0, 0.0, -0.0
+        inputs[f"ln{i + j:03d}_x"] = x.view(np.uint16)
+        inputs[f"ln{i + j:03d}_scale"], inputs[f"ln{i + j:03d}_shift"] = scale, shift
+        inputs[f"ln{i + j:03d}_fmt"] = np.array(("nchw", "nhwc").index(fmt))
     shapes = [((c,), -1) for c in CHANNELS] + [((3, c, 5), 1) for c in CHANNELS] + \
              [((c, 16), 0) for c in CHANNELS] + [((2, 3136), -1), ((1, 67, 49), 1), ((4, 33, 1), 1)]
     for j, (shape, axis) in enumerate(shapes):

@@ -265,6 +265,30 @@ def test_layer_norm_channels_bf16_denormal_and_tiny_outputs(rng, fmt):
     np.testing.assert_allclose(got, exact, rtol=2.0 ** -7, atol=2.0 ** -133)
 
 
+def test_layer_norm_channels_bf16_zero_and_denormal_outputs_in_vector_pairs(rng):
+    """NHWC rows of 80 channels are written 32 values at a time (two vectors, one conversion
+    at AVX-512 with AVX512_BF16): a pair holding a denormal or a +-0 output among normal ones
+    must keep the denormal (no flush to zero) and the sign of each zero, as the reference."""
+    require("SynetNormalizeLayerForward16bV2")
+    channels = 80
+    x = bf16(rng, image_shape(4, channels, 3, "nhwc"))
+    scale = rng.uniform(0.5, 1.5, channels).astype(np.float32)
+    shift = rng.uniform(-1, 1, channels).astype(np.float32)
+    scale[[1, 33, 70]] = 1e-39                    # denormal outputs (shift 0 below)
+    scale[[5, 40]] = 0.0                           # +-0 outputs: 0 * y + (+-0)
+    shift[[1, 33, 70, 5]] = 0.0
+    shift[40] = -0.0
+    y = tn.layer_norm_channels(x, scale, shift, format="nhwc")
+    exact = ref.from_bcs(ref.synet_normalize_layer_forward_16b_v2(ref.to_bcs(x, "nhwc"), scale, shift,
+                                                                   np.float32(1e-5)), x.shape, "nhwc")
+    got = ref.bf16_to_f64(y)
+    tiny = got[..., [1, 33, 70]]
+    assert (np.abs(tiny) > 0).all() and (np.abs(tiny) < 2.0 ** -126).all(), "denormal results were flushed"
+    assert (got[..., [5, 40]] == 0).all()
+    np.testing.assert_array_equal(np.signbit(got[..., 40]), np.signbit(exact[..., 40]))
+    np.testing.assert_allclose(got, exact, rtol=2.0 ** -7, atol=2.0 ** -133)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_layer_norm_channels_bf16_long_rows(rng, fmt):
     """More channels than the vector levels' fp32 row copy holds (1024): rows converted in

@@ -155,6 +155,12 @@ V_INLINE void v_store_bf16_hw_normal_n(uint16_t * p, vfloat v, size_t n, int hw)
     (void)hw;
     v_store_bf16_n(p, v, n);
 }
+V_INLINE void v_store2_bf16_hw(uint16_t * p, vfloat a, vfloat b, int hw)
+{
+    (void)hw;
+    v_store_bf16(p, a);
+    v_store_bf16(p + 16, b);
+}
 V_INLINE vfloat v_load_f16(const uint16_t * p)
 {
     return (vfloat){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)))};
