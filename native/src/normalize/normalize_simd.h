@@ -692,17 +692,24 @@ V_INLINE void bf16_pair_add(vfloat e, vfloat o, vfloat * s, vfloat * q)
 
 /* NHWC: the sums s, q of R (<= 4) consecutive rows about their centers c. A 32-bit load
  * holds a pair of BF16 values: a shift and a mask widen both (half the work of widening
- * 16 values at a time). Each row has its own accumulators, so the rows' chains overlap. */
+ * 16 values at a time). Each row has its own accumulators, so the rows' chains overlap.
+ * x - c is taken as fma(x, 1, -c), the same single rounding: on Zen 4 the shift and the
+ * adds share the add pipes, which bound this loop, while the multiply pipes had only the
+ * two FMAs (in cache (8,197,768) 182 -> 175 us). */
 V_INLINE void bf16_pair_sums(const uint16_t * x, size_t R, size_t n, const vfloat * c, vfloat * s, vfloat * q)
 {
     const size_t pairs = n / 2, tail = pairs % F, body = pairs - tail, odd = n % 2;
     const vint hi = vi_set1(-65536); /* 0xffff0000: the odd channel */
-    for (size_t r = 0; r < R; ++r)
+    const vfloat one = v_set1(1.0f);
+    vfloat nc[4];
+    for (size_t r = 0; r < R; ++r) {
         s[r] = q[r] = v_zero();
+        nc[r] = v_neg(c[r]);
+    }
     for (size_t j = 0; j < body; j += F)
         for (size_t r = 0; r < R; ++r) {
             vint v = vi_load((const int32_t *)(x + r * n) + j);
-            bf16_pair_add(v_sub(vi_as_float(vi_sll(v, 16)), c[r]), v_sub(vi_as_float(vi_and(v, hi)), c[r]), s + r, q + r);
+            bf16_pair_add(v_fma(vi_as_float(vi_sll(v, 16)), one, nc[r]), v_fma(vi_as_float(vi_and(v, hi)), one, nc[r]), s + r, q + r);
         }
     if (tail + odd)
         for (size_t r = 0; r < R; ++r) {
