@@ -60,8 +60,9 @@ INLINE void stn(void * p, size_t i, size_t n, vfloat v, int type)
         v_store_f16_n((uint16_t *)p + i, v, n);
 }
 
-/* A full vector; stream: a non-temporal store (FP32 at a 64-byte aligned address). */
-INLINE void st(void * p, size_t i, vfloat v, int type, int stream)
+/* A full vector; stream: a non-temporal store (FP32 at a 64-byte aligned address); hw:
+ * v_hw_bf16(), BF16 converted by the CPU where it can (same bits). */
+INLINE void st(void * p, size_t i, vfloat v, int type, int stream, int hw)
 {
     v = canonical_nan(v);
     if (type == TnTensorData32f) {
@@ -70,7 +71,7 @@ INLINE void st(void * p, size_t i, vfloat v, int type, int stream)
         else
             v_store((float *)p + i, v);
     } else if (type == TnTensorData16b) {
-        v_store_bf16((uint16_t *)p + i, v);
+        v_store_bf16_hw((uint16_t *)p + i, v, hw);
     } else {
         v_store_f16((uint16_t *)p + i, v);
     }
@@ -177,6 +178,7 @@ static vfloat activate(vfloat y, int type, const float * prm)
 /* The normalization of one row (or, per lane, of column positions). */
 typedef struct {
     vfloat mean, k, p;
+    int hw; /* v_hw_bf16() for the full-vector stores (st) */
 } Norm;
 
 /* n (<= F) values from element i; s, b: this vector's parameters (given: sstep, bstep). */
@@ -212,7 +214,7 @@ INLINE size_t output_body(const void * src, void * dst, size_t at, size_t e, siz
     for (; e + F <= size; e += F) {
         v_cursor_step(pf);
         vfloat y = norm_vec(src, at + e, F, nv, 0, s + e, sstep != 0, s0, b + e, bstep != 0, b0, norm, act, type);
-        st(dst, at + e, y, type, stream);
+        st(dst, at + e, y, type, stream, nv.hw);
     }
     return e;
 }
@@ -372,6 +374,7 @@ INLINE void rows_typed(const void * src, size_t outer, size_t segments, size_t s
      * with short ones (layer norm over 768) they were slower than ordinary stores. */
     const int stream = type == TnTensorData32f && total * es >= TN_GN_STREAM_BYTES && n * es >= TN_GN_STREAM_ROW &&
                        (uintptr_t)dst % es == 0;
+    const int hw = v_hw_bf16();
     TnGnStats cur, next;
     const char * const bytes = (const char *)src, * const last = bytes + total * es;
     v_cursor pf = {bytes + (ahead < total ? ahead : total) * es, bytes};
@@ -383,7 +386,7 @@ INLINE void rows_typed(const void * src, size_t outer, size_t segments, size_t s
         pf.end = at + n + ahead + n <= total ? bytes + (at + n + ahead + n) * es : last;
         if (o + 1 < outer)
             row_stats(src, at + n, n, norm, type, &next, &pf);
-        const Norm nm = {v_set1(cur.mean), v_set1(cur.k), v_set1(cur.p)};
+        const Norm nm = {v_set1(cur.mean), v_set1(cur.k), v_set1(cur.p), hw};
         if (cur.scaled)
             output_row_scaled(src, dst, at, segments, size, &nm, tn_gn_row(&sc, o), &sc, tn_gn_row(&bi, o), &bi,
                               norm, type);
@@ -523,7 +526,7 @@ INLINE void columns_typed(const void * src, size_t outer, size_t count, size_t i
                 const size_t at = base + r * inner + p0;
                 for (size_t p = 0; p < w; p += F) {
                     const size_t n = w - p < F ? w - p : F;
-                    const Norm nm = {v_load_aligned(ch.mean + p), v_load_aligned(ch.k + p), v_load_aligned(ch.p + p)};
+                    const Norm nm = {v_load_aligned(ch.mean + p), v_load_aligned(ch.k + p), v_load_aligned(ch.p + p), 0};
                     vfloat y = scaled
                         ? norm_vec(src, at + p, n, nm, 1, s + p, sc.step != 0, s0, b + p, bi.step != 0, b0, norm, act, type)
                         : norm_vec(src, at + p, n, nm, 0, s + p, sc.step != 0, s0, b + p, bi.step != 0, b0, norm, act, type);
