@@ -5,7 +5,9 @@
  * Every lane (a spatial position in NCHW, a pixel in NHWC) is one sequence of channels,
  * handled by lrn_lane. The vector levels (lrn_simd.h) run the same per-lane operation
  * sequence on 16 lanes at once, so all levels give bit-identical results:
- * - half <= TN_LRN_DIRECT_HALF: S = fma chain over the window in channel order;
+ * - half <= TN_LRN_DIRECT_HALF: S = the squares x_d * x_d (each rounded) added in channel
+ *   order over the window (the vector levels square each element once and add: on Zen 4
+ *   the multiply pipes bound LRN, and an fma chain put 2*half+1 multiplies per output there);
  * - wider windows: van Herk / Gil-Werman block sums. In channel coordinates padded by
  *   half zeros on each side, blocks of B = 2*half channels; the window of channel c is
  *   [c, c + B] (padded), the suffix of one block plus the prefix of the next, each an fma
@@ -112,7 +114,7 @@ static void lrn_lane(const float * x, size_t stride, size_t channels, size_t hal
             ptrdiff_t lo = c - h < 0 ? 0 : c - h, hi = c + h < C - 1 ? c + h : C - 1;
             float s = 0.0f;
             for (ptrdiff_t d = lo; d <= hi; ++d)
-                s = fmaf(x[d * stride], x[d * stride], s);
+                s += x[d * stride] * x[d * stride];
             y[c * stride] = lrn_value(x[c * stride], s, k, pw);
         }
         return;
