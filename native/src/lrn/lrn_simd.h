@@ -9,8 +9,9 @@
  *   window's 2*half+1 squares in channel order.
  *   Wide windows: chunks of spatial columns with block suffix/prefix sums.
  * - NHWC: lanes are channels of one pixel for narrow windows (the pixel's squares are
- *   written into a zero-padded row, so every window is 2*half+1 unaligned loads); for wide windows 16
- *   pixels are transposed into a channel-major tile and run through the NCHW block code.
+ *   written into a zero-padded row, so every window is 2*half+1 unaligned loads); for
+ *   wide windows 16 pixels are transposed into a channel-major tile and run through the
+ *   NCHW block code.
  */
 #include <stdlib.h>
 #include <string.h>
