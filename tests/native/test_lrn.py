@@ -2,8 +2,9 @@
 squares over the clipped channel window: channels 1..67, half 0, 1, 2, 5, both formats, and
 the ONNX LRN mapping of docs/kernels.md.
 
-Tolerance: S sums at most 2 * half + 1 squares (relative error < 11u + sum_rtol), the base
-k0 + k1 * S adds 2u, and the power (exp of k2 * log of the base in fp32) adds its argument's
+Tolerance: S sums at most 2 * half + 1 squares (half <= 4: each square rounded, then added, at
+most 4 * half + 1 = 17 roundings; wider windows: fma chains, < 11u + sum_rtol at half 5), the
+base k0 + k1 * S adds 2u, and the power (exp of k2 * log of the base in fp32) adds its argument's
 rounding (|k2 * log(base)| <= 3 here, about 3u) and the 4e-7 of exp. The result is within
 1e-5 relative of the exact value; it is proportional to x, so no absolute term.
 """
