@@ -56,8 +56,9 @@ def bf16_inputs():
                 inputs[f"ln{i:03d}_shift"] = rng.uniform(-1, 1, channels).astype(np.float32)
                 inputs[f"ln{i:03d}_fmt"] = np.array(fmt_code)
                 i += 1
-    # Rows written 32 values at a time, with denormal and +-0 outputs among normal ones in
-    # some pairs (the conversion of a pair falls back to the exact one for those).
+    # Denormal and +-0 outputs among normal ones: NHWC rows are written 32 values at a time
+    # (the conversion of such a pair falls back to the exact one), the NCHW twin one vector
+    # of positions at a time (a vector holding a denormal takes the exact conversion).
     for j, fmt in enumerate(("nhwc", "nchw")):
         x = rng.normal(0.3, 1.0, image_shape(2, 80, 7, fmt)).astype(np.float32).astype(ref.BF16)
         scale = rng.uniform(-1.5, 1.5, 80).astype(np.float32)
