@@ -29,6 +29,7 @@ import argparse  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
+import random  # noqa: E402
 import selectors  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
@@ -1037,7 +1038,7 @@ class LocalContender:
 
 def run_case(case: Case, args, peers, workers) -> dict:
     """Prepare every contender, then time them in rounds: each round times a block of calls
-    of memcpy and of every contender in turn (the order rotating), and a contender's ratio is
+    of memcpy and of every contender in turn (in a new random order each round), and a contender's ratio is
     the median over the rounds of its block median / memcpy's block median of the same round.
     The memory speed of a shared machine drifts by tens of percent within minutes; rounds
     of a fraction of a second each put every contender under the same drift."""
@@ -1076,9 +1077,15 @@ def run_case(case: Case, args, peers, workers) -> dict:
 
     samples = {id(c): [] for _, c, _ in timed}
     round_medians = {id(c): [] for _, c, _ in timed}
-    for r in range(args.rounds):
-        shift = r % len(timed)
-        for entry, contender, n in timed[shift:] + timed[:shift]:
+    # A new order each round, not a rotation: a rotation keeps every contender behind the
+    # same one, and what a contender leaves in the caches can slow the next one over a whole
+    # block (in a C harness, the function timed right after an 8 MiB memcpy ran 6-50%
+    # slower than the same function timed after others).
+    shuffler = random.Random(0)
+    for _ in range(args.rounds):
+        order = list(timed)
+        shuffler.shuffle(order)
+        for entry, contender, n in order:
             if entry is not None and entry.get("status") != "ok":
                 continue  # its worker died in an earlier round
             answer = contender.time_calls(n)
@@ -1161,7 +1168,7 @@ def render(rows: list[dict], args, peers, isas, hellos) -> str:
         "intra_op_num_threads=1, inter_op_num_threads=1, ORT_SEQUENTIAL; OMP/MKL/OpenBLAS threads 1; "
         f"every process pinned to CPU {args.cpu}.")
     add("- Time: after a warm-up, every contender and memcpy are timed in turn, in "
-        f"{args.rounds} rounds (the order rotating), " +
+        f"{args.rounds} rounds (in a new random order each round), " +
         (f"{args.repeat} timed calls per contender in all." if args.repeat else
          f"as many timed calls as fit in {args.budget:g} s per contender (7 to 20000 in all)."))
     add("- **memcpy**: np.copyto of a preallocated uint8 array into another, of (input bytes + output bytes) / 2: "
