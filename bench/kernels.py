@@ -1038,8 +1038,9 @@ class LocalContender:
 
 def run_case(case: Case, args, peers, workers) -> dict:
     """Prepare every contender, then time them in rounds: each round times a block of calls
-    of memcpy and of every contender in turn (in a new random order each round), and a contender's ratio is
-    the median over the rounds of its block median / memcpy's block median of the same round.
+    of memcpy and of every contender in turn (in a new random order each round), and a
+    contender's ratio is the median over the rounds of its block median / memcpy's block
+    median of the same round.
     The memory speed of a shared machine drifts by tens of percent within minutes; rounds
     of a fraction of a second each put every contender under the same drift."""
     row = {"case": case.name, "family": case.family, "kernel": case.kernel, "notes": list(case.notes),
