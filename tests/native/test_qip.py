@@ -7,6 +7,7 @@ import gc
 import itertools
 import os
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -447,11 +448,16 @@ def test_close_waits_for_running_forwards_and_refuses_later_ones():
 
 
 def test_contexts_are_released_by_the_garbage_collector():
+    # The C context is an ffi.gc cdata whose destructor is TnRelease: once the cdata is
+    # gone, the context was released. A weak reference to each one tells.
+    contexts = []
     for i in range(200):
         _, _, qip = _context(n=64, k=256, seed=i % 3)
         qip.forward(np.zeros((1, 256), np.uint8))
+        contexts.append(weakref.ref(qip._ctx))
         del qip
     gc.collect()
+    assert [ref for ref in contexts if ref() is not None] == []
 
 
 def test_exported_and_listed():
