@@ -39,11 +39,15 @@ def test_container_tests_skip_with_the_reason_elsewhere(tmp_path):
 
 def test_engine_script_fails_with_the_reason_without_root(tmp_path):
     """dockerd needs root: as another user the script says so and fails, and touches
-    nothing of an engine that may be running (its own socket and state are elsewhere)."""
+    nothing of an engine that may be running (its own socket and state are elsewhere).
+    The script reaches that user's shell on its standard input, opened here: the checkout
+    may lie in a directory only its owner can enter (a home directory, `mktemp -d`)."""
     env = dict(os.environ, TENSOROPS_DOCKER_SOCK=str(tmp_path / "engine.sock"),
                TENSOROPS_DOCKER_ROOT=str(tmp_path / "root"))
-    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(ENGINE_SCRIPT),
-                        "run", "true"], env=env, capture_output=True, text=True, timeout=60)
+    with ENGINE_SCRIPT.open("rb") as script:
+        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "bash", "-s",
+                            "run", "true"], stdin=script, cwd="/", env=env, capture_output=True, text=True,
+                           timeout=60)
     assert r.returncode == 1, r.stderr
     assert "ERROR: the engine needs root (dockerd), running as uid 65534" in r.stderr, r.stderr
     assert not (tmp_path / "root").exists()
