@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 import tensorops
-import tensorops_native as tn
 from envoy_process import EnvoyProcess, envoy_binary, wait_every_replica_answers
 from rpc_cases import qip_problem
 from rpc_load import Load
@@ -67,9 +66,6 @@ def healthy_afterwards(replicas, balancer):
 
 @pytest.fixture(scope="module")
 def qip():
-    if not hasattr(tn, "QuantizedInnerProduct") or any(
-            level == "missing" for k, level in tn.kernels().items() if "Quantized" in k):
-        pytest.skip("this build lacks the quantized inner product")
     return qip_problem(21, m=5, k=64, n=32)
 
 

@@ -15,7 +15,6 @@ from tensorops.v1 import tensorops_pb2 as pb
 from rpc_cases import same
 
 BF16 = ml_dtypes.bfloat16
-pytestmark = pytest.mark.skipif(not hasattr(tn, "normalize"), reason="tensorops_native.normalize not in this build")
 
 
 def cases():

@@ -11,14 +11,12 @@ import pytest
 import tritonclient.grpc as tc
 import tritonclient.grpc.aio as tca
 
-import tensorops_native as tn
 from kserve_calls import PARAMS, infer_input, npy, refused
 from kserve_calls import load_session as load
 from kserve_calls import qip_problem as problem
 from kserve_calls import session_forward as expected
 from rpc_cases import same
 
-pytestmark = pytest.mark.skipif(not hasattr(tn, "QuantizedInnerProduct"), reason="no quantized inner product")
 
 def forward(client, name, a, headers=None):
     return client.infer(name, [infer_input("a", a)], headers=headers).as_numpy("c")

@@ -140,7 +140,6 @@ def test_normalize_refuses_out_over_its_input():
     assert str(info.value) == "out: must not overlap an input"
 
 
-@pytest.mark.skipif(not hasattr(tn, "QuantizedInnerProduct"), reason="no quantized inner product in this build")
 def test_quantized_inner_product_forward_into_out():
     rng = np.random.default_rng(2)
     b = rng.integers(-128, 128, (32, 16), dtype=np.int8)
