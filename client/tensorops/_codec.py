@@ -31,6 +31,13 @@ import numpy as np
 from .v1 import tensor_pb2
 
 MAX_NDIM = 32
+# Most tensors in a repeated Tensor field (eltwise's operands), whichever path decodes the
+# message: each costs objects of its own, even when empty (a few bytes on the wire).
+MAX_OPERANDS = 1024
+# Most fields (at any depth: the message's, its tensors', its groups') and packed shape
+# dimensions the in-place decoder walks in one message. Every one costs Python work;
+# a message within the limit takes a few tens of milliseconds at most.
+MAX_FIELDS = 65536
 ALIGNMENT = 16
 # Up to this size the protobuf runtime (C) is faster than walking the message in Python;
 # above it, its copies of the payload cost more.
@@ -262,7 +269,18 @@ def _skip_value(buf, pos: int, end: int, wire_type: int) -> tuple[int, int]:
     return value, stop
 
 
-def _skip_group(buf, pos: int, end: int, number: int, depth: int) -> int:
+class _Budget:
+    """What is left of MAX_FIELDS for one message."""
+    __slots__ = ("left",)
+
+    def __init__(self):
+        self.left = MAX_FIELDS
+
+    def exceeded(self) -> WireError:
+        return WireError("message", f"more than {MAX_FIELDS} fields and shape dimensions in all (the limit)")
+
+
+def _skip_group(buf, pos: int, end: int, number: int, depth: int, budget: _Budget) -> int:
     """The end of the group `number` whose fields start at pos (groups nest: at most
     `depth` deep)."""
     open_groups = [number]
@@ -271,6 +289,9 @@ def _skip_group(buf, pos: int, end: int, number: int, depth: int) -> int:
             raise WireError("message", "groups nested too deep")
         if pos >= end:
             raise WireError("message", "truncated message")
+        budget.left -= 1
+        if budget.left < 0:
+            raise budget.exceeded()
         number, wire_type, pos = _read_key(buf, pos, end)
         if not number and not _ZERO_IN_GROUPS:
             raise WireError("message", "field number 0")
@@ -284,11 +305,14 @@ def _skip_group(buf, pos: int, end: int, number: int, depth: int) -> int:
     return pos
 
 
-def _fields(buf, pos: int, end: int, depth: int = _MAX_DEPTH):
+def _fields(buf, pos: int, end: int, budget: _Budget, depth: int = _MAX_DEPTH):
     """(number, wire type, start of the field, start of its value, end of the field) of
     each field of a message in which protobuf allows `depth` more levels of nesting; an
-    unknown group is one field."""
+    unknown group is one field. Each field, and each field of a group, spends `budget`."""
     while pos < end:
+        budget.left -= 1
+        if budget.left < 0:
+            raise budget.exceeded()
         start = pos
         key = buf[pos]
         if 8 <= key < 0x80:  # the common case: a one-byte key
@@ -308,23 +332,27 @@ def _fields(buf, pos: int, end: int, depth: int = _MAX_DEPTH):
             value = pos
             pos += 1
         elif wire_type == _SGROUP:
-            value, pos = pos, _skip_group(buf, pos, end, number, depth)
+            value, pos = pos, _skip_group(buf, pos, end, number, depth, budget)
         else:
             value, pos = _skip_value(buf, pos, end, wire_type)
         yield number, wire_type, start, value, pos
 
 
-def _parse_tensor(view: memoryview, pos: int, end: int, into: WireTensor | None = None) -> WireTensor:
+def _parse_tensor(view: memoryview, pos: int, end: int, budget: _Budget, into: WireTensor | None = None
+                  ) -> WireTensor:
     t = into or WireTensor()  # a repeated occurrence of a singular field merges, as in protobuf
     # Fields of another wire type than their declared one are unknown fields to protobuf:
     # skipped here.
-    for number, wire_type, _, value, stop in _fields(view, pos, end, _MAX_DEPTH - 1):
+    for number, wire_type, _, value, stop in _fields(view, pos, end, budget, _MAX_DEPTH - 1):
         if number == _T_DATA and wire_type == _LEN:
             t.data = view[value:stop]
         elif number == _T_SHAPE:
             if wire_type == _LEN:  # packed
                 shape = t.shape
                 while value < stop:
+                    budget.left -= 1
+                    if budget.left < 0:
+                        raise budget.exceeded()
                     dim, value = _read_varint(view, value, stop)
                     shape.append(dim if dim < 1 << 63 else dim - (1 << 64))
             elif wire_type == _VARINT:
@@ -379,11 +407,13 @@ def split_field(raw: bytes, number: int) -> tuple[bytes, list[memoryview]]:
     views of `raw` (no copy), and the message without them (for the protobuf runtime)."""
     view = memoryview(raw)
     found, rest = [], []
-    for n, wire_type, start, value, stop in _fields(view, 0, len(view)):
+    kept = 0  # the start of the fields kept since the last one taken out
+    for n, wire_type, start, value, stop in _fields(view, 0, len(view), _Budget()):
         if n == number and wire_type == _LEN:
             found.append(view[value:stop])
-        else:
-            rest.append(view[start:stop])
+            rest.append(view[kept:start])
+            kept = stop
+    rest.append(view[kept:])
     return b"".join(rest), found
 
 
@@ -436,16 +466,23 @@ class MessageCodec:
         view = memoryview(raw)
         tensors: dict[str, Any] = {name: [] for name in self.repeated}
         rest = []
-        for number, wire_type, start, value, stop in _fields(view, 0, len(view)):
+        kept = 0  # the start of the other fields since the last Tensor field
+        budget = _Budget()
+        for number, wire_type, start, value, stop in _fields(view, 0, len(view), budget):
             spec = self.tensor_fields.get(number)
             if spec is None or wire_type != _LEN:
-                rest.append(view[start:stop])
                 continue
+            rest.append(view[kept:start])
+            kept = stop
             name, repeated = spec
             if repeated:
-                tensors[name].append(_parse_tensor(view, value, stop))
+                operands = tensors[name]
+                if len(operands) == MAX_OPERANDS:
+                    raise _too_many_operands(name)
+                operands.append(_parse_tensor(view, value, stop, budget))
             else:
-                tensors[name] = _parse_tensor(view, value, stop, tensors.get(name))
+                tensors[name] = _parse_tensor(view, value, stop, budget, tensors.get(name))
+        rest.append(view[kept:])
         return Decoded(self._parse(b"".join(rest)), tensors, len(raw))
 
     def _parse(self, raw: bytes):
@@ -465,7 +502,10 @@ class MessageCodec:
                 # shape[:] is a list, built faster than list(shape) by the protobuf runtime
                 tensors[name] = WireTensor(t.shape[:], t.dtype, t.format, t.data)
         for name in self.repeated:
-            tensors[name] = [WireTensor(t.shape[:], t.dtype, t.format, t.data) for t in getattr(message, name)]
+            operands = getattr(message, name)
+            if len(operands) > MAX_OPERANDS:
+                raise _too_many_operands(name)
+            tensors[name] = [WireTensor(t.shape[:], t.dtype, t.format, t.data) for t in operands]
         return Decoded(message, tensors, len(raw))
 
     def encode(self, message=None, tensors: dict[str, Any] | None = None) -> bytes:
@@ -494,6 +534,10 @@ class MessageCodec:
             offset += sum(len(p) if isinstance(p, bytes) else p.nbytes for p in field_parts)
             parts.extend(field_parts)
         return b"".join(parts)
+
+
+def _too_many_operands(name: str) -> WireError:
+    return WireError(name, f"at most {MAX_OPERANDS} tensors (the limit), got more")
 
 
 def encode_tensor(value, name: str, fmt: int = 0) -> tuple[np.ndarray, int, int]:

@@ -26,6 +26,10 @@ SERVICE_NAME = SERVICE.full_name
 
 # Both sides default to the same message size limit, so what one sends the other accepts.
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# Longest name a caller chooses (models, shared-memory regions, inputs, outputs, parameters,
+# request ids) and longest string value of a request parameter: the server keeps some of them
+# and echoes them in its replies.
+MAX_NAME_CHARS = 256
 
 
 def method_path(rpc: str) -> str:
@@ -254,6 +258,8 @@ def build_request(op: Operation, arguments: dict[str, Any]) -> Request:
             bits = bits or _is_bits(value)
         elif kind == TENSORS:
             items = _sequence(value, name)
+            if len(items) > _codec.MAX_OPERANDS:  # the server would refuse them: said before encoding
+                raise WireError(name, f"at most {_codec.MAX_OPERANDS} tensors (the limit), got {len(items)}")
             tensors[name] = [_codec.encode_tensor(v, f"{name}[{i}]", fmt if detail else 0)
                              for i, v in enumerate(items)]
             bits = bits or any(_is_bits(v) for v in items)

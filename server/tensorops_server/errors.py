@@ -10,25 +10,35 @@ from grpc_status import rpc_status
 
 import tensorops_native
 from tensorops._codec import WireError
+from tensorops._wire import MAX_NAME_CHARS
 
 
-# Longest message sent back: messages may echo values the caller sent, and status details
-# travel in HTTP/2 trailers, which clients cap at a few KB.
+# Longest status message sent back ("<field>: <description>"): messages may echo values the
+# caller sent, and status details travel in HTTP/2 trailers, which clients cap at a few KB.
 MAX_MESSAGE_CHARS = 1000
+# Longest field name in it: a field may hold a name the caller chose (an input, a parameter),
+# which the description often repeats.
+MAX_FIELD_CHARS = 200
 
 
-def _bounded(text: str) -> str:
-    if len(text) <= MAX_MESSAGE_CHARS:
+def _bounded(text: str, limit: int) -> str:
+    """`text`, cut to at most `limit` characters, saying how much was left out."""
+    if len(text) <= limit:
         return text
-    return text[:MAX_MESSAGE_CHARS] + f"... ({len(text) - MAX_MESSAGE_CHARS} more characters)"
+    keep = limit
+    while True:  # the note takes room too: what it counts includes that room
+        note = f"... ({len(text) - keep} more characters)"
+        if keep + len(note) == limit:
+            return text[:keep] + note
+        keep = limit - len(note)
 
 
 class Failure(Exception):
     """A call ends with `code`; `field` (if any) is reported as a BadRequest violation."""
 
     def __init__(self, code: grpc.StatusCode, message: str, field: str | None = None):
-        message = _bounded(message)
-        field = None if field is None else _bounded(field)
+        field = None if field is None else _bounded(field, MAX_FIELD_CHARS)
+        message = _bounded(message, MAX_MESSAGE_CHARS - (0 if field is None else len(field) + 2))
         super().__init__(message)
         self.code = code
         self.message = message
@@ -59,6 +69,13 @@ def exhausted(message: str, field: str | None = None) -> Failure:
 
 def unauthenticated(message: str) -> Failure:
     return Failure(grpc.StatusCode.UNAUTHENTICATED, message)
+
+
+def check_length(field: str, text: str | bytes, limit: int = MAX_NAME_CHARS) -> None:
+    """Refuse a name or value longer than `limit` (a name the caller chose, by default)
+    without echoing it."""
+    if len(text) > limit:
+        raise invalid(field, f"at most {limit} characters, got {len(text)}")
 
 
 def from_wire(exc: WireError) -> Failure:
