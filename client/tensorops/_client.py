@@ -14,12 +14,18 @@ import numpy as np
 
 from . import _wire
 from ._codec import WireError
-from ._errors import NotFoundError, TensorOpsError, from_rpc_error, invalid_argument
-from ._operations import Operations, result_into
+from ._errors import (ClientClosedError, NotFoundError, TensorOpsError, explain_connection_failure, from_rpc_error,
+                      invalid_argument)
+from ._operations import Operations, check_metadata, check_timeout, result_into
 from ._shared_memory import MIN_BYTES, SharedMemoryTransport
 from .v1 import tensorops_pb2
 
-DEFAULT_TARGET = "localhost:50051"
+DEFAULT_PORT = 50051  # the server's default port, also the port of a target that names none
+DEFAULT_TARGET = f"localhost:{DEFAULT_PORT}"
+# Schemes of URLs, which people write in front of an address but gRPC reads as a host name.
+URL_SCHEMES = ("http://", "https://", "grpc://", "grpcs://")
+# gRPC target schemes whose addresses are not host:port (left as they are).
+_OTHER_ADDRESS_SCHEMES = ("unix:", "unix-abstract:", "vsock:", "xds:", "google-c2p:")
 
 # Metadata sent with every call of a quantized inner-product session: a random key chosen
 # by the client when it opens the session, the same for the session's whole life (and its
@@ -78,9 +84,50 @@ def channel_options(max_message_bytes: int, max_attempts: int, options=(), load_
     return [(k, v) for k, v in base if k not in given] + list(given.items())
 
 
-def merge_metadata(default, call) -> tuple | None:
-    merged = tuple(default or ()) + tuple(call or ())
-    return merged or None
+def merge_metadata(default: tuple, call: tuple | None) -> tuple | None:
+    return (default + tuple(call or ())) or None
+
+
+def normalize_target(target) -> str:
+    """The gRPC target to dial: `target` with the default port (50051) added to each address
+    that names none (gRPC itself would dial 443). A URL scheme in front (http://, ...) is
+    refused with the reason, as gRPC would take it for part of a host name."""
+    if not isinstance(target, str):
+        raise TypeError(f"target: expected a str such as 'localhost:{DEFAULT_PORT}', got {type(target).__name__}")
+    if not target.strip():
+        raise ValueError(f"target: empty; expected 'host:port', such as 'localhost:{DEFAULT_PORT}'")
+    lowered = target.lower()
+    for scheme in URL_SCHEMES:
+        if lowered.startswith(scheme):
+            address = normalize_target(target[len(scheme):].rstrip("/"))
+            raise ValueError(f"target: a gRPC target is 'host:port', not a URL: write {address!r} instead of "
+                             f"{target!r}; TLS comes from root_certificates= or credentials=, not from a scheme")
+    if lowered.startswith(_OTHER_ADDRESS_SCHEMES):
+        return target
+    if lowered.startswith("dns:"):
+        scheme_and_authority, name = "dns:", target[4:]
+        if name.startswith("//"):  # dns://[authority]/host:port
+            authority, _, name = name[2:].partition("/")
+            scheme_and_authority = f"dns://{authority}/"
+        return scheme_and_authority + _with_port(name)
+    for scheme in ("ipv4:", "ipv6:"):
+        if lowered.startswith(scheme):
+            return target[:len(scheme)] + ",".join(_with_port(a) for a in target[len(scheme):].split(","))
+    return _with_port(target)
+
+
+def _with_port(address: str) -> str:
+    """host:port as given; host, [v6] or a bare IPv6 address with DEFAULT_PORT."""
+    if address.startswith("["):
+        host, _, rest = address.partition("]")
+        return address if rest[1:] else f"{host}]:{DEFAULT_PORT}"
+    if address.count(":") > 1:  # no brackets: gRPC reads it all as the host, an IPv6 address
+        try:
+            return f"[{ipaddress.IPv6Address(address)}]:{DEFAULT_PORT}"
+        except ValueError:
+            return address  # not an address: gRPC names the problem
+    host, _, port = address.partition(":")
+    return address if port else f"{host}:{DEFAULT_PORT}"
 
 
 def read_pem(name: str, value: PEM | None) -> bytes | None:
@@ -207,11 +254,11 @@ class ClientBase(Operations):
                  allow_insecure_token: bool = False,
                  max_message_bytes: int = _wire.DEFAULT_MAX_MESSAGE_BYTES, max_attempts: int = 4, options=(),
                  load_balancing: str | None = None):
-        self.target = target
-        self.timeout = timeout
+        self.target = target = normalize_target(target)
+        self.timeout = check_timeout(timeout)
         self._credentials = channel_credentials(credentials, root_certificates, certificate_chain, private_key)
-        self.metadata = tuple(metadata or ()) + token_metadata(token, target, self._credentials is not None,
-                                                              allow_insecure_token)
+        self.metadata = check_metadata(metadata) + token_metadata(token, target, self._credentials is not None,
+                                                                 allow_insecure_token)
         if server_name_override is not None:
             options = [*options, ("grpc.ssl_target_name_override", server_name_override)]
         self.load_balancing = load_balancing or default_load_balancing(target)
@@ -221,6 +268,9 @@ class ClientBase(Operations):
             self._session_options = channel_options(max_message_bytes, max_attempts, options, "pick_first",
                                                     shuffle=True)
         self._callables: dict[str, Any] = {}
+        # Held while a method is created on the channel and while the channel closes: gRPC
+        # crashes the process when a method is created on a closed channel.
+        self._lock = threading.Lock()
         self._shared: SharedMemoryTransport | None = None  # shared_memory=True
 
     def _open_channel(self, options):
@@ -234,19 +284,40 @@ class ClientBase(Operations):
             return self
         pinned = copy.copy(self)
         pinned._callables = {}
+        pinned._lock = threading.Lock()
         pinned._session_options = None
+        pinned._shared = None  # sessions never use shared memory; the owner's regions stay the owner's
         pinned._channel = self._open_channel(self._session_options)
         return pinned
 
     def _method(self, path: str):
         fn = self._callables.get(path)
         if fn is None:  # bytes in, bytes out: the codec does the (de)serialization
-            fn = self._callables[path] = self._channel.unary_unary(path, _registered_method=True)
+            with self._lock:
+                self._check_open()
+                fn = self._callables[path] = self._channel.unary_unary(path, _registered_method=True)
         return fn
 
-    def _call_options(self, timeout, metadata) -> dict:
+    def _call_options(self, timeout: float | None, metadata: tuple) -> dict:
+        """gRPC's keyword arguments for a call whose timeout and metadata were checked."""
         return {"timeout": self.timeout if timeout is None else timeout,
                 "metadata": merge_metadata(self.metadata, metadata)}
+
+    def _failure(self, exc: Exception) -> Exception:
+        """The exception to raise for what the channel raised: a TensorOpsError (with the
+        likely cause of a connection failure), or ClientClosedError when the channel was
+        closed under the call."""
+        if isinstance(exc, grpc.RpcError):
+            return explain_connection_failure(from_rpc_error(exc), self._credentials is not None)
+        return ClientClosedError() if self._closed else exc
+
+    def _close_channel(self):
+        """Mark the client closed and return its channel (to close), or None if it was."""
+        with self._lock:
+            if self._closed:
+                return None
+            self._closed = True
+            return self._channel
 
     @property
     def shared_memory(self) -> bool:
@@ -291,9 +362,15 @@ class Client(ClientBase):
         return grpc.secure_channel(self.target, self._credentials, options=options)
 
     def close(self) -> None:
+        """Release the shared-memory regions and the channel; every method then raises
+        ClientClosedError. Closing again does nothing."""
+        if self._closed:
+            return
         if self._shared is not None:
             self._shared.close()
-        self._channel.close()
+        channel = self._close_channel()
+        if channel is not None:
+            channel.close()
 
     def __enter__(self):
         return self
@@ -304,8 +381,8 @@ class Client(ClientBase):
     def _invoke(self, path: str, data: bytes, timeout=None, metadata=None) -> bytes:
         try:
             return self._method(path)(data, **self._call_options(timeout, metadata))
-        except grpc.RpcError as exc:
-            raise from_rpc_error(exc) from None
+        except (grpc.RpcError, ValueError) as exc:  # ValueError: the channel closed
+            raise self._failure(exc) from None
 
     def _call(self, name: str, arguments: dict, timeout, metadata):
         out = arguments.pop("out", None)
@@ -324,19 +401,22 @@ class Client(ClientBase):
         from the kernel, so a call copies no tensor at all (needs `shared_memory=True` and a
         server that accepts regions: else ValueError, see shared_memory_refusal). Its region
         is released when the array and every view of it are gone, or at close()."""
+        self._check_open()
         if self._shared is None:
             raise ValueError("shared_array: the client was made without shared_memory=True")
-        return self._shared.shared_array(shape, dtype, self.timeout, self.metadata)
+        return self._shared.shared_array(shape, dtype, None, ())
 
     def _open_session(self, arguments: dict, timeout, metadata) -> "QuantizedInnerProductSession":
         return QuantizedInnerProductSession(self, encode(_wire.CREATE_SESSION, arguments).data, timeout, metadata)
 
     def info(self, *, timeout=None, metadata=None) -> dict:
         """The server's version, ISA level, CPU features, kernels, limits and operations."""
+        timeout, metadata = self._begin(timeout, metadata)
         raw = self._invoke(_wire.method_path("GetServerInfo"), b"", timeout, metadata)
         return server_info(tensorops_pb2.ServerInfo.FromString(raw))
 
     def list_sessions(self, *, timeout=None, metadata=None) -> list[dict]:
+        timeout, metadata = self._begin(timeout, metadata)
         raw = self._invoke(_wire.method_path("ListSessions"), b"", timeout, metadata)
         return [session_info(s) for s in tensorops_pb2.ListSessionsResponse.FromString(raw).sessions]
 
@@ -358,7 +438,7 @@ def session_info(msg) -> dict:
     return {f.name: getattr(msg, f.name) for f in msg.DESCRIPTOR.fields}
 
 
-class SessionClosedError(TensorOpsError):
+class SessionClosedError(TensorOpsError, ValueError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
@@ -382,8 +462,15 @@ class SessionBase:
         """The random key sent as SESSION_KEY_HEADER with each call of this session."""
         return self._routing_key
 
-    def _metadata(self, metadata) -> tuple:
-        return ((SESSION_KEY_HEADER, self._routing_key),) + tuple(metadata or ())
+    def _metadata(self, metadata: tuple) -> tuple:
+        """Checked call metadata with the session's routing key in front."""
+        return ((SESSION_KEY_HEADER, self._routing_key),) + metadata
+
+    def _begin(self, timeout, metadata) -> tuple[float | None, tuple]:
+        """What every method of an open session does first: checks, then the call's
+        timeout and metadata (with the routing key)."""
+        self._check_open()
+        return check_timeout(timeout), self._metadata(check_metadata(metadata))
 
     @property
     def session_id(self) -> str:
@@ -406,8 +493,17 @@ class SessionBase:
     _recreated = 0
 
     def _check_open(self):
+        self._owner._check_open()
         if self._closed:
             raise SessionClosedError("the quantized inner-product session is closed")
+
+    def _close_without_server(self) -> bool:
+        """At close(): whether the session cannot reach the server any more (closed, or its
+        client is): it is then only marked closed."""
+        if self._closed or not self._owner._closed:
+            return False
+        self._closed = True
+        return True
 
     def _forward_request(self, a) -> _wire.Request:
         return encode(_wire.FORWARD_SESSION, {"session_id": self._info.session_id, "a": a})
@@ -434,7 +530,7 @@ class QuantizedInnerProductSession(SessionBase):
         super().__init__(client, create_request)
         self._lock = threading.Lock()
         try:
-            self._create(timeout, metadata)
+            self._create(timeout, self._metadata(metadata))
         except BaseException:
             self._close_transport()
             raise
@@ -444,8 +540,7 @@ class QuantizedInnerProductSession(SessionBase):
             self._client.close()
 
     def _create(self, timeout, metadata) -> None:
-        raw = self._client._invoke(_wire.CREATE_SESSION.path, self._create_request, timeout,
-                                   self._metadata(metadata))
+        raw = self._client._invoke(_wire.CREATE_SESSION.path, self._create_request, timeout, metadata)
         self._info = tensorops_pb2.SessionInfo.FromString(raw)
 
     def _recreate(self, lost_id: str, timeout, metadata) -> None:
@@ -455,7 +550,6 @@ class QuantizedInnerProductSession(SessionBase):
                 self._recreated += 1
 
     def _retrying(self, call, timeout, metadata):
-        self._check_open()
         session_id = self._info.session_id
         try:
             return call()
@@ -465,20 +559,22 @@ class QuantizedInnerProductSession(SessionBase):
 
     def forward(self, a, *, timeout=None, metadata=None):
         """C = requantized A x B for a uint8 (M, K) array A; any M."""
+        timeout, metadata = self._begin(timeout, metadata)
         op = _wire.FORWARD_SESSION
 
         def call():
             request = self._forward_request(a)
-            raw = self._client._invoke(op.path, request.data, timeout, self._metadata(metadata))
+            raw = self._client._invoke(op.path, request.data, timeout, metadata)
             return _wire.decode_response(op, raw)
         return self._retrying(call, timeout, metadata)
 
     def describe(self, m: int | None = None, *, timeout=None, metadata=None) -> dict:
         """The server's description of the session (sizes, use count, idle time)."""
+        timeout, metadata = self._begin(timeout, metadata)
+
         def call():
             raw = self._client._invoke(_wire.method_path("DescribeSession"),
-                                       self._describe_request(self._info.session_id, m), timeout,
-                                       self._metadata(metadata))
+                                       self._describe_request(self._info.session_id, m), timeout, metadata)
             return session_info(tensorops_pb2.SessionInfo.FromString(raw))
         return self._retrying(call, timeout, metadata)
 
@@ -487,13 +583,18 @@ class QuantizedInnerProductSession(SessionBase):
         return self.describe(m, timeout=timeout, metadata=metadata)["external_buffer_size"]
 
     def close(self, *, timeout=None, metadata=None) -> None:
-        """Release the session on the server (an unknown session counts as released)."""
+        """Release the session on the server (an unknown session counts as released). After
+        its client closed, the session is only marked closed (the server drops it after
+        its idle time)."""
+        if self._close_without_server():
+            self._close_transport()
         if self._closed:
             return
+        timeout, metadata = self._begin(timeout, metadata)
         self._closed = True
         request = tensorops_pb2.ReleaseSessionRequest(session_id=self._info.session_id).SerializeToString()
         try:
-            self._client._invoke(_wire.method_path("ReleaseSession"), request, timeout, self._metadata(metadata))
+            self._client._invoke(_wire.method_path("ReleaseSession"), request, timeout, metadata)
         except NotFoundError:
             pass
         finally:

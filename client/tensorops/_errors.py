@@ -120,6 +120,44 @@ def from_rpc_error(exc: grpc.RpcError) -> TensorOpsError:
     return error_for(code, details, _field_violations(metadata), metadata)
 
 
+class ClientClosedError(ValueError):
+    """A call on a client after its close() (or the end of its `with` block), or on a
+    session or shared array helper whose client is closed."""
+
+    def __init__(self, message: str = "the client is closed"):
+        super().__init__(message)
+
+
+# Connection-level failures (the channel never reached the server: the details start with
+# "failed to connect") whose gRPC wording hides a likely configuration mistake, by whether
+# the channel is TLS: (what the details contain, what is probably wrong).
+_CONNECTION_HINTS = {
+    False: (("Socket closed", "the server closed the connection before answering: it probably requires TLS, "
+                              "which this plaintext client does not speak (pass root_certificates= or "
+                              "credentials=)"),),
+    True: (("WRONG_VERSION_NUMBER", "the server did not answer the TLS handshake in TLS: it probably is a "
+                                    "plaintext server (no --tls-cert); connect without root_certificates= "
+                                    "and credentials=, or give the server a certificate"),
+           ("CERTIFICATE_VERIFY_FAILED", "the server's certificate does not chain to the trusted CAs "
+                                         "(root_certificates=, or the system's when none was given)"),
+           ("Hostname Verification", "the server's certificate does not name the host of the target "
+                                     "(server_name_override= checks another name)")),
+}
+
+
+def explain_connection_failure(error: TensorOpsError, secure: bool) -> TensorOpsError:
+    """`error`, or when it is a connection failure with a likely cause (a plaintext client
+    and a TLS server, or the reverse, or a certificate the client does not trust), the same
+    error with that cause first and gRPC's own details after it."""
+    if error.code != grpc.StatusCode.UNAVAILABLE or not error.details.startswith("failed to connect"):
+        return error
+    for marker, cause in _CONNECTION_HINTS[secure]:
+        if marker in error.details:
+            return error_for(error.code, f"{cause} [gRPC: {error.details}]", error.field_violations,
+                             error.trailing_metadata)
+    return error
+
+
 def invalid_argument(field: str, description: str) -> InvalidArgumentError:
     """The error a call raises before sending anything, for an argument it cannot encode
     (the server would have named the same field)."""

@@ -6,8 +6,9 @@ client package itself never needs the native extension).
         y = c.softmax(x)
 
 Argument errors surface as InvalidArgumentError naming the argument, like the server's,
-so error handling does not change either. `timeout` and `metadata` are accepted and
-ignored.
+so error handling does not change either. `timeout` and `metadata` are checked as the
+remote clients check them, and otherwise ignored. After close(), the client and its
+sessions raise ClientClosedError, as the remote clients do.
 """
 from __future__ import annotations
 
@@ -38,30 +39,34 @@ class LocalClient(Operations):
         _native()
 
     def close(self) -> None:
-        pass
+        self._closed = True
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        pass
+        self.close()
 
     def _call(self, name: str, arguments: dict, timeout, metadata):
         with _argument_errors():
             return getattr(_native(), name)(**arguments)
 
     def _open_session(self, arguments: dict, timeout, metadata) -> "LocalSession":
+        if arguments.get("max_m") is None:  # quantized_inner_product(b) leaves it to the native default
+            arguments.pop("max_m", None)
         with _argument_errors():
-            return LocalSession(_native().QuantizedInnerProduct(**arguments))
+            return LocalSession(self, _native().QuantizedInnerProduct(**arguments))
 
-    def info(self, **_) -> dict:
+    def info(self, *, timeout=None, metadata=None) -> dict:
+        self._begin(timeout, metadata)
         return _native().info()
 
 
 class LocalSession:
     """tensorops_native.QuantizedInnerProduct with the session methods of the clients."""
 
-    def __init__(self, context):
+    def __init__(self, owner: LocalClient, context):
+        self._owner = owner
         self._context = context
 
     @property
@@ -72,15 +77,17 @@ class LocalSession:
     def internal_buffer_size(self) -> int:
         return self._context.internal_buffer_size
 
-    def external_buffer_size_for(self, m: int, **_) -> int:
+    def external_buffer_size_for(self, m: int, *, timeout=None, metadata=None) -> int:
+        self._owner._begin(timeout, metadata)
         with _argument_errors():
             return self._context.external_buffer_size_for(m)
 
-    def forward(self, a, **_):
+    def forward(self, a, *, timeout=None, metadata=None):
+        self._owner._begin(timeout, metadata)
         with _argument_errors():
             return self._context.forward(a)
 
-    def close(self, **_) -> None:
+    def close(self, *, timeout=None, metadata=None) -> None:
         self._context.close()
 
     def __enter__(self):

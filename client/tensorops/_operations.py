@@ -3,11 +3,75 @@
 A client class supplies `_call(name, arguments, timeout, metadata)` (which runs the
 operation: remotely, or in-process for LocalClient; the async client returns an awaitable)
 and `_open_session(arguments, timeout, metadata)`. `timeout` (seconds) and `metadata`
-(pairs of strings) apply to one call and override the client's defaults.
+apply to one call; they are checked here, the same for every client, before anything runs.
 """
 from __future__ import annotations
 
+import math
+import numbers
+import re
+from collections.abc import Mapping
+
 import numpy as np
+
+from ._errors import ClientClosedError, invalid_argument
+
+# gRPC metadata: keys of lowercase ASCII letters, digits and "-_.", "grpc-" reserved for
+# gRPC itself; values printable ASCII, except under keys ending in "-bin" (bytes, sent
+# base64-encoded).
+_METADATA_KEY = re.compile(r"[0-9a-z_.-]+")
+_METADATA_VALUE = re.compile(r"[\x20-\x7e]*")
+
+
+def check_timeout(timeout, name: str = "timeout") -> float | None:
+    """None (no deadline) or a positive finite number of seconds, as a float."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, (bool, np.bool_)) or not isinstance(timeout, numbers.Real):
+        raise invalid_argument(name, f"expected a number of seconds or None, got {type(timeout).__name__} "
+                                     f"{timeout!r}")
+    seconds = float(timeout)
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise invalid_argument(name, f"expected a positive finite number of seconds, got {timeout!r}")
+    return seconds
+
+
+def check_metadata(metadata, name: str = "metadata") -> tuple:
+    """Call metadata as a tuple of (key, value) pairs: given as a mapping or as pairs, each
+    key and value checked against gRPC's rules (which it would otherwise report as
+    INTERNAL, or as an unpacking error)."""
+    if not metadata:
+        return ()
+    if isinstance(metadata, Mapping):
+        pairs = metadata.items()
+    elif isinstance(metadata, (str, bytes)) or not hasattr(metadata, "__iter__"):
+        raise invalid_argument(name, f"expected a mapping or (key, value) pairs, got {type(metadata).__name__}")
+    else:
+        pairs = metadata
+    checked = []
+    for i, pair in enumerate(pairs):
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise invalid_argument(name, f"item {i}: expected a (key, value) pair, got {pair!r:.80}")
+        checked.append(_metadatum(*pair, name=name))
+    return tuple(checked)
+
+
+def _metadatum(key, value, name: str) -> tuple:
+    if not isinstance(key, str) or not _METADATA_KEY.fullmatch(key):
+        raise invalid_argument(name, f"key {key!r:.80}: expected lowercase ASCII letters, digits, '-', '_' or '.'")
+    if key.startswith("grpc-"):
+        raise invalid_argument(name, f"key {key!r}: the 'grpc-' prefix is reserved for gRPC itself")
+    if key.endswith("-bin"):
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise invalid_argument(name, f"key {key!r}: a '-bin' key takes bytes, got {type(value).__name__}")
+        return key, bytes(value)
+    if not isinstance(value, str):
+        raise invalid_argument(name, f"key {key!r}: expected a str value (bytes only under keys ending in '-bin'), "
+                                     f"got {type(value).__name__}")
+    if not _METADATA_VALUE.fullmatch(value):
+        raise invalid_argument(name, f"key {key!r}: the value must be printable ASCII (bytes: use a key ending "
+                                     f"in '-bin')")
+    return key, value
 
 
 def _arrays(value):
@@ -50,13 +114,33 @@ class Operations:
     overlapping no input; its shape and dtype must be the result's (remote clients check
     those when the result arrives, as only then is it known; a mismatch raises
     TypeError/ValueError naming `out`). Through shared memory, an `out` made by
-    Client.shared_array receives the result from the kernel itself, without any copy."""
+    Client.shared_array receives the result from the kernel itself, without any copy.
+
+    After close(), every method raises ClientClosedError (a ValueError: "the client is
+    closed"), before looking at its arguments."""
+
+    _closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosedError()
+
+    def _begin(self, timeout, metadata) -> tuple[float | None, tuple]:
+        """What every public method does first: the client must be open, and the call's
+        timeout and metadata valid (returned checked)."""
+        self._check_open()
+        return check_timeout(timeout), check_metadata(metadata)
 
     def _call_into(self, name: str, arguments: dict, out, timeout, metadata):
+        timeout, metadata = self._begin(timeout, metadata)
         if out is not None:
             check_out(out, arguments)
             arguments["out"] = out
         return self._call(name, arguments, timeout, metadata)
+
+    def _session(self, arguments: dict, timeout, metadata):
+        timeout, metadata = self._begin(timeout, metadata)
+        return self._open_session(arguments, timeout, metadata)
 
     def normalize_l2(self, x, scale, *, eps=1e-10, across_spatial=False, format="nchw",
                      out=None, timeout=None, metadata=None):
@@ -96,8 +180,8 @@ class Operations:
 
     def shuffle(self, x0, x1, *, type, format="nchw", channels=None, timeout=None, metadata=None):
         """Channel shuffle of two tensors (SimdSynetShuffleLayerForward); returns (y0, y1)."""
-        return self._call("shuffle", dict(x0=x0, x1=x1, type=type, format=format, channels=channels),
-                          timeout, metadata)
+        return self._call_into("shuffle", dict(x0=x0, x1=x1, type=type, format=format, channels=channels), None,
+                               timeout, metadata)
 
     def softmax(self, x, axis=-1, *, out=None, timeout=None, metadata=None):
         """Softmax along `axis` (SimdSynetSoftmax32f, Softmax16b for BF16 x)."""
@@ -131,14 +215,16 @@ class Operations:
         is the one-shot call of tensorops_native.quantized_inner_product. `max_m` (rows
         expected per forward) applies to sessions only.
         """
+        self._check_open()
         params = dict(b_scale=b_scale, a_scale=a_scale, a_zero=a_zero, c_scale=c_scale, c_zero=c_zero,
                       bias=bias, trans_b=trans_b, algorithm=algorithm)
         if len(arrays) == 2:
             if max_m is not None:
                 raise TypeError("max_m applies to sessions: quantized_inner_product(b, ..., max_m=...)")
-            return self._call("quantized_inner_product", dict(a=arrays[0], b=arrays[1], **params), timeout, metadata)
+            return self._call_into("quantized_inner_product", dict(a=arrays[0], b=arrays[1], **params), None,
+                                   timeout, metadata)
         if len(arrays) == 1:
-            return self._open_session(dict(b=arrays[0], max_m=max_m, **params), timeout, metadata)
+            return self._session(dict(b=arrays[0], max_m=max_m, **params), timeout, metadata)
         raise TypeError(f"quantized_inner_product() takes b (a session) or a, b (one call), got {len(arrays)} arrays")
 
     def QuantizedInnerProduct(self, b, *, b_scale, a_scale, a_zero, c_scale, c_zero, bias=None, trans_b=False,
@@ -146,6 +232,6 @@ class Operations:
         """A quantized inner-product session for a constant B (as
         tensorops_native.QuantizedInnerProduct): `.forward(a)`, `.info`,
         `.internal_buffer_size`, `.external_buffer_size_for(m)`, `.close()`."""
-        return self._open_session(dict(b=b, b_scale=b_scale, a_scale=a_scale, a_zero=a_zero, c_scale=c_scale,
-                                       c_zero=c_zero, bias=bias, trans_b=trans_b, max_m=max_m, algorithm=algorithm),
-                                  timeout, metadata)
+        return self._session(dict(b=b, b_scale=b_scale, a_scale=a_scale, a_zero=a_zero, c_scale=c_scale,
+                                  c_zero=c_zero, bias=bias, trans_b=trans_b, max_m=max_m, algorithm=algorithm),
+                             timeout, metadata)

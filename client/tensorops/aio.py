@@ -15,7 +15,7 @@ from ._client import DEFAULT_TARGET, ClientBase, SessionBase, encode, server_inf
 from ._client import Client as BlockingClient
 from ._operations import result_into
 from ._shared_memory import MIN_BYTES
-from ._errors import NotFoundError, from_rpc_error
+from ._errors import NotFoundError
 from .v1 import tensorops_pb2
 
 __all__ = ["Client", "QuantizedInnerProductSession"]
@@ -43,10 +43,21 @@ class Client(ClientBase):
             return grpc.aio.insecure_channel(self.target, options=options)
         return grpc.aio.secure_channel(self.target, self._credentials, options=options)
 
+    def _session_transport(self):
+        transport = super()._session_transport()
+        if transport is not self:
+            transport._blocking = None  # the owner's shared-memory client stays the owner's
+        return transport
+
     async def close(self) -> None:
+        """As tensorops.Client.close."""
+        if self._closed:
+            return
         if self._blocking is not None:
             await asyncio.to_thread(self._blocking.close)
-        await self._channel.close()
+        channel = self._close_channel()
+        if channel is not None:
+            await channel.close()
 
     async def __aenter__(self):
         return self
@@ -57,11 +68,12 @@ class Client(ClientBase):
     async def _invoke(self, path: str, data: bytes, timeout=None, metadata=None) -> bytes:
         try:
             return await self._method(path)(data, **self._call_options(timeout, metadata))
-        except grpc.RpcError as exc:
-            raise from_rpc_error(exc) from None
+        except (grpc.RpcError, grpc.aio.UsageError) as exc:  # UsageError: the channel closed
+            raise self._failure(exc) from None
 
     def shared_array(self, shape, dtype="float32"):
         """As tensorops.Client.shared_array (its one registration call blocks)."""
+        self._check_open()
         if self._blocking is None:
             raise ValueError("shared_array: the client was made without shared_memory=True")
         return self._blocking.shared_array(shape, dtype)
@@ -80,17 +92,19 @@ class Client(ClientBase):
     async def _open_session(self, arguments: dict, timeout, metadata) -> "QuantizedInnerProductSession":
         session = QuantizedInnerProductSession(self, encode(_wire.CREATE_SESSION, arguments).data)
         try:
-            await session._create(timeout, metadata)
+            await session._create(timeout, session._metadata(metadata))
         except BaseException:
             await session._close_transport()
             raise
         return session
 
     async def info(self, *, timeout=None, metadata=None) -> dict:
+        timeout, metadata = self._begin(timeout, metadata)
         raw = await self._invoke(_wire.method_path("GetServerInfo"), b"", timeout, metadata)
         return server_info(tensorops_pb2.ServerInfo.FromString(raw))
 
     async def list_sessions(self, *, timeout=None, metadata=None) -> list[dict]:
+        timeout, metadata = self._begin(timeout, metadata)
         raw = await self._invoke(_wire.method_path("ListSessions"), b"", timeout, metadata)
         return [session_info(s) for s in tensorops_pb2.ListSessionsResponse.FromString(raw).sessions]
 
@@ -103,13 +117,11 @@ class QuantizedInnerProductSession(SessionBase):
         super().__init__(client, create_request)
         self._lock = asyncio.Lock()
 
-    async def _create(self, timeout=None, metadata=None) -> None:
-        raw = await self._client._invoke(_wire.CREATE_SESSION.path, self._create_request, timeout,
-                                         self._metadata(metadata))
+    async def _create(self, timeout, metadata) -> None:
+        raw = await self._client._invoke(_wire.CREATE_SESSION.path, self._create_request, timeout, metadata)
         self._info = tensorops_pb2.SessionInfo.FromString(raw)
 
     async def _retrying(self, call, timeout, metadata):
-        self._check_open()
         session_id = self._info.session_id
         try:
             return await call()
@@ -121,19 +133,21 @@ class QuantizedInnerProductSession(SessionBase):
             return await call()
 
     async def forward(self, a, *, timeout=None, metadata=None):
+        timeout, metadata = self._begin(timeout, metadata)
         op = _wire.FORWARD_SESSION
 
         async def call():
             request = self._forward_request(a)
-            raw = await self._client._invoke(op.path, request.data, timeout, self._metadata(metadata))
+            raw = await self._client._invoke(op.path, request.data, timeout, metadata)
             return _wire.decode_response(op, raw)
         return await self._retrying(call, timeout, metadata)
 
     async def describe(self, m: int | None = None, *, timeout=None, metadata=None) -> dict:
+        timeout, metadata = self._begin(timeout, metadata)
+
         async def call():
             raw = await self._client._invoke(_wire.method_path("DescribeSession"),
-                                             self._describe_request(self._info.session_id, m), timeout,
-                                             self._metadata(metadata))
+                                             self._describe_request(self._info.session_id, m), timeout, metadata)
             return session_info(tensorops_pb2.SessionInfo.FromString(raw))
         return await self._retrying(call, timeout, metadata)
 
@@ -141,13 +155,15 @@ class QuantizedInnerProductSession(SessionBase):
         return (await self.describe(m, timeout=timeout, metadata=metadata))["external_buffer_size"]
 
     async def close(self, *, timeout=None, metadata=None) -> None:
+        if self._close_without_server():
+            await self._close_transport()
         if self._closed:
             return
+        timeout, metadata = self._begin(timeout, metadata)
         self._closed = True
         request = tensorops_pb2.ReleaseSessionRequest(session_id=self._info.session_id).SerializeToString()
         try:
-            await self._client._invoke(_wire.method_path("ReleaseSession"), request, timeout,
-                                       self._metadata(metadata))
+            await self._client._invoke(_wire.method_path("ReleaseSession"), request, timeout, metadata)
         except NotFoundError:
             pass
         finally:
