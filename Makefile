@@ -13,7 +13,7 @@ PORT ?= 50051
 METRICS_PORT ?= 9100
 SERVE_FLAGS ?=
 
-.PHONY: test test-native test-protobuf-range test-sanitize fuzz-codec test-deploy serve proto promtool node bench bench-rpc clean
+.PHONY: test test-native test-protobuf-range test-install test-sanitize fuzz-codec test-deploy serve proto promtool node bench bench-rpc clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,12 +44,19 @@ test: $(VENV)/.test-installed promtool node
 		TENSOROPS_ISA=$$isa $(PY) -m pytest -q tests/native || exit 1; \
 	done
 
-# Both ends of the supported protobuf range, each in a throwaway venv: the newest protobuf 7
-# (a fresh install) and the oldest protobuf 6 and grpcio beside tritonclient[grpc]; pip
-# check, the client and server tests and end-to-end files, and (beside tritonclient) the
-# KServe tests (see .ci/protobuf-range).
+# Both ends of the supported protobuf range, each in a throwaway venv: a fresh install (the
+# newest grpcio and protobuf 6) and the oldest protobuf 6 and grpcio beside
+# tritonclient[grpc]; pip check, the client and server tests and end-to-end files, and
+# (beside tritonclient) the KServe tests; the wire decoder fuzzed on protobuf 7 (see
+# .ci/protobuf-range).
 test-protobuf-range:
 	PYTHON=$(PYTHON) .ci/protobuf-range
+
+# tensorops and tritonclient[grpc] installed into one fresh venv in each order (in one pip
+# command, either way round, and in two, either first); pip check, and the installed server
+# answers the tensorops SDK and tritonclient (see .ci/install-orders).
+test-install:
+	PYTHON=$(PYTHON) .ci/install-orders
 
 # The native suite once per ISA level with the extension built under AddressSanitizer and
 # UndefinedBehaviorSanitizer (TENSOROPS_SANITIZE=1, see native/build_ffi.py), in its own
