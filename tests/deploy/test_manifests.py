@@ -214,7 +214,7 @@ def test_compose_file_shape():
     for name in replicas:
         s = services[name]
         assert s["image"] == "${TENSOROPS_IMAGE:-tensorops:latest}"
-        assert s["read_only"] is True and s["tmpfs"] == ["/tmp"]
+        assert s["read_only"] is True and s["tmpfs"] == ["/tmp:size=64m"]
         assert "ports" not in s  # only the balancer is published
         assert s["environment"]["TENSOROPS_INSTANCE_NAME"] == name
     balancer = services["balancer"]
