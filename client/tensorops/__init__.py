@@ -6,11 +6,13 @@
 
 `tensorops.aio.Client` is the asyncio twin and `LocalClient` runs the same methods
 in-process through tensorops_native. Failures raise TensorOpsError subclasses, one per
-gRPC status code (InvalidArgumentError names the offending field).
+gRPC status code (InvalidArgumentError names the offending field). A call on a closed
+client raises ClientClosedError (a ValueError).
 """
 from ._client import SESSION_KEY_HEADER, Client, QuantizedInnerProductSession, SessionClosedError
 from ._errors import (
     CancelledError,
+    ClientClosedError,
     DeadlineExceededError,
     FieldViolation,
     InternalError,
@@ -27,7 +29,7 @@ from ._local import LocalClient
 from ._memory import retain_freed_buffers
 
 __all__ = [
-    "CancelledError", "Client", "DeadlineExceededError", "FieldViolation", "InternalError",
+    "CancelledError", "Client", "ClientClosedError", "DeadlineExceededError", "FieldViolation", "InternalError",
     "InvalidArgumentError", "LocalClient", "NotFoundError", "PermissionDeniedError",
     "QuantizedInnerProductSession", "ResourceExhaustedError", "SESSION_KEY_HEADER", "SessionClosedError",
     "TensorOpsError", "UnauthenticatedError", "UnavailableError", "UnimplementedError", "retain_freed_buffers",

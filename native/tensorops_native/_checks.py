@@ -86,9 +86,12 @@ def is_bf16(value) -> bool:
     return dtype is not None and (dtype == BF16 or (dtype.kind == "u" and dtype.itemsize == 2))
 
 
-def f32_params(value, name: str, shape: tuple[int, ...]) -> np.ndarray:
+def f32_params(value, name: str, shape: tuple[int, ...], *,
+               other_format: tuple[int, tuple[int, ...]] | None = None) -> np.ndarray:
     """Per-channel (or similar) float parameters: any real array-like of exactly `shape`,
-    converted to contiguous float32."""
+    converted to contiguous float32. `other_format`, for parameters whose shape follows
+    the image format: (the format x is read in, the shape the other format would expect),
+    so that a shape only the other format explains is reported as a format mistake."""
     if type(value) is np.ndarray and value.dtype is F32 and value.shape == shape and value.flags.c_contiguous:
         return value
     arr = _as_array(value, name)
@@ -96,8 +99,19 @@ def f32_params(value, name: str, shape: tuple[int, ...]) -> np.ndarray:
         raise ArgumentTypeError(name, f"expected real numbers, got dtype {arr.dtype}")
     if tuple(arr.shape) != tuple(shape):
         expected = shape[0] if len(shape) == 1 else shape
-        raise ArgumentError(name, f"expected shape {tuple(shape)} ({expected} values), got shape {tuple(arr.shape)}")
+        message = f"expected shape {tuple(shape)} ({expected} values), got shape {tuple(arr.shape)}"
+        if other_format is not None and tuple(arr.shape) == tuple(other_format[1]):
+            message += format_mistake(other_format[0])
+        raise ArgumentError(name, message)
     return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def format_mistake(fmt: int) -> str:
+    """What to add to an error that the other image format would explain."""
+    given, other = FORMAT_NAMES[fmt], FORMAT_NAMES[1 - fmt]
+    default = " (the default)" if given == "nchw" else ""
+    return (f", the shape for format='{other}': x is read as format='{given}'{default}; "
+            f"if x is {other.upper()}, pass format='{other}'")
 
 
 def finite_float(value, name: str, *, minimum: float | None = None) -> float:

@@ -46,8 +46,9 @@ def _image(x, fmt, name="x"):
     return x, batch, channels, spatial
 
 
-def _per_channel(value, name, channels):
-    return ck.f32_params(value, name, (channels,))
+def _per_channel(value, name, x, fmt, channels):
+    channels_if_other_format = x.shape[-1] if fmt == 0 else x.shape[1]
+    return ck.f32_params(value, name, (channels,), other_format=(fmt, (channels_if_other_format,)))
 
 
 def normalize_l2(x, scale, *, eps=1e-10, across_spatial=False, format="nchw", out=None):
@@ -56,7 +57,7 @@ def normalize_l2(x, scale, *, eps=1e-10, across_spatial=False, format="nchw", ou
     or over channels and spatial positions of each batch item when across_spatial."""
     fmt = ck.tensor_format(format)
     x, batch, channels, spatial = _image(x, fmt)
-    scale = _per_channel(scale, "scale", channels)
+    scale = _per_channel(scale, "scale", x, fmt, channels)
     eps = ck.finite_float(eps, "eps", minimum=0.0)
     across = ck.boolean(across_spatial, "across_spatial")
     y = ck.output(out, x.shape, x.dtype, (x, scale))
@@ -72,8 +73,8 @@ def _layer_norm(kernel, x, scale, shift, eps, format, out, *, bf16=False):
     fmt = ck.tensor_format(format)
     x = ck.bf16_tensor(x, "x") if bf16 else ck.f32_tensor(x, "x")
     batch, channels, spatial = ck.image_dims(x, "x", fmt)
-    scale = _per_channel(scale, "scale", channels)
-    shift = _per_channel(shift, "shift", channels)
+    scale = _per_channel(scale, "scale", x, fmt, channels)
+    shift = _per_channel(shift, "shift", x, fmt, channels)
     eps = ck.finite_float(eps, "eps", minimum=0.0)
     y = ck.output(out, x.shape, x.dtype, (x, scale, shift))
     if x.size:
@@ -268,14 +269,16 @@ def tiled_scale_2d(x, ver, hor, *, format="nchw", out=None):
     x = ck.f32_tensor(x, "x")
     if x.ndim != 4:
         raise ck.ArgumentError("x", f"expected 4 dimensions ({'NCHW' if fmt == 0 else 'NHWC'}), got shape {x.shape}")
+    # ver is (channels, width) for NCHW and (width, channels) for NHWC, hor the same with
+    # height; each format's expectation, to say when the other one explains a shape.
+    d1, d2, d3 = x.shape[1:]
+    ver_shapes, hor_shapes = ((d1, d3), (d2, d3)), ((d1, d2), (d1, d3))
+    ver = ck.f32_params(ver, "ver", ver_shapes[fmt], other_format=(fmt, ver_shapes[1 - fmt]))
+    hor = ck.f32_params(hor, "hor", hor_shapes[fmt], other_format=(fmt, hor_shapes[1 - fmt]))
     if fmt == 0:
         batch, channels, height, width = x.shape
-        ver = ck.f32_params(ver, "ver", (channels, width))
-        hor = ck.f32_params(hor, "hor", (channels, height))
     else:
         batch, height, width, channels = x.shape
-        ver = ck.f32_params(ver, "ver", (width, channels))
-        hor = ck.f32_params(hor, "hor", (height, channels))
     y = ck.output(out, x.shape, x.dtype, (x, ver, hor))
     if x.size:
         lib.TnSynetTiledScale2D32fBatch(_f32_ptr(x), batch, channels, height, width, fmt, _f32_ptr(ver),
