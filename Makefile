@@ -10,6 +10,8 @@ ISA_LEVELS := avx512 avx2 scalar
 # `make serve` address; extra flags in SERVE_FLAGS (see `tensorops-server --help`).
 HOST ?= 127.0.0.1
 PORT ?= 50051
+# the metrics endpoint stays on loopback unless told otherwise, whatever HOST is
+METRICS_HOST ?= 127.0.0.1
 METRICS_PORT ?= 9100
 SERVE_FLAGS ?=
 
@@ -124,9 +126,10 @@ test-deploy: $(VENV)/.deploy-installed promtool
 	TENSOROPS_DEPLOY_TESTS=1 PATH="$(abspath $(VENV))/bin:$$PATH" deploy/scripts/docker-engine.sh run \
 		$(PY) -m pytest -v -ra --durations=0 tests/deploy $(DEPLOY_TEST_FLAGS)
 
-# The gRPC server on localhost, metrics on http://$(HOST):$(METRICS_PORT)/metrics.
+# The gRPC server on localhost, metrics on http://$(METRICS_HOST):$(METRICS_PORT)/metrics.
 serve: $(VENV)/.installed
-	$(VENV)/bin/tensorops-server --host $(HOST) --port $(PORT) --metrics-port $(METRICS_PORT) $(SERVE_FLAGS)
+	$(VENV)/bin/tensorops-server --host $(HOST) --port $(PORT) --metrics-host $(METRICS_HOST) \
+		--metrics-port $(METRICS_PORT) $(SERVE_FLAGS)
 
 # Regenerate the checked-in gRPC/protobuf code from proto/ (a test fails when it is stale).
 proto: $(VENV)/.test-installed
