@@ -498,8 +498,8 @@ class SessionBase:
             raise SessionClosedError("the quantized inner-product session is closed")
 
     def _close_without_server(self) -> bool:
-        """At close(): whether the session cannot reach the server any more (closed, or its
-        client is): it is then only marked closed."""
+        """At close() of an open session whose client is closed: mark it closed without
+        calling the server (True); False otherwise."""
         if self._closed or not self._owner._closed:
             return False
         self._closed = True

@@ -141,7 +141,10 @@ _CONNECTION_HINTS = {
            ("CERTIFICATE_VERIFY_FAILED", "the server's certificate does not chain to the trusted CAs "
                                          "(root_certificates=, or the system's when none was given)"),
            ("Hostname Verification", "the server's certificate does not name the host of the target "
-                                     "(server_name_override= checks another name)")),
+                                     "(server_name_override= checks another name)"),
+           ("Socket closed", "the server closed the connection during the TLS handshake: it probably "
+                             "requires a client certificate (certificate_chain= and private_key=) that it "
+                             "trusts, and this client gave none or another")),
 }
 
 

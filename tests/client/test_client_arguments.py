@@ -96,6 +96,23 @@ def test_checked_metadata_keeps_order_and_duplicates():
         (("x-a", "1"), ("x-a", "2"), ("x-b-bin", b"\x01"))
 
 
+@pytest.mark.parametrize("kind", ["sync", "local"])
+def test_session_calls_check_metadata_and_timeout(server, kind):
+    b = np.ones((4, 3), np.int8)
+    a = np.full((2, 4), 9, np.uint8)
+    params = dict(b_scale=np.full(3, 0.01, np.float32), a_scale=0.05, a_zero=7, c_scale=0.6, c_zero=3)
+    client = tensorops.Client(server.target, timeout=30) if kind == "sync" else tensorops.LocalClient()
+    with client, client.quantized_inner_product(b, metadata={"x-request-id": "1"}, **params) as session:
+        expected = session.forward(a)
+        assert np.array_equal(session.forward(a, metadata={"x-request-id": "2"}, timeout=30), expected)
+        with pytest.raises(tensorops.InvalidArgumentError, match="metadata: key 'X-Id'"):
+            session.forward(a, metadata={"X-Id": "1"})
+        with pytest.raises(tensorops.InvalidArgumentError, match="timeout: "):
+            session.external_buffer_size_for(2, timeout="5")
+        with pytest.raises(tensorops.InvalidArgumentError, match="metadata: "):
+            client.quantized_inner_product(b, metadata=[("x-a",)], **params)
+
+
 BAD_TIMEOUTS = [("5", "got str '5'"), (0, "positive finite"), (-1.5, "positive finite"),
                 (float("nan"), "positive finite"), (float("inf"), "positive finite"), (True, "got bool"),
                 ([5], "got list")]

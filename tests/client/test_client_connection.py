@@ -26,9 +26,12 @@ def pki(tmp_path_factory):
     directory = tmp_path_factory.mktemp("pki")
     ca, stranger = trustme.CA(), trustme.CA()
     leaf = ca.issue_cert("localhost", "127.0.0.1")
+    client_leaf = ca.issue_cert("client.example")
     (directory / "cert.pem").write_bytes(b"".join(blob.bytes() for blob in leaf.cert_chain_pems))
     leaf.private_key_pem.write_to_path(str(directory / "key.pem"))
-    return {"dir": directory, "ca": ca.cert_pem.bytes(), "stranger": stranger.cert_pem.bytes()}
+    return {"dir": directory, "ca": ca.cert_pem.bytes(), "stranger": stranger.cert_pem.bytes(),
+            "client": dict(certificate_chain=b"".join(blob.bytes() for blob in client_leaf.cert_chain_pems),
+                           private_key=client_leaf.private_key_pem.bytes())}
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +40,13 @@ def servers(tmp_path_factory, pki):
     tls = ServerProcess(tmp_path_factory.mktemp("tls") / "server.log", "--tls-cert", str(directory / "cert.pem"),
                         "--tls-key", str(directory / "key.pem")).start()
     plain = ServerProcess(tmp_path_factory.mktemp("plain") / "server.log").start()
-    yield {"tls": tls, "plain": plain}
-    tls.kill()
-    plain.kill()
+    ca_file = directory / "ca.pem"
+    ca_file.write_bytes(pki["ca"])
+    mutual = ServerProcess(tmp_path_factory.mktemp("mutual") / "server.log", "--tls-cert", str(directory / "cert.pem"),
+                           "--tls-key", str(directory / "key.pem"), "--tls-client-ca", str(ca_file)).start()
+    yield {"tls": tls, "plain": plain, "mutual": mutual}
+    for proc in (tls, plain, mutual):
+        proc.kill()
 
 
 def info_error(kind: str, target: str, **kwargs) -> tensorops.TensorOpsError | None:
@@ -89,6 +96,14 @@ def test_untrusted_certificate(servers, pki, kind):
 def test_certificate_for_another_name(servers, pki, kind):
     err = info_error(kind, servers["tls"].target, root_certificates=pki["ca"], server_name_override="example.com")
     assert "does not name the host of the target" in err.details
+
+
+@KINDS
+def test_tls_client_without_the_client_certificate_a_server_requires(servers, pki, kind):
+    err = info_error(kind, servers["mutual"].target, root_certificates=pki["ca"])
+    assert isinstance(err, tensorops.UnavailableError)
+    assert "it probably requires a client certificate (certificate_chain= and private_key=)" in err.details
+    assert info_error(kind, servers["mutual"].target, root_certificates=pki["ca"], **pki["client"]) is None
 
 
 @KINDS
