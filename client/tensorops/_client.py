@@ -462,9 +462,9 @@ class SessionBase:
         """The random key sent as SESSION_KEY_HEADER with each call of this session."""
         return self._routing_key
 
-    def _metadata(self, metadata: tuple) -> tuple:
+    def _metadata(self, metadata: tuple | None) -> tuple:
         """Checked call metadata with the session's routing key in front."""
-        return ((SESSION_KEY_HEADER, self._routing_key),) + metadata
+        return ((SESSION_KEY_HEADER, self._routing_key),) + tuple(metadata or ())
 
     def _begin(self, timeout, metadata) -> tuple[float | None, tuple]:
         """What every method of an open session does first: checks, then the call's
