@@ -128,9 +128,10 @@ class ClientClosedError(ValueError):
         super().__init__(message)
 
 
-# Connection-level failures (the channel never reached the server: the details start with
-# "failed to connect") whose gRPC wording hides a likely configuration mistake, by whether
-# the channel is TLS: (what the details contain, what is probably wrong).
+# How gRPC's details begin when the channel never reached a server (pick_first, round_robin).
+_CONNECTION_LEVEL = ("failed to connect to all addresses", "connections to all backends failing")
+# Connection-level failures whose gRPC wording hides a likely configuration mistake, by
+# whether the channel is TLS: (what the details contain, what is probably wrong).
 _CONNECTION_HINTS = {
     False: (("Socket closed", "the server closed the connection before answering: it probably requires TLS, "
                               "which this plaintext client does not speak (pass root_certificates= or "
@@ -152,7 +153,7 @@ def explain_connection_failure(error: TensorOpsError, secure: bool) -> TensorOps
     """`error`, or when it is a connection failure with a likely cause (a plaintext client
     and a TLS server, or the reverse, or a certificate the client does not trust), the same
     error with that cause first and gRPC's own details after it."""
-    if error.code != grpc.StatusCode.UNAVAILABLE or not error.details.startswith("failed to connect"):
+    if error.code != grpc.StatusCode.UNAVAILABLE or not error.details.startswith(_CONNECTION_LEVEL):
         return error
     for marker, cause in _CONNECTION_HINTS[secure]:
         if marker in error.details:
