@@ -151,26 +151,35 @@ def resident_bytes(pid: int, field: str = "VmRSS") -> int:
 
 
 class LongCall:
-    """An eltwise call of many empty inputs on a thread of its own: decoding and checks keep
-    a worker busy for a while without any kernel. Started, it waits until the server counts
-    it in flight; `result`, `errors` and `finished_at` tell how it ended after join()."""
+    """A one-shot quantized inner product of about 10^11 multiply-adds (a second or more of
+    a worker) on a thread of its own. Started, it waits until the server counts it in flight;
+    `result`, `errors` and `finished_at` tell how it ended after join(), `shape` is the
+    result's."""
 
-    def __init__(self, srv, items: int):
+    rows, depth, columns = 6144, 4096, 4096  # a: 24 MiB, b: 16 MiB, c: 24 MiB
+
+    def __init__(self, srv):
         import numpy as np
         import tensorops
         self.result, self.errors, self.finished_at = [], [], None
+        self.shape = (self.rows, self.columns)
+        a = np.full((self.rows, self.depth), 3, np.uint8)
+        b = np.ones((self.depth, self.columns), np.int8)
+        b_scale = np.full(self.columns, 0.01, np.float32)
 
         def call():
             try:
                 with tensorops.Client(srv.target, timeout=60, max_attempts=1) as c:
-                    self.result.append(c.eltwise([np.zeros(0, np.float32)] * items, "sum"))
+                    self.result.append(c.quantized_inner_product(a, b, b_scale=b_scale, a_scale=0.1, a_zero=0,
+                                                                 c_scale=1.0, c_zero=0))
                     self.finished_at = time.monotonic()
             except Exception as exc:  # noqa: BLE001 - the test reads self.errors
                 self.errors.append(exc)
         self.thread = threading.Thread(target=call)
         self.thread.start()
         deadline = time.monotonic() + 20
-        while metric_value(srv.metrics_text(), "tensorops_requests_in_flight", operation="eltwise") < 1:
+        while metric_value(srv.metrics_text(), "tensorops_requests_in_flight",
+                           operation="quantized_inner_product") < 1:
             assert time.monotonic() < deadline, "the call never started"
             time.sleep(0.005)
 
