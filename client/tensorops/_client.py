@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import ipaddress
 import json
+import numbers
 import os
 import secrets
 import threading
@@ -70,8 +71,21 @@ def retry_service_config(max_attempts: int, load_balancing: str = "round_robin",
     return json.dumps({"loadBalancingConfig": [{load_balancing: policy}], "methodConfig": [method_config]})
 
 
+INT32_MAX = 2**31 - 1  # gRPC's integer channel arguments are 32-bit
+
+
+def whole_number(value, name: str, minimum: int, maximum: int = INT32_MAX) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an integer, got {type(value).__name__}")
+    if not minimum <= value <= maximum:
+        raise ValueError(f"{name}: expected {minimum} .. {maximum}, got {value}")
+    return int(value)
+
+
 def channel_options(max_message_bytes: int, max_attempts: int, options=(), load_balancing: str = "round_robin",
                     shuffle: bool = False) -> list[tuple[str, Any]]:
+    max_message_bytes = whole_number(max_message_bytes, "max_message_bytes", 1)
+    max_attempts = whole_number(max_attempts, "max_attempts", 1)
     base = [
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
@@ -80,7 +94,11 @@ def channel_options(max_message_bytes: int, max_attempts: int, options=(), load_
         # A retry resends the request from this buffer; let it hold the largest message.
         ("grpc.per_rpc_retry_buffer_size", max_message_bytes),
     ]
-    given = dict(options)
+    try:
+        given = dict(options)
+    except (TypeError, ValueError):
+        raise TypeError(f"options: expected gRPC channel arguments as (name, value) pairs or a mapping, "
+                        f"got {options!r:.80}") from None
     return [(k, v) for k, v in base if k not in given] + list(given.items())
 
 
@@ -222,6 +240,17 @@ class ClientBase(Operations):
     """What the blocking and the asyncio clients share: configuration, the channel
     credentials and encoding.
 
+    target: "host:port" ("[::1]:50051" for IPv6), or a gRPC target ("dns:///name:port",
+      "ipv4:a:p,b:p", "unix:/path"). An address without a port gets 50051, the server's
+      default. A URL (http://, https://, grpc://, grpcs://) is refused: TLS is chosen by
+      the arguments below, not by a scheme.
+    timeout: default seconds per call (a positive number; None: no deadline).
+    metadata: default metadata of every call, as a mapping or (key, value) pairs; keys are
+      lowercase ASCII letters, digits and "-_." ("grpc-" is reserved), values printable
+      ASCII str, or bytes under keys ending in "-bin". Each call may add its own.
+    Mistakes in these raise ValueError or TypeError naming the argument, at construction
+    or before the call is sent.
+
     Transport security (all keyword arguments):
       root_certificates, certificate_chain, private_key: PEM bytes, or a path to a PEM
         file. Any of them makes the channel TLS: root_certificates are the CAs the
@@ -334,7 +363,12 @@ class ClientBase(Operations):
 class Client(ClientBase):
     """Blocking client: `Client("localhost:50051")`, one method per operation (NumPy in,
     NumPy out), per-call `timeout` and `metadata`, errors as TensorOpsError subclasses.
-    Thread-safe; use it as a context manager or call close().
+    Thread-safe; use it as a context manager or call close(). After close(), every method
+    (and those of its sessions) raises ClientClosedError, a ValueError.
+
+    A connection failure with a likely cause (a plaintext client and a TLS server or the
+    reverse, a certificate not trusted or missing) raises UnavailableError whose details
+    name that cause first, then gRPC's own words.
 
     TLS: `Client("host:50051", root_certificates="ca.pem")`; mutual TLS adds
     `certificate_chain=` and `private_key=`; `token=` sends a bearer token (never over

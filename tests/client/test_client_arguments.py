@@ -5,6 +5,7 @@ real server."""
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 from pathlib import Path
 
@@ -186,3 +187,17 @@ def test_ipv6_targets_reach_a_server(tmp_path):
                 assert c.softmax(X).shape == X.shape
     finally:
         proc.kill()
+
+
+@pytest.mark.parametrize("kwargs,error,message", [
+    (dict(max_attempts="3"), TypeError, "max_attempts: expected an integer, got str"),
+    (dict(max_attempts=0), ValueError, "max_attempts: expected 1 .. "),
+    (dict(max_message_bytes=2**40), ValueError, "max_message_bytes: expected 1 .. 2147483647"),
+    (dict(max_message_bytes=1.5), TypeError, "max_message_bytes: expected an integer"),
+    (dict(options=5), TypeError, "options: expected gRPC channel arguments"),
+    (dict(options=[("grpc.x",)]), TypeError, "options: expected gRPC channel arguments"),
+])
+def test_bad_channel_settings_are_named(kwargs, error, message):
+    for make in (tensorops.Client, tensorops.aio.Client):
+        with pytest.raises(error, match="^" + re.escape(message)):
+            make("127.0.0.1:1", **kwargs)
