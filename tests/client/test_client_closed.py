@@ -11,6 +11,8 @@ import inspect
 import json
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -105,8 +107,43 @@ async def scenario(kind: str, target: str) -> dict:
     return report
 
 
+def racing_calls(target: str, rounds: int = 20) -> dict:
+    """Threads calling through a client (creating its methods as they go) while it is
+    closed under them: how their calls ended, by exception class."""
+    x = np.ones((2, 3), np.float32)
+    calls = [lambda c: c.softmax(x), lambda c: c.unary(x, "exp"), lambda c: c.info(), lambda c: c.list_sessions(),
+             lambda c: c.eltwise([x, x], "sum"), lambda c: c.normalize(x, axes=[1])]
+    endings: dict[str, int] = {}
+    lock = threading.Lock()
+    for round_number in range(rounds):
+        client = tensorops.Client(target, timeout=30)
+        closed = threading.Event()
+
+        def work(call):
+            while True:
+                try:
+                    call(client)
+                    ending = "returned"
+                except Exception as exc:  # noqa: BLE001 - counted for the test
+                    ending = type(exc).__name__
+                with lock:
+                    endings[ending] = endings.get(ending, 0) + 1
+                if ending == "ClientClosedError" or closed.is_set():
+                    return
+        threads = [threading.Thread(target=work, args=(call,)) for call in calls]
+        for t in threads:
+            t.start()
+        time.sleep(0.002 * (round_number % 5))  # some rounds close before the first call
+        client.close()
+        closed.set()
+        for t in threads:
+            t.join()
+    return endings
+
+
 if __name__ == "__main__":
-    print(json.dumps(asyncio.run(scenario(sys.argv[1], sys.argv[2]))))
+    kind, target = sys.argv[1:3]
+    print(json.dumps(racing_calls(target) if kind == "race" else asyncio.run(scenario(kind, target))))
     sys.exit(0)
 
 
@@ -179,3 +216,14 @@ def test_calls_after_the_with_block(shm_server):
             "    print(exc)\n")
     run = subprocess.run([sys.executable, "-c", code, shm_server.target], capture_output=True, text=True, timeout=60)
     assert (run.returncode, run.stdout.strip()) == (0, CLOSED), run.stderr
+
+
+def test_close_under_running_calls(shm_server):
+    """Calls in flight when the client closes end CANCELLED, later ones ClientClosedError;
+    the process survives."""
+    run = subprocess.run([sys.executable, __file__, "race", shm_server.target], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, f"exit status {run.returncode}\n{run.stderr[-3000:]}"
+    endings = json.loads(run.stdout.splitlines()[-1])
+    assert set(endings) <= {"returned", "CancelledError", "ClientClosedError"}, endings
+    assert endings.get("ClientClosedError", 0) > 0
