@@ -50,7 +50,7 @@ def check_metadata(metadata, name: str = "metadata") -> tuple:
         pairs = metadata
     checked = []
     for i, pair in enumerate(pairs):
-        if not isinstance(pair, tuple) or len(pair) != 2:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
             raise invalid_argument(name, f"item {i}: expected a (key, value) pair, got {pair!r:.80}")
         checked.append(_metadatum(*pair, name=name))
     return tuple(checked)

@@ -52,6 +52,7 @@ GOOD_METADATA = [
     {"x-request-id": "42", "x-trace-bin": b"\x00\xff"},
     [("x-request-id", "42"), ("x-request-id", "43")],
     (("x-a.b_c", "printable ~ ascii"),),
+    [["x-request-id", "42"]],
     {},
     None,
 ]
