@@ -9,11 +9,32 @@
   place (RESOURCE_EXHAUSTED): a complete request is read at once, so streams held open
   on purpose are the ones that go, and they cannot lock out anybody else.
 - Once its request has arrived, a call is admitted if fewer than `max_concurrent` calls
-  run (0: no limit) and the bytes held by the calls in flight stay within
-  `max_inflight_bytes`: a call holds its request and, until it is sent, its response
-  (counted as large as the request, the common case; larger results are refused up
-  front by the output limits). Beyond either limit the call is refused at once
-  (RESOURCE_EXHAUSTED) instead of queueing without bound: load shedding.
+  run (0: no limit) and its request fits within `max_inflight_bytes` beside what the
+  other calls hold; beyond either limit it is refused at once (RESOURCE_EXHAUSTED)
+  instead of queueing without bound: load shedding.
+- An admitted call has one memory account (`Account`) from then until gRPC has sent its
+  response or the call ended: its request (and a decoded copy, where one is made), then,
+  before they are allocated, its result and its encoded response (the size of each comes
+  from the decoded arguments: optable.Entry.result_bytes). A reservation that would pass
+  `max_inflight_bytes` is refused at once, naming the argument that asks for it. An
+  unsent response keeps its charge, so responses waiting for a client that does not read
+  count like any other; a connection's unsent responses are freed when it closes, and
+  gRPC closes every connection at the latest `max_connection_age` (+10% jitter) plus
+  `max_connection_age_grace` seconds after it opened (config.py): grpcio's asyncio server
+  has no way to cut one call off while its response waits for the peer's flow control.
+
+The memory bound: the bytes of all accounts never exceed `max_inflight_bytes`, and every
+buffer a call makes that grows with its data (request, decoded copy, result, encoded
+response) is charged before it exists, so the server's resident memory stays within
+`max_inflight_bytes` + the bytes of requests still arriving (at most `max_pending`
+messages of `max_message_bytes`, the read timeout bounds how long) + the session store's
+`max_session_bytes` + a fixed overhead (interpreter, libraries, the worker stacks,
+gRPC's buffers per connection and what the allocator keeps: about 200 MiB). There is no
+exception for a large call when nothing else runs: a call larger than the limit is
+refused even then.
+
+A call that arrives once the server began to drain (`begin_drain()`, on SIGTERM) is
+refused with UNAVAILABLE, so that its client retries on another instance.
 
 Health checks never pass through here: they are served on the event loop, outside
 every limit. Everything here runs on the event loop, so plain counters suffice.
@@ -21,6 +42,7 @@ every limit. Everything here runs on the event loop, so plain counters suffice.
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import grpc
 
@@ -28,15 +50,19 @@ from . import errors
 
 
 class Admission:
-    def __init__(self, *, max_pending: int, read_timeout: float, max_concurrent: int, max_inflight_bytes: int):
+    def __init__(self, *, max_pending: int, read_timeout: float, max_concurrent: int, max_inflight_bytes: int,
+                 executor=None):
         self.max_pending = max_pending
         self.read_timeout = read_timeout
         self.max_concurrent = max_concurrent
         self.max_inflight_bytes = max_inflight_bytes
+        self.executor = executor  # execution.Executor: decodes large requests once admitted
         self._pending: dict[_Waiting, _Waiting] = {}  # oldest first
         self._sweeper: asyncio.Task | None = None
         self.running = 0
         self.inflight_bytes = 0
+        self._lock = threading.Lock()  # inflight_bytes, charged from worker threads too
+        self.draining = False
 
     @property
     def pending(self) -> int:
@@ -46,6 +72,8 @@ class Admission:
         """The call's request message, read within the read timeout. `stream`: the next
         request of a stream (the same timeout applies to an idle stream; grpc.aio.EOF when
         the client ends it)."""
+        if self.draining:
+            raise draining()
         if len(self._pending) >= self.max_pending:
             self._pending.pop(next(iter(self._pending))).evict("place")
         loop = asyncio.get_running_loop()
@@ -59,6 +87,8 @@ class Admission:
             if waiting.evicted is None:  # the call itself was cancelled
                 raise
             waiting.task.uncancel()
+            if waiting.evicted == "drain":
+                raise draining() from None
             if waiting.evicted == "place":
                 raise errors.exhausted(f"{self.max_pending} other requests were arriving (the server's limit) "
                                        "and this one had waited longest") from None
@@ -94,23 +124,86 @@ class Admission:
             self._sweeper.cancel()
             self._sweeper = None
 
-    def admit(self, nbytes: int) -> int:
-        """Take a slot for a call of `nbytes`; returns the bytes charged (give them back
-        with release())."""
+    def admit(self, nbytes: int, field: str | None = None) -> "Account":
+        """Admit a call whose request takes `nbytes` (with its decoded copy, if any):
+        its account, charged those bytes. Close it when the response was sent."""
+        if self.draining:
+            raise draining()
         if self.max_concurrent and self.running >= self.max_concurrent:
             raise errors.exhausted(f"{self.running} calls are running (the server's limit); try again")
-        charge = 2 * nbytes
-        if self.inflight_bytes + charge > self.max_inflight_bytes and self.running:
-            raise errors.exhausted(
-                f"the calls in flight hold {self.inflight_bytes} bytes; this one needs {charge} more, beyond the "
-                f"server's limit of {self.max_inflight_bytes}; try again")
+        account = Account(self)
+        account.reserve(nbytes, field, "the request")
         self.running += 1
-        self.inflight_bytes += charge
-        return charge
+        account.running = True
+        return account
 
-    def release(self, charge: int) -> None:
-        self.running -= 1
-        self.inflight_bytes -= charge
+    def _charge(self, nbytes: int, field: str | None, what: str) -> None:
+        with self._lock:
+            if self.inflight_bytes + nbytes > self.max_inflight_bytes:
+                held = self.inflight_bytes
+            else:
+                self.inflight_bytes += nbytes
+                return
+        raise errors.exhausted(
+            f"{what} needs {nbytes} bytes; the calls in flight hold {held}, and the server's limit is "
+            f"{self.max_inflight_bytes} (--max-inflight-bytes); try again", field=field)
+
+    def _refund(self, nbytes: int) -> None:
+        with self._lock:
+            self.inflight_bytes -= nbytes
+
+    def begin_drain(self) -> None:
+        """From now on, calls get UNAVAILABLE: those still receiving their request at once,
+        new ones as they arrive."""
+        self.draining = True
+        while self._pending:
+            self._pending.pop(next(iter(self._pending))).evict("drain")
+
+
+def draining() -> errors.Failure:
+    return errors.Failure(grpc.StatusCode.UNAVAILABLE,
+                          "the server is shutting down; retry the call on another instance")
+
+
+class Account:
+    """The bytes one call holds, from its admission until its response was sent or the
+    call ended. reserve() may be called from any thread; close() gives everything back
+    (once, whoever calls it)."""
+
+    __slots__ = ("_admission", "_lock", "nbytes", "running", "closed")
+
+    def __init__(self, admission: Admission):
+        self._admission = admission
+        self._lock = threading.Lock()
+        self.nbytes = 0
+        self.running = False  # counted among the running calls (max_concurrent)
+        self.closed = False
+
+    def reserve(self, nbytes: int, field: str | None = None, what: str = "this call") -> None:
+        """Charge `nbytes` more before allocating them; RESOURCE_EXHAUSTED naming `field`
+        beyond the server's limit."""
+        if nbytes <= 0:
+            return
+        with self._lock:
+            if self.closed:  # the call ended meanwhile (a worker still finishing): nothing to hold
+                raise errors.Failure(grpc.StatusCode.CANCELLED, "the call ended")
+            self._admission._charge(nbytes, field, what)
+            self.nbytes += nbytes
+
+    def stop_running(self) -> None:
+        """The call's computation is over (its response may still be unsent)."""
+        if self.running:
+            self.running = False
+            self._admission.running -= 1
+
+    def close(self) -> None:
+        self.stop_running()
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            nbytes, self.nbytes = self.nbytes, 0
+        self._admission._refund(nbytes)
 
 
 class _Waiting:
@@ -121,7 +214,7 @@ class _Waiting:
     def __init__(self, task: asyncio.Task, since: float):
         self.task = task
         self.since = since
-        self.evicted: str | None = None  # why it lost its place: "place" or "timeout"
+        self.evicted: str | None = None  # why it lost its place: "place", "timeout" or "drain"
 
     def evict(self, reason: str) -> None:
         self.evicted = reason

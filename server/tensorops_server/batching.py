@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 
 from . import errors
-from .execution import CallState, Executor, check_result_size, in_row_blocks, qip_rows_per_block
+from .execution import CallState, Executor, in_row_blocks, qip_rows_per_block, reserve_result
 
 
 @dataclass(eq=False)
@@ -56,11 +56,14 @@ class ForwardBatcher:
         self._drains: set[asyncio.Task] = set()
 
     async def forward(self, session, a: np.ndarray, call: CallState) -> np.ndarray:
-        """The session's forward of `a`, batched with concurrent forwards when possible."""
+        """The session's forward of `a`, batched with concurrent forwards when possible.
+        Its result (and response) is charged to the call first; a batched forward also
+        its rows' share of the stacked input."""
         if a.ndim == 2:
-            check_result_size("a", a.shape[0], session.shape[0], self.result_limit)
+            reserve_result(call, "a", a.shape[0] * session.shape[0], self.result_limit)
         if self.max_rows == 1 or not self._batchable(session, a):
             return await self.executor.offload(call, self._alone, session, a, call)
+        call.reserve(a.nbytes, "a")
         if session.queue is None:
             session.queue = SessionQueue()
         queue = session.queue
@@ -85,7 +88,8 @@ class ForwardBatcher:
         call.ensure_active()
         if a.ndim == 2:
             n, k = session.shape
-            result = in_row_blocks(call, lambda rows: self._kernel(session, rows), a, qip_rows_per_block(k, n))
+            result = in_row_blocks(call, lambda rows: self._kernel(session, rows), a, qip_rows_per_block(k, n),
+                                   a.shape[0] * n)
         else:  # refused by the kernel, naming it
             result = self._kernel(session, a)
         self._observe(1, a.shape[0])

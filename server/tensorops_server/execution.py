@@ -25,13 +25,21 @@ class CallState:
     """What a worker thread may ask about its call: whether it still wants its result.
     (The grpc.aio context belongs to the event loop; this holds plain values.)"""
 
-    __slots__ = ("deadline", "cancelled", "identity")
+    __slots__ = ("deadline", "cancelled", "identity", "account")
 
     def __init__(self, context: grpc.aio.ServicerContext, identity: str):
         remaining = context.time_remaining()
         self.deadline = None if remaining is None else time.monotonic() + remaining
         self.cancelled = False
         self.identity = identity  # who is calling (auth.py): the owner of its sessions
+        self.account = None  # the call's memory charge (admission.py), when it has one
+
+    def reserve(self, nbytes: int, field: str | None = None) -> None:
+        """Charge `nbytes` more to this call before they are allocated (outputs, copies,
+        conversions); RESOURCE_EXHAUSTED naming `field` when the server's limit would be
+        passed. Safe from any thread. Released with the rest of the call's charge."""
+        if self.account is not None:
+            self.account.reserve(nbytes, field)
 
     def ensure_active(self) -> None:
         """Raise unless the call still wants its result (before a kernel starts)."""
@@ -86,11 +94,13 @@ def qip_rows_per_block(k: int, n: int) -> int:
     return max(1, QIP_BLOCK_MACS // max(1, k * n))
 
 
-def in_row_blocks(call: CallState, fn: Callable[[Any], Any], a, rows: int):
+def in_row_blocks(call: CallState, fn: Callable[[Any], Any], a, rows: int, result_bytes: int):
     """fn(a) computed `rows` rows at a time (rows of the result depend on the same rows of
-    a only), stopping between blocks if the call no longer wants its result."""
+    a only), stopping between blocks if the call no longer wants its result. The blocks
+    are joined into one more result of `result_bytes`, charged to the call first."""
     if a.shape[0] <= rows:
         return fn(a)
+    call.reserve(result_bytes, "a")
     blocks = []
     for start in range(0, a.shape[0], rows):
         call.ensure_active()
@@ -98,8 +108,14 @@ def in_row_blocks(call: CallState, fn: Callable[[Any], Any], a, rows: int):
     return np.concatenate(blocks)
 
 
-def check_result_size(field: str, rows: int, columns: int, limit: int) -> None:
-    """Refuse, before anything is allocated, a uint8 result larger than `limit` bytes."""
-    if rows * columns > limit:
-        raise errors.exhausted(f"the result of {rows} x {columns} = {rows * columns} bytes would exceed the "
-                               f"limit of {limit} bytes", field=field)
+# Bytes of a response message beyond its tensors' data (field keys, shape, alignment).
+RESPONSE_OVERHEAD = 1024
+
+
+def reserve_result(call: CallState, field: str, nbytes: int, limit: int) -> None:
+    """Before a result of `nbytes` is allocated: refuse it beyond `limit` bytes (the largest
+    result a response carries), else charge it and its copy in the encoded response to
+    the call (RESOURCE_EXHAUSTED naming `field` either way)."""
+    if nbytes > limit:
+        raise errors.exhausted(f"the result of {nbytes} bytes would exceed the limit of {limit} bytes", field=field)
+    call.reserve(2 * nbytes + RESPONSE_OVERHEAD, field)

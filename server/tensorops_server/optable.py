@@ -19,6 +19,12 @@ by their proto names and numbers ("UNARY_OP_EXP (5)"), never the Python API's po
 and never the text of a NumPy or protobuf exception. What an operation accepts beyond that
 is tensorops_native's business: its ArgumentError / ArgumentTypeError become
 INVALID_ARGUMENT naming the argument.
+
+Each entry also says how many bytes its result takes, from the native arguments and before
+anything is allocated (`result`): the server reserves them, and the encoded response, in
+the call's memory account (admission.py) before the kernel runs. Most results are as
+large as their image tensor; channel_sum's and the quantized inner product's can be far
+larger than their request.
 """
 from __future__ import annotations
 
@@ -27,6 +33,8 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Any, Callable
+
+import numpy as np
 
 import tensorops_native
 from tensorops import _codec, _wire
@@ -52,6 +60,43 @@ _REAL_VECTOR = TensorSpec(("FP32", "FP64", "FP16", "BF16", "INT32", "INT64", "IN
 _MATRIX = TensorSpec(("FP32",), (-1, -1))
 
 
+def _nbytes(value) -> int:
+    """Bytes of an array argument (of the first one of a list); 0 for anything else, which
+    the kernel refuses, naming it."""
+    if isinstance(value, list):
+        value = value[0] if value else None
+    return value.nbytes if isinstance(value, np.ndarray) else 0
+
+
+def result_like(name: str) -> Callable[[dict], tuple[str, int]]:
+    """A result as large as the argument `name` (same shape and dtype)."""
+    return lambda kwargs: (name, _nbytes(kwargs.get(name)))
+
+
+def _shuffle_result(kwargs: dict) -> tuple[str, int]:
+    return "x0", _nbytes(kwargs.get("x0")) + _nbytes(kwargs.get("x1"))
+
+
+def _channel_sum_result(kwargs: dict) -> tuple[str, int]:
+    """(batch, channels) float32, whatever the spatial size (0 included)."""
+    x = kwargs.get("x")
+    if not isinstance(x, np.ndarray) or x.ndim < 2:
+        return "x", 0
+    channels = x.shape[-1] if kwargs.get("format") == "nhwc" else x.shape[1]
+    return "x", x.shape[0] * channels * 4
+
+
+def product_result(a, b, trans_b: bool) -> tuple[str, int]:
+    """The quantized inner product's (M, N) uint8 result: M rows of a, N columns of b."""
+    if not (isinstance(a, np.ndarray) and a.ndim == 2 and isinstance(b, np.ndarray) and b.ndim == 2):
+        return "a", 0
+    return "a", a.shape[0] * (b.shape[0] if trans_b else b.shape[1])
+
+
+def _product_result(kwargs: dict) -> tuple[str, int]:
+    return product_result(kwargs.get("a"), kwargs.get("b"), bool(kwargs.get("trans_b")))
+
+
 @dataclass(frozen=True)
 class Entry:
     """One served operation: the wire operation and the native callable."""
@@ -63,6 +108,8 @@ class Entry:
     # The tensors (request and response fields) that are not FP32 of any shape; the first
     # datatype of a result is the one it has for the first datatype of the inputs.
     tensors: dict[str, TensorSpec] = field(default_factory=dict, compare=False)
+    # (the argument that asks for it, the result's bytes) from the native arguments.
+    result: Callable[[dict], tuple[str, int]] = field(default=result_like("x"), compare=False)
 
     def spec(self, name: str) -> TensorSpec:
         return self.tensors.get(name, _IMAGE)
@@ -80,9 +127,11 @@ class Entry:
     def parameters(self) -> frozenset[str]:
         return frozenset(inspect.signature(self.native).parameters)
 
-    def arguments(self, decoded: _codec.Decoded, max_tensor_bytes: int | None) -> tuple[dict, int]:
-        """The native keyword arguments of a request, and the request's format (wire enum)."""
-        kwargs = native_arguments(self.op, decoded, max_tensor_bytes, self.defaults)
+    def arguments(self, decoded: _codec.Decoded, max_tensor_bytes: int | None,
+                  reserve: Callable[[int, str], None] | None = None) -> tuple[dict, int]:
+        """The native keyword arguments of a request, and the request's format (wire enum).
+        `reserve(nbytes, field)` is charged for a tensor copied out of the request."""
+        kwargs = native_arguments(self.op, decoded, max_tensor_bytes, self.defaults, reserve=reserve)
         fmt = request_format(self.op, decoded)
         if fmt:
             kwargs["format"] = _codec.FORMAT_NAMES[fmt]
@@ -142,7 +191,7 @@ def enum_argument(enum, number: int, name: str, required: bool) -> str | None:
 
 
 def tensor_argument(op: _wire.Operation, wire: _codec.WireTensor, name: str, max_tensor_bytes: int | None,
-                    image: bool) -> Any:
+                    image: bool, reserve: Callable[[int, str], None] | None = None) -> Any:
     """A received tensor as an array, after the checks whose failures the codec would word
     in NumPy's terms or without the wire's enum numbers."""
     if wire.format and not image:
@@ -166,14 +215,23 @@ def tensor_argument(op: _wire.Operation, wire: _codec.WireTensor, name: str, max
             raise errors.invalid(f"{name}.shape", f"the tensor has too many elements: {list(shape)} of "
                                  f"{_DTYPE_ENUM.values_by_number[wire.dtype].name} describes more than 2**63 - 1 "
                                  "bytes (counting the non-zero dimensions, even when another one is 0)")
+    if reserve is not None and _misaligned(wire.data, itemsize):  # to_array copies it
+        reserve(len(wire.data), name)
     try:
         return _codec.to_array(wire, name, max_bytes=max_tensor_bytes)
     except _codec.WireError as exc:
         raise errors.from_wire(exc) from None
 
 
+def _misaligned(data, itemsize: int) -> bool:
+    if itemsize == 1 or not len(data):
+        return False
+    return np.frombuffer(data, np.uint8).ctypes.data % itemsize != 0
+
+
 def native_arguments(op: _wire.Operation, decoded: _codec.Decoded, max_tensor_bytes: int | None,
-                     defaults: frozenset[str] = frozenset(), skip: tuple[str, ...] = ()) -> dict:
+                     defaults: frozenset[str] = frozenset(), skip: tuple[str, ...] = (),
+                     reserve: Callable[[int, str], None] | None = None) -> dict:
     """The native keyword arguments of a request. A field left unset whose argument has no
     default (is not in `defaults`) is refused as missing."""
     message, tensors = decoded.message, decoded.tensors
@@ -188,9 +246,9 @@ def native_arguments(op: _wire.Operation, decoded: _codec.Decoded, max_tensor_by
                 if required:
                     raise missing(name, tensor=True)
                 continue
-            value = tensor_argument(op, wire, name, max_tensor_bytes, name in op.layout)
+            value = tensor_argument(op, wire, name, max_tensor_bytes, name in op.layout, reserve)
         elif kind == _TENSORS:
-            value = [tensor_argument(op, t, f"{name}[{i}]", max_tensor_bytes, name in op.layout)
+            value = [tensor_argument(op, t, f"{name}[{i}]", max_tensor_bytes, name in op.layout, reserve)
                      for i, t in enumerate(tensors[name])]
         elif kind == _ENUM:
             value = enum_argument(enum, getattr(message, name), name, required)
@@ -254,17 +312,17 @@ def build_table() -> dict[str, Entry]:
         _entry("layer_norm_channels", tensors={"x": bf16, "y": bf16, **_NORM_TENSORS}),
         _entry("layer_norm_spatial", tensors=_NORM_TENSORS),
         _entry("channel_norm", tensors=_NORM_TENSORS),
-        _entry("channel_sum", tensors={"x": TensorSpec(("BF16",)), "y": _MATRIX}),
-        _entry("eltwise", tensors={"weights": _REAL_VECTOR}),
+        _entry("channel_sum", tensors={"x": TensorSpec(("BF16",)), "y": _MATRIX}, result=_channel_sum_result),
+        _entry("eltwise", tensors={"weights": _REAL_VECTOR}, result=result_like("inputs")),
         _entry("lrn_cross_channels", tensors={"k": TensorSpec(_REAL_VECTOR.datatypes, (3,))}),
-        _entry("shuffle"),
+        _entry("shuffle", result=_shuffle_result),
         _entry("softmax", tensors={"x": bf16, "y": bf16}),
         _entry("tiled_scale_2d", tensors={"x": TensorSpec(dims=(-1, -1, -1, -1)), "ver": _MATRIX, "hor": _MATRIX}),
         _entry("unary"),
         _entry("normalize", adapt=_normalize_arguments,
                tensors={"x": TensorSpec(("FP32", "FP16", "BF16")), "y": TensorSpec(("FP32", "FP16", "BF16")),
                         "scale": TensorSpec(_REAL_VECTOR.datatypes), "bias": TensorSpec(_REAL_VECTOR.datatypes)}),
-        _entry("quantized_inner_product", tensors=QIP_TENSORS),
+        _entry("quantized_inner_product", tensors=QIP_TENSORS, result=_product_result),
     )
     return {e.name: e for e in entries if e is not None}
 

@@ -145,6 +145,7 @@ class TensorOpsServer:
         delay = min(drain_delay, grace)
         if delay > 0:
             await asyncio.sleep(delay)
+        self.service.admission.begin_drain()  # calls from now on: UNAVAILABLE, retried elsewhere
         await self.grpc_server.stop(grace - delay)
         await self.service.batcher.wait_idle()
         self.service.admission.close()

@@ -6,7 +6,15 @@ whose deadline passed. Where each computation runs (event loop or worker) is dec
 the Executor (see execution.py); session forwards go through the ForwardBatcher.
 
 Requests and responses are bytes: the codec decodes the Tensor payloads in place and
-writes the response payloads with one copy (see tensorops._codec)."""
+writes the response payloads with one copy (see tensorops._codec). A request of up to
+--inline-bytes is decoded by gRPC's deserializer on the event loop (fast); a larger one is
+decoded on a worker after its call was admitted (`deferred`).
+
+Every call has one memory account (admission.py) from its admission until gRPC has sent
+its response, or the call ended: a unary call's is closed by the context's done
+callback, which grpc.aio runs once the response and status were written to the
+connection (a client that does not read keeps it until its connection closes); a stream
+passes `send` so that each response is charged until it was written."""
 from __future__ import annotations
 
 import asyncio
@@ -29,23 +37,33 @@ from .batching import ForwardBatcher
 from .config import Config
 from .admission import Admission
 from .auth import Authenticator
-from .execution import CallState, Executor, check_result_size, in_row_blocks, qip_rows_per_block
+from .execution import RESPONSE_OVERHEAD, CallState, Executor, in_row_blocks, qip_rows_per_block, reserve_result
 from .logs import LOGGER, fields
 from .metrics import Metrics
 from .sessions import SessionStore
 
 log = logging.getLogger(LOGGER)
 
-# Bytes of a response message beyond its tensor's data (field keys, shape, alignment).
-_RESPONSE_OVERHEAD = 1024
 
 
 @dataclass
 class Incoming:
-    """A request as the deserializer leaves it: decoded, or the reason it could not be."""
+    """A request as the deserializer leaves it: decoded, or the reason it could not be, or
+    (`later`) still to be decoded, by calling it, on a worker."""
     decoded: _codec.Decoded | None
     error: _codec.WireError | None
     nbytes: int
+    later: Callable[[], "Incoming"] | None = None
+
+
+def deferred(decode: Callable[[bytes], Incoming], inline_bytes: int) -> Callable[[bytes], Incoming]:
+    """A request deserializer that decodes at once (on the event loop) only requests of up
+    to `inline_bytes`; larger ones are decoded by Instrumented on a worker, once admitted."""
+    def deserialize(raw: bytes) -> Incoming:
+        if len(raw) <= inline_bytes:
+            return decode(raw)
+        return Incoming(None, None, len(raw), functools.partial(decode, raw))
+    return deserialize
 
 
 def deserializer(codec: _codec.MessageCodec) -> Callable[[bytes], Incoming]:
@@ -101,14 +119,19 @@ class Instrumented:
         await context.abort_with_status(status)
 
     async def call(self, context: grpc.aio.ServicerContext, incoming: Incoming | None = None,
-                   identity: str | None = None) -> tuple[bytes | None, grpc.Status | None]:
+                   identity: str | None = None,
+                   send: Callable[[bytes], Awaitable[None]] | None = None) -> tuple[bytes | None, grpc.Status | None]:
         """One call: (the response, None), or (None, the status it failed with). Without
         `incoming`, the request is read here; a stream handler passes each request it read
-        (and the caller's identity, established once for the stream)."""
+        (and the caller's identity, established once for the stream), and `send`, which
+        writes the response: the call's charge is then held until it returns. Without
+        `send`, the charge is held until the call ended (the context's done callback)."""
         start = time.perf_counter()
         code = grpc.StatusCode.OK
         status = None
-        charge = nbytes = 0
+        account = None
+        nbytes = 0
+        sending = False
         try:
             if identity is None:
                 identity = self.auth.identify(context)  # before the request is read
@@ -120,19 +143,29 @@ class Instrumented:
                 raise errors.from_wire(incoming.error)
             call = CallState(context, identity)
             call.ensure_active()
-            charge = self.admission.admit(nbytes)
+            account = call.account = self.admission.admit(nbytes, "request")
             self._in_flight.inc()
             try:
+                if incoming.later is not None:  # a large request: decoded on a worker
+                    incoming = await self.admission.executor.offload(call, incoming.later)
+                    if incoming.error is not None:
+                        raise errors.from_wire(incoming.error)
                 response = await self.behavior(incoming.decoded, call, nbytes)
             finally:
                 self._in_flight.dec()
-                self.admission.release(charge)
+                account.stop_running()
             if len(response) > self.max_response_bytes:
                 raise errors.exhausted(f"the response of {len(response)} bytes exceeds the limit of "
                                        f"{self.max_response_bytes} bytes per message")
             if call.deadline is not None and time.monotonic() > call.deadline:  # the caller gets nothing
                 code = grpc.StatusCode.DEADLINE_EXCEEDED
             self._response_bytes.inc(len(response))
+            if send is not None:
+                sending = True
+                await send(response)
+            else:  # closed once grpc has written the response (or the call ended)
+                context.add_done_callback(lambda _, account=account: account.close())
+                account = None
             return response, None
         except errors.Failure as failure:
             code, status = failure.code, failure.status()
@@ -143,19 +176,29 @@ class Instrumented:
             code = grpc.StatusCode.CANCELLED
             raise
         except Exception:
+            if sending:  # the peer went away: nobody to answer
+                code = grpc.StatusCode.CANCELLED
+                raise
             code = grpc.StatusCode.INTERNAL
-            log.exception("handler failed", extra=fields(operation=self.label))
+            log.exception("call failed", extra=fields(operation=self.label, code=code.name, peer=context.peer()))
             status = errors.Failure(code, "internal error (logged by the server)").status()
         finally:
+            if account is not None:
+                account.close()
             elapsed = time.perf_counter() - start
             if code is grpc.StatusCode.OK:
                 self._duration_ok.observe(elapsed)
             else:
                 self._duration.labels(self.label, code.name).observe(elapsed)
                 self._errors.labels(self.label, code.name).inc()
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug("call", extra=fields(operation=self.label, code=code.name, seconds=round(elapsed, 6),
-                                               request_bytes=nbytes, peer=context.peer()))
+            # One line per call. INTERNAL (a server bug) was logged above with its traceback;
+            # every other failure is a client's mistake or a refusal under load: one short
+            # line at debug level, so that a flood of bad calls cannot flood the log.
+            if code is not grpc.StatusCode.INTERNAL and log.isEnabledFor(logging.DEBUG):
+                details = {} if status is None else {"message": status.details[:200]}
+                log.debug("call" if code is grpc.StatusCode.OK else "call failed",
+                          extra=fields(operation=self.label, code=code.name, seconds=round(elapsed, 6),
+                                       request_bytes=nbytes, peer=context.peer(), **details))
         return None, status
 
 
@@ -173,12 +216,13 @@ class Service:
         self.auth = auth
         self.admission = Admission(
             max_pending=config.max_pending_requests, read_timeout=config.read_timeout,
-            max_concurrent=config.max_concurrent_rpcs, max_inflight_bytes=config.max_inflight_bytes)
+            max_concurrent=config.max_concurrent_rpcs, max_inflight_bytes=config.max_inflight_bytes,
+            executor=executor)
         # The class of the session contexts: tensorops_native.QuantizedInnerProduct (tests
         # may give a stand-in with the same interface).
         self._qip_class = qip_class or getattr(tensorops_native, "QuantizedInnerProduct", None)
         # The largest result a call may produce: a tensor, within a response message.
-        self.result_limit = min(config.max_tensor_bytes, config.max_message_bytes - _RESPONSE_OVERHEAD)
+        self.result_limit = min(config.max_tensor_bytes, config.max_message_bytes - RESPONSE_OVERHEAD)
         forward_timer = self._timer("quantized_inner_product_forward")
         self.batcher = ForwardBatcher(
             executor, max_rows=config.max_batch_rows, window=config.batch_window_us / 1e6,
@@ -233,19 +277,16 @@ class Service:
         # The one-shot quantized inner product can cost far more than its bytes (M x N x K):
         # never on the event loop.
         always_offload = entry.name == "quantized_inner_product"
-        # channel_sum's result, (batch, channels) fp32, can outgrow its input by far when the
-        # spatial size is 0: checked before it is allocated.
-        check_sums = entry.name == "channel_sum"
         executor = self.executor
 
         def compute(decoded: _codec.Decoded, call: CallState, extra: dict | None = None) -> bytes:
-            kwargs, fmt = entry.arguments(decoded, self.config.max_tensor_bytes)
+            kwargs, fmt = entry.arguments(decoded, self.config.max_tensor_bytes, call.reserve)
             if extra:
                 kwargs.update(extra)
-            if check_sums:
-                self._check_channel_sum(kwargs, fmt)
+            field, result_bytes = entry.result(kwargs)
+            reserve_result(call, field, result_bytes, self.result_limit)
             if always_offload:
-                result = self._run_quantized_inner_product(timer, call, entry.native, kwargs)
+                result = self._run_quantized_inner_product(timer, call, entry.native, kwargs, result_bytes)
             else:
                 result = self._run(timer, call, entry.native, **kwargs)
             return encode(result, fmt)
@@ -259,26 +300,16 @@ class Service:
             return await executor.offload(call, compute, decoded, call, extra)
         return behavior
 
-    def _check_channel_sum(self, kwargs: dict, fmt: int) -> None:
-        x = kwargs["x"]
-        if x.ndim >= 2:  # else the operation names x
-            channels = x.shape[-1] if fmt == tensor_pb2.FORMAT_NHWC else x.shape[1]
-            size = x.shape[0] * channels * 4
-            if size > self.result_limit:
-                raise errors.exhausted(f"the result of {x.shape[0]} x {channels} fp32 sums = {size} bytes would "
-                                       f"exceed the limit of {self.result_limit} bytes", field="x")
-
-    def _run_quantized_inner_product(self, timer, call: CallState, native, kwargs: dict):
-        """The one-shot product, its result size checked first and long work split into
-        row blocks. Arguments the kernel will refuse go to it unchanged, to be named."""
+    def _run_quantized_inner_product(self, timer, call: CallState, native, kwargs: dict, result_bytes: int):
+        """The one-shot product, long work split into row blocks. Arguments the kernel will
+        refuse go to it unchanged, to be named."""
         a, b = kwargs.get("a"), kwargs.get("b")
         if not (isinstance(a, np.ndarray) and a.ndim == 2 and isinstance(b, np.ndarray) and b.ndim == 2):
             return self._run(timer, call, native, **kwargs)
         n, k = (b.shape[0], b.shape[1]) if kwargs.get("trans_b") else (b.shape[1], b.shape[0])
-        check_result_size("a", a.shape[0], n, self.result_limit)
         rest = {name: value for name, value in kwargs.items() if name != "a"}
         return self._run(timer, call, in_row_blocks, call, functools.partial(native, **rest), a,
-                         qip_rows_per_block(k, n))
+                         qip_rows_per_block(k, n), result_bytes)
 
     # ---- sessions
     async def open_session(self, decoded: _codec.Decoded, call: CallState):
@@ -286,7 +317,7 @@ class Service:
         if self._qip_class is None:
             raise errors.Failure(grpc.StatusCode.UNIMPLEMENTED, "this build has no quantized inner product")
         entry = optable.Entry(_wire.CREATE_SESSION, self._qip_class)
-        kwargs, _ = entry.arguments(decoded, self.config.max_tensor_bytes)
+        kwargs, _ = entry.arguments(decoded, self.config.max_tensor_bytes, call.reserve)
         qip = await self.executor.offload(call, functools.partial(
             self._run, self._timer("create_quantized_inner_product"), call, self._qip_class, **kwargs))
         b = kwargs["b"]
@@ -300,7 +331,7 @@ class Service:
         request, or any whose tensors hold `a`)."""
         with self.store.use(session_id, call.identity, forward=True) as session:
             kwargs = optable.native_arguments(_wire.FORWARD_SESSION, decoded, self.config.max_tensor_bytes,
-                                              skip=("session_id",))
+                                              skip=("session_id",), reserve=call.reserve)
             return await self.batcher.forward(session, kwargs["a"], call)
 
     async def create_session(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
@@ -361,5 +392,5 @@ class Service:
             instrumented = Instrumented(label, behavior, self.metrics, self.admission, self.auth,
                                         self.config.max_message_bytes)
             handlers[rpc] = grpc.stream_unary_rpc_method_handler(
-                instrumented.handle, request_deserializer=deserializer(codec))
+                instrumented.handle, request_deserializer=deferred(deserializer(codec), self.config.inline_bytes))
         return handlers
