@@ -19,10 +19,15 @@ from grpc_reflection.v1alpha import reflection_pb2
 
 
 class ServerProcess:
-    def __init__(self, log_path: Path, *flags: str, env: dict | None = None):
+    def __init__(self, log_path: Path, *flags: str, env: dict | None = None, command: list[str] | None = None,
+                 preexec_fn=None):
+        """`command`: the server program (default: this interpreter's tensorops_server);
+        `preexec_fn`: run in the child before it starts (limits, a cgroup)."""
         self.log_path = log_path
         self.flags = flags
         self.env = dict(os.environ, **(env or {}))
+        self.command = command or [sys.executable, "-m", "tensorops_server"]
+        self.preexec_fn = preexec_fn
         self.proc: subprocess.Popen | None = None
         self.port = self.metrics_port = None
 
@@ -30,9 +35,10 @@ class ServerProcess:
         """Start and wait for the "serving" log line (which names the ports chosen)."""
         log = open(self.log_path, "a")
         offset = self.log_path.stat().st_size
-        cmd = [sys.executable, "-m", "tensorops_server", "--host", "127.0.0.1", "--port", str(port),
-               "--metrics-port", "0", "--workers", "4", *self.flags]
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        cmd = [*self.command, "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0", "--workers", "4",
+               *self.flags]
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                     preexec_fn=self.preexec_fn)
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
