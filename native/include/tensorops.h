@@ -292,6 +292,22 @@ void TnNormalizationRows(const void * src, size_t outer, size_t segments, size_t
 void TnNormalizationColumns(const void * src, size_t outer, size_t count, size_t inner,
     const TnNormalization * norm, void * dst);
 
+/* ---- Guarded shared mappings (native/src/guard.c) ---------------------------------- */
+
+/* Maps `size` bytes of the file `fd` from its start (shared, read and write) and guards the
+ * mapping: a SIGBUS inside it (the file shrank under it) replaces the whole mapping with
+ * zero pages and marks it broken instead of killing the process; SIGBUS elsewhere goes to
+ * the handler there was before. Returns the mapping's slot (>= 0) and its address in
+ * *address, or -errno (-ENOSPC: every slot is taken). */
+int TnGuardedMap(int fd, size_t size, void ** address);
+
+/* 1 once a fault inside the mapping of `slot` was caught: it then holds zeros, not the
+ * file, and whatever was computed from it or written into it since is void. */
+int TnGuardedBroken(int slot);
+
+/* Unmaps the mapping of `slot` and frees the slot. Nothing may use the mapping anymore. */
+void TnGuardedUnmap(int slot);
+
 #ifdef __cplusplus
 }
 #endif
