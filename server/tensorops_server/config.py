@@ -55,6 +55,8 @@ class Config:
     shared_memory_prefix: str = "tensorops_"  # the only shared-memory keys that may be registered
     max_shared_memory_regions: int = 64
     max_shared_memory_bytes: int = 1 << 30
+    max_shared_memory_regions_per_caller: int = 16
+    max_shared_memory_bytes_per_caller: int = 256 << 20
     inline_shared_memory_bytes: int = 8 << 20  # calls in shared memory touching up to this many bytes run on the loop
 
     @property
@@ -112,6 +114,9 @@ _HELP = {
     "shared_memory_prefix": "shared-memory keys must start with this prefix (leading slashes aside)",
     "max_shared_memory_regions": "shared-memory regions registered at once, all callers together",
     "max_shared_memory_bytes": "bytes of the shared-memory regions registered at once, all callers together",
+    "max_shared_memory_regions_per_caller": "shared-memory regions one caller (token or client certificate) may "
+                                            "have registered at once",
+    "max_shared_memory_bytes_per_caller": "bytes of the shared-memory regions one caller may have registered at once",
     "inline_shared_memory_bytes": "a call whose message is small (--inline-bytes) and whose tensors in shared "
                                   "memory (inputs and outputs) hold up to this many bytes is computed on the "
                                   "event loop: its kernel is the only work (no decoding, no copies), and a thread "
@@ -185,6 +190,7 @@ _TYPES = {
     "allow_shared_memory": _bool, "shared_memory_prefix": str, "max_shared_memory_regions": _positive(int),
     "inline_shared_memory_bytes": _non_negative(int),
     "max_shared_memory_bytes": _positive(int),
+    "max_shared_memory_regions_per_caller": _positive(int), "max_shared_memory_bytes_per_caller": _positive(int),
 }
 
 

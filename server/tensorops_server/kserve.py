@@ -638,6 +638,7 @@ class KServe:
                 extra["out"] = out
             result = await self._run(model, request_in, call, nbytes, regions.nbytes, extra)
             response = infer_response(model, request, outputs, result, regions.view, written=out)
+            regions.check_intact()  # an object shrunk meanwhile voids what was read or written there
             ok = True
             return response
         finally:

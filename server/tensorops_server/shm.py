@@ -7,23 +7,24 @@ The server maps what callers hand it, so every step is checked:
 
 - off unless --allow-shared-memory; keys must start with --shared-memory-prefix (after
   leading slashes, which name the same object) and name an object directly in /dev/shm;
-- a cap on the regions registered and on their bytes, all callers together;
+- the object is judged by what it is, not by its name: opened without following a
+  symbolic link, it must be a regular file of /dev/shm's file system with exactly one name
+  (a hard link would let an allowed name stand for an object outside the prefix);
+- caps on the regions registered and on their bytes, per caller and all callers together;
 - a region belongs to the caller that registered it (auth.py's identity), as sessions do:
   others do not see it;
 - every use checks offset + size against the region, and the region against the object's
   size *now* (one fstat per region per call, see CallRegions), so that an object shrunk
-  after registration is refused instead of faulting. (A caller that shrinks its object while a call reads or writes it can still
-  fault the process with SIGBUS: POSIX offers no way to pin the size of a shared-memory
-  object. pread/pwrite through the descriptor would make that a clean error but cost two
-  copies, about 0.6 ms at 4 MB, more than the rest of such a call's overhead; so regions
-  stay mapped and shared memory is for callers trusted with the process, see
-  docs/kserve.md.)
+  before a call is refused before any work;
+- an object shrunk *while* a call reads or writes it cannot kill the process: regions are
+  mapped by tensorops_native's GuardedMapping, where the SIGBUS of such an access turns the
+  mapping into zero pages instead (native/src/guard.c). The call then fails naming the
+  region, which is unregistered: it no longer shows the object;
 - a region unregistered while calls use it is unmapped when the last of them ends;
   every region is unmapped on Unregister and at shutdown.
 """
 from __future__ import annotations
 
-import mmap
 import os
 import stat
 import threading
@@ -31,7 +32,10 @@ from dataclasses import dataclass
 
 import grpc
 
+from tensorops_native._guard import GuardedMapping
+
 from . import errors
+from .config import Config
 
 SHM_DIR = "/dev/shm"
 
@@ -44,16 +48,13 @@ class Region:
     offset: int
     byte_size: int
     fd: int
-    map: mmap.mmap
+    mapping: GuardedMapping | None
     users: int = 0
     retired: bool = False
 
     def close(self) -> None:
         os.close(self.fd)
-        try:
-            self.map.close()
-        except BufferError:  # arrays still view it: unmapped when the last of them goes
-            pass
+        self.mapping = None  # unmapped now, or when the last array over it goes
 
 
 def unavailable(field: str | None = None) -> errors.Failure:
@@ -61,77 +62,130 @@ def unavailable(field: str | None = None) -> errors.Failure:
                           "system shared memory is off on this server (tensorops-server --allow-shared-memory)", field)
 
 
+def shrank_during_call(name: str, field: str) -> errors.Failure:
+    return errors.invalid(field, f"the shared-memory object of region {name!r} shrank while the call used it; "
+                                 "the region is unregistered: register it again")
+
+
+@dataclass
+class Usage:
+    """What a caller (or all callers together) holds registered."""
+    regions: int = 0
+    bytes: int = 0
+
+
 class SharedMemory:
-    def __init__(self, *, allowed: bool, prefix: str, max_regions: int, max_bytes: int):
+    def __init__(self, *, allowed: bool, prefix: str, max_regions: int, max_bytes: int,
+                 max_regions_per_caller: int = Config.max_shared_memory_regions_per_caller,
+                 max_bytes_per_caller: int = Config.max_shared_memory_bytes_per_caller):
         self.allowed = allowed
         self.prefix = prefix
         self.max_regions = max_regions
         self.max_bytes = max_bytes
+        self.max_regions_per_caller = max_regions_per_caller
+        self.max_bytes_per_caller = max_bytes_per_caller
         self._lock = threading.Lock()
         self._regions: dict[tuple[str, str], Region] = {}
-        self._bytes = 0
+        self._total = Usage()
+        self._by_owner: dict[str, Usage] = {}
+        # The file system the objects must be on: compared by identity, not by path.
+        self._shm_device = os.stat(SHM_DIR).st_dev if allowed else None
 
     def _check_allowed(self) -> None:
         if not self.allowed:
             raise unavailable()
 
     def _object_name(self, key: str) -> str:
+        errors.check_length("key", key)
         name = key.lstrip("/")
-        if not name or "/" in name or name in (".", ".."):
-            raise errors.invalid("key", "expected the name of a POSIX shared-memory object, like "
-                                        f"'/{self.prefix}input'")
+        if not name or "/" in name or "\0" in name or name in (".", ".."):
+            raise errors.invalid("key", "expected the name of a POSIX shared-memory object (no NUL, no '/' after "
+                                        f"the leading ones), like '/{self.prefix}input'")
         if not name.startswith(self.prefix):
             raise errors.Failure(grpc.StatusCode.PERMISSION_DENIED,
                                  f"this server maps only the shared-memory objects whose names start with "
                                  f"{self.prefix!r}", "key")
         return name
 
+    def _open_object(self, object_name: str) -> int:
+        """A descriptor of the object, once it is known to be one that only its allowed
+        name reaches: not a symbolic link, not a hard link, a regular file of /dev/shm."""
+        try:
+            fd = os.open(os.path.join(SHM_DIR, object_name), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise errors.not_found("no shared-memory object of that name", field="key") from None
+        except OSError as exc:
+            reason = "is a symbolic link" if os.path.islink(os.path.join(SHM_DIR, object_name)) else \
+                f"cannot be opened for reading and writing ({os.strerror(exc.errno)})"
+            raise errors.invalid("key", f"the shared-memory object {reason}") from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_dev != self._shm_device:
+                raise errors.invalid("key", f"not a shared-memory object (a regular file of {SHM_DIR})")
+            if info.st_nlink != 1:
+                raise errors.invalid("key", f"the object has {info.st_nlink} names (hard links); only objects with "
+                                            "one name are mapped, so that the name's prefix says what is mapped")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _check_room_locked(self, owner: str, name: str, byte_size: int) -> None:
+        if (owner, name) in self._regions:
+            raise errors.Failure(grpc.StatusCode.ALREADY_EXISTS, f"region {name!r} is registered already; "
+                                 "unregister it first", "name")
+        mine = self._by_owner.get(owner, Usage())
+        if mine.regions >= self.max_regions_per_caller:
+            raise errors.exhausted(f"this caller has {mine.regions} regions registered, the limit per caller; "
+                                   "unregister some first", "name")
+        if mine.bytes + byte_size > self.max_bytes_per_caller:
+            raise errors.exhausted(f"this caller's regions hold {mine.bytes} bytes; {byte_size} more exceed the "
+                                   f"limit of {self.max_bytes_per_caller} per caller", "byte_size")
+        if self._total.regions >= self.max_regions:
+            raise errors.exhausted(f"{self._total.regions} regions are registered, the server's limit", "name")
+        if self._total.bytes + byte_size > self.max_bytes:
+            raise errors.exhausted(f"the regions registered hold {self._total.bytes} bytes; {byte_size} more "
+                                   f"exceed the server's limit of {self.max_bytes}", "byte_size")
+
     # ---- the calls
     def register(self, owner: str, name: str, key: str, offset: int, byte_size: int) -> None:
         self._check_allowed()
         if not name:
             raise errors.invalid("name", "required: the region's name")
+        errors.check_length("name", name)
         if byte_size <= 0:
             raise errors.invalid("byte_size", f"must be > 0, got {byte_size}")
         object_name = self._object_name(key)
         with self._lock:
-            if (owner, name) in self._regions:
-                raise errors.Failure(grpc.StatusCode.ALREADY_EXISTS, f"region {name!r} is registered already; "
-                                     "unregister it first", "name")
-            if len(self._regions) >= self.max_regions:
-                raise errors.exhausted(f"{len(self._regions)} regions are registered, the server's limit", "name")
-            if self._bytes + byte_size > self.max_bytes:
-                raise errors.exhausted(f"the regions registered hold {self._bytes} bytes; {byte_size} more exceed "
-                                       f"the server's limit of {self.max_bytes}", "byte_size")
+            self._check_room_locked(owner, name, byte_size)
+        fd = self._open_object(object_name)
         try:
-            fd = os.open(os.path.join(SHM_DIR, object_name), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise errors.not_found("no shared-memory object of that name", field="key") from None
-        except OSError:
-            raise errors.invalid("key", "the shared-memory object cannot be opened for reading and writing") \
-                from None
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise errors.invalid("key", "not a shared-memory object")
-            if info.st_size < offset + byte_size:
+            size = os.fstat(fd).st_size
+            if size < offset + byte_size:
                 raise errors.invalid("byte_size", f"offset {offset} + byte_size {byte_size} exceed the object's "
-                                                  f"{info.st_size} bytes")
-            mapped = mmap.mmap(fd, offset + byte_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+                                                  f"{size} bytes")
+            try:
+                mapping = GuardedMapping(fd, offset + byte_size)
+            except OSError as exc:
+                raise errors.exhausted(f"the region cannot be mapped: {exc.strerror}", "byte_size") from None
         except BaseException:
             os.close(fd)
             raise
-        region = Region(name, owner, key, offset, byte_size, fd, mapped)
+        region = Region(name, owner, key, offset, byte_size, fd, mapping)
         with self._lock:  # checked again: another call may have registered meanwhile
-            if (owner, name) in self._regions or len(self._regions) >= self.max_regions or \
-                    self._bytes + byte_size > self.max_bytes:
+            try:
+                self._check_room_locked(owner, name, byte_size)
+            except errors.Failure:
                 region.close()
-                raise errors.exhausted("the regions registered meanwhile reached a limit; try again", "name")
+                raise
             self._regions[(owner, name)] = region
-            self._bytes += byte_size
+            for usage in (self._total, self._by_owner.setdefault(owner, Usage())):
+                usage.regions += 1
+                usage.bytes += byte_size
 
     def status(self, owner: str, name: str) -> list[Region]:
         self._check_allowed()
+        errors.check_length("name", name)
         with self._lock:
             regions = [r for (o, n), r in self._regions.items() if o == owner and (not name or n == name)]
         if name and not regions:
@@ -141,25 +195,41 @@ class SharedMemory:
     def unregister(self, owner: str, name: str) -> None:
         """Unregister `name`, or every region of the caller for ""."""
         self._check_allowed()
+        errors.check_length("name", name)
         with self._lock:
             keys = [k for k in self._regions if k[0] == owner and (not name or k[1] == name)]
             closing = [self._retire_locked(k) for k in keys]
-        for region in closing:
-            if region is not None:
-                region.close()
+        self._close(closing)
 
     def close_all(self) -> None:
         with self._lock:
             closing = [self._retire_locked(k) for k in list(self._regions)]
-        for region in closing:
+        self._close(closing)
+
+    @staticmethod
+    def _close(regions: list[Region | None]) -> None:
+        for region in regions:
             if region is not None:
                 region.close()
 
     def _retire_locked(self, key) -> Region | None:
+        """Unregister the region of `key`; it, if no call uses it (to be closed)."""
         region = self._regions.pop(key)
-        self._bytes -= region.byte_size
+        mine = self._by_owner[region.owner]
+        for usage in (self._total, mine):
+            usage.regions -= 1
+            usage.bytes -= region.byte_size
+        if not mine.regions:
+            del self._by_owner[region.owner]
         region.retired = True
         return region if region.users == 0 else None
+
+    def _retire_broken(self, region: Region) -> None:
+        """Unregister a region whose mapping broke (its object shrank under an access), if
+        it is still registered; the calls holding it close it when they end."""
+        with self._lock:
+            if self._regions.get((region.owner, region.name)) is region:
+                self._retire_locked((region.owner, region.name))
 
     # ---- inference
     def for_call(self, owner: str) -> "CallRegions":
@@ -178,6 +248,9 @@ class SharedMemory:
         if region is None:
             raise errors.not_found(f"no shared-memory region named {name!r} is registered", field=field)
         try:
+            if region.mapping.broken:  # by a call that has not ended yet
+                self._retire_broken(region)
+                raise shrank_during_call(name, field)
             return region, os.fstat(region.fd).st_size
         except BaseException:
             self._let_go(region)
@@ -191,18 +264,28 @@ class SharedMemory:
             region.close()
 
 
+@dataclass(eq=False)
+class Held:
+    """A region as one call holds it."""
+    region: Region
+    object_size: int  # the object's size at the call's first use of the region
+    field: str        # the parameter of that first use, named in errors about the region
+    end: int = 0      # the end of the furthest part of the object the call uses
+
+
 class CallRegions:
     """The parts of regions one call reads and writes. Each region is looked up, held
     (an Unregister meanwhile unmaps it only when the call ends) and checked against its
     object's size (fstat) once per call, at its first use, however many of the call's
-    inputs and outputs lie in it; every part is checked against the region and that size."""
+    inputs and outputs lie in it; every part is checked against the region and that size.
+    After the call's work, check_intact() fails the call if an object shrank meanwhile."""
 
     __slots__ = ("_shm", "_owner", "_held", "_views", "nbytes")
 
     def __init__(self, shm: SharedMemory, owner: str):
         self._shm = shm
         self._owner = owner
-        self._held: dict[str, tuple[Region, int]] = {}  # name -> (region, its object's size)
+        self._held: dict[str, Held] = {}
         self._views: list[memoryview] = []
         self.nbytes = 0  # the bytes of the parts opened so far
 
@@ -211,19 +294,34 @@ class CallRegions:
         until close(). `field` names the parameter in errors."""
         held = self._held.get(name)
         if held is None:
-            held = self._held[name] = self._shm._hold(self._owner, name, field)
-        region, object_size = held
+            held = self._held[name] = Held(*self._shm._hold(self._owner, name, field), field)
+        region = held.region
         if offset < 0 or byte_size < 0 or offset + byte_size > region.byte_size:
             raise errors.invalid(field, f"offset {offset} + byte_size {byte_size} exceed the region's "
                                         f"{region.byte_size} bytes")
         start = region.offset + offset
-        if object_size < start + byte_size:
+        if held.object_size < start + byte_size:
             raise errors.invalid(field, f"the shared-memory object of region {name!r} shrank below what was "
                                         "registered; register it again")
-        view = memoryview(region.map)[start:start + byte_size]
+        held.end = max(held.end, start + byte_size)
+        view = region.mapping.memory[start:start + byte_size]
         self._views.append(view)
         self.nbytes += byte_size
         return view
+
+    def check_intact(self) -> None:
+        """Fail the call if the object of a region it used shrank while it ran: an access
+        past the new end turned the mapping into zeros (the region is then unregistered),
+        or none did but the object now ends before a part the call used (within the last
+        page, past the end reads as zeros without a fault). Either way, what the call read
+        or wrote there is not the caller's data."""
+        for name, held in self._held.items():
+            if held.region.mapping.broken:
+                self._shm._retire_broken(held.region)
+                raise shrank_during_call(name, held.field)
+            if os.fstat(held.region.fd).st_size < held.end:
+                raise errors.invalid(held.field, f"the shared-memory object of region {name!r} shrank while the "
+                                                 "call used it")
 
     def close(self) -> None:
         for view in self._views:
@@ -233,5 +331,5 @@ class CallRegions:
                 pass
         self._views.clear()
         held, self._held = self._held, {}
-        for region, _ in held.values():
-            self._shm._let_go(region)
+        for h in held.values():
+            self._shm._let_go(h.region)
