@@ -38,6 +38,7 @@ MAX_OPERANDS = 1024
 # dimensions the in-place decoder walks in one message. Every one costs Python work;
 # a message within the limit takes a few tens of milliseconds at most.
 MAX_FIELDS = 65536
+TOO_MANY_FIELDS = f"more than {MAX_FIELDS} fields and shape dimensions in all (the limit)"
 ALIGNMENT = 16
 # Up to this size the protobuf runtime (C) is faster than walking the message in Python;
 # above it, its copies of the payload cost more.
@@ -277,7 +278,7 @@ class _Budget:
         self.left = MAX_FIELDS
 
     def exceeded(self) -> WireError:
-        return WireError("message", f"more than {MAX_FIELDS} fields and shape dimensions in all (the limit)")
+        return WireError("message", TOO_MANY_FIELDS)
 
 
 def _skip_group(buf, pos: int, end: int, number: int, depth: int, budget: _Budget) -> int:
@@ -415,6 +416,14 @@ def split_field(raw: bytes, number: int) -> tuple[bytes, list[memoryview]]:
             kept = stop
     rest.append(view[kept:])
     return b"".join(rest), found
+
+
+def check_fields(raw: bytes) -> None:
+    """Refuse a message of more than MAX_FIELDS fields (at the top level and in groups)
+    before the protobuf runtime builds an object for each."""
+    view = memoryview(raw)
+    for _ in _fields(view, 0, len(view), _Budget()):
+        pass
 
 
 def bytes_field(number: int, payload: memoryview) -> list:

@@ -52,7 +52,7 @@ from tensorops.v1 import tensor_pb2
 from . import errors, optable
 from .execution import CallState
 from .reflection import renamed
-from .service import Incoming, Instrumented, Service
+from .service import Incoming, Instrumented, Service, deferred
 from .shm import SharedMemory
 
 PLATFORM = "tensorops"
@@ -252,16 +252,22 @@ def _argument(op: _wire.Operation, name: str, value) -> Any:
     return value
 
 
+def _check_parameter_name(model: Model, name: str) -> None:
+    """Refuse a name that is none of the model's parameters."""
+    kind = model.op.request_plan.get(name)
+    if kind is None or kind[0] in (_wire.TENSOR, _wire.TENSORS) or name == "session_id":
+        errors.check_length("parameters.name", name)
+        known = ", ".join(model.parameters) or "none"
+        raise errors.invalid(name, f"model {model.name} has no parameter `{name}` (its parameters: {known})")
+
+
 def request_message(model: Model, arguments: dict[str, Any]):
     """The tensorops.v1 request message (without tensors) holding the arguments, encoded
     as a tensorops client would encode them (so that they are checked in one place)."""
     op = model.op
     converted = {}
     for name, value in arguments.items():
-        kind = op.request_plan.get(name)
-        if kind is None or kind[0] in (_wire.TENSOR, _wire.TENSORS) or name == "session_id":
-            known = ", ".join(model.parameters) or "none"
-            raise errors.invalid(name, f"model {model.name} has no parameter `{name}` (its parameters: {known})")
+        _check_parameter_name(model, name)
         converted[name] = _argument(op, name, value)
     try:
         return op.request_class.FromString(_wire.build_request(op, converted).data)
@@ -300,6 +306,7 @@ def region_parameters(where: str, parameters) -> tuple[str, int, int] | None:
         if key not in _REGION_PARAMETERS:
             if key == "binary_data_size":
                 continue
+            errors.check_length(f"{where}.parameters.name", key)
             raise errors.invalid(f"{where}.{key}", f"unknown tensor parameter `{key}`")
         choice = p.WhichOneof("parameter_choice")
         if choice is None:
@@ -313,6 +320,7 @@ def region_parameters(where: str, parameters) -> tuple[str, int, int] | None:
     region, size, offset = values[_REGION], values[_BYTE_SIZE], values.get(_OFFSET, 0)
     if not isinstance(region, str):
         raise errors.invalid(f"{where}.{_REGION}", f"expected a string_param, got {_choice_name(region)}")
+    errors.check_length(f"{where}.{_REGION}", region)
     for key, value in ((_BYTE_SIZE, size), (_OFFSET, offset)):
         if type(value) is not int or value < 0:  # noqa: E721 - bool (a bool_param) is refused too
             raise errors.invalid(f"{where}.{key}", f"expected a non-negative int64_param, got {value!r}")
@@ -324,28 +332,36 @@ def input_tensors(model: Model, request, raws: list, fmt: int, regions: Regions 
     contents (one buffer per input not in shared memory, in order), typed contents or a
     shared-memory region."""
     inputs = request.inputs
+    input_names = model.input_names
+    given = set()
+    for tensor in inputs:  # every input is the model's, once: their count is bounded by the model's
+        name = tensor.name
+        if name not in input_names:
+            errors.check_length("inputs.name", name)
+            known = ", ".join(t.name for t in model.inputs)
+            raise errors.invalid(name, f"model {model.name} has no input `{name}` (its inputs: {known})")
+        if name in given:
+            raise errors.invalid(name, f"input `{name}` is given twice")
+        given.add(name)
     placed = [region_parameters(t.name, t.parameters) for t in inputs]
     in_messages = placed.count(None)
     if raws and len(raws) != in_messages:
         raise errors.invalid("raw_input_contents", f"expected one buffer per input not in shared memory "
                                                    f"({in_messages}), got {len(raws)}")
     j = 0  # the next raw buffer
-    input_names = model.input_names
     layout = model.op.layout
     repeated = model.op.request_codec.repeated
-    tensors: dict[str, Any] = {}
+    tensors: dict[str, Any] = {name: [] for name in repeated}  # as the tensorops.v1 codec leaves them
     for tensor, where in zip(inputs, placed):
         name = tensor.name
-        if name not in input_names:
-            known = ", ".join(t.name for t in model.inputs)
-            raise errors.invalid(name, f"model {model.name} has no input `{name}` (its inputs: {known})")
-        if name in tensors:
-            raise errors.invalid(name, f"input `{name}` is given twice")
         datatype = tensor.datatype
         found = DATATYPES.get(datatype)
         if found is None:
+            errors.check_length(f"{name}.datatype", datatype)
             raise errors.invalid(f"{name}.datatype", f"expected one of {', '.join(DATATYPES)}, got {datatype!r}")
         code, dtype = found
+        if len(tensor.shape) > _codec.MAX_NDIM:  # before the dimensions are copied out of the message
+            raise errors.invalid(f"{name}.shape", f"at most {_codec.MAX_NDIM} dimensions, got {len(tensor.shape)}")
         shape = tensor.shape[:]  # a list, built faster than list(shape) by the protobuf runtime
         count = (math.prod(shape) if min(shape) >= 0 else -1) if shape else 1
         if where is not None:
@@ -377,6 +393,9 @@ def input_tensors(model: Model, request, raws: list, fmt: int, regions: Regions 
             if not shape or count < 0:
                 raise errors.invalid(f"{name}.shape", "expected the operands stacked along a first dimension, "
                                                       f"got shape {shape}")
+            if shape[0] > _codec.MAX_OPERANDS:  # each costs objects of its own, even when empty
+                raise errors.invalid(f"{name}.shape", f"at most {_codec.MAX_OPERANDS} operands (the first "
+                                                      f"dimension, the limit), got {shape[0]}")
             size = len(data) // shape[0] if shape[0] else 0
             view = memoryview(data)
             tensors[name] = [_codec.WireTensor(shape[1:], code, image, view[k * size:(k + 1) * size])
@@ -387,7 +406,8 @@ def input_tensors(model: Model, request, raws: list, fmt: int, regions: Regions 
 
 
 # Conversions of request parameters kept per model (the same few recur call after call);
-# beyond this many, new ones are converted on every call.
+# beyond this many, new ones are converted on every call. An entry holds at most one value
+# of MAX_NAME_CHARS per parameter of the model.
 ARGUMENTS_CACHE_SIZE = 64
 
 
@@ -395,15 +415,22 @@ def request_arguments(model: Model, parameters) -> tuple[Any, int]:
     """The tensorops.v1 request message (without tensors) holding a request's parameters,
     and the format of its image tensors (wire enum). Parameters seen before, with values of
     the same types, reuse their conversion (read only, like every decoded message): they
-    were validated then, and conversion depends on nothing else."""
+    were converted then, and conversion depends on nothing else. Names and value sizes are
+    checked first, so that only the model's parameters, with short values, are converted
+    or kept."""
     received = []
     for name, p in parameters.items():
-        if name in IGNORED_PARAMETERS:
-            continue
+        ignored = name in IGNORED_PARAMETERS
+        if not ignored and (name != _FORMAT_PARAMETER or not model.op.layout):
+            _check_parameter_name(model, name)
         choice = p.WhichOneof("parameter_choice")
         if choice is None:
             raise errors.invalid(name, f"parameter `{name}` has no value")
-        received.append((name, choice, getattr(p, choice)))
+        value = getattr(p, choice)
+        if isinstance(value, (str, bytes)):
+            errors.check_length(name, value)
+        if not ignored:
+            received.append((name, choice, value))
     key = tuple(received)
     cache = model.arguments_cache
     converted = cache.get(key)
@@ -435,14 +462,17 @@ def requested_outputs(model: Model, request) -> tuple[tuple[str, tuple | None], 
     if not request.outputs:
         return model.all_outputs
     names = model.output_names
-    wanted = []
-    for o in request.outputs:
+    wanted = {}
+    for o in request.outputs:  # each of the model's outputs at most once: as many as it has
         name = o.name
         if name not in names:
+            errors.check_length("outputs.name", name)
             raise errors.invalid(f"outputs.{name}", f"model {model.name} has no output `{name}` "
                                                     f"(its outputs: {', '.join(names)})")
-        wanted.append((name, region_parameters(f"outputs.{name}", o.parameters)))
-    return tuple(wanted)
+        if name in wanted:
+            raise errors.invalid(f"outputs.{name}", f"output `{name}` is listed twice")
+        wanted[name] = None
+    return tuple((o.name, region_parameters(f"outputs.{o.name}", o.parameters)) for o in request.outputs)
 
 
 _ID = pb.ModelInferResponse.DESCRIPTOR.fields_by_name["id"].number
@@ -454,14 +484,16 @@ def _message_field(number: int, data: bytes) -> bytes:
     return b"".join(_codec.bytes_field(number, memoryview(data)))
 
 
-def infer_response(model: Model, request, outputs: tuple, result, regions: Regions | None = None,
+def infer_response(model: Model, request, outputs: tuple, result, limit: int, regions: Regions | None = None,
                    written: np.ndarray | None = None) -> bytes:
     """The ModelInferResponse: output descriptions, then the results as raw contents, each
     copied once into the message, or into its shared-memory region (its raw contents then
     empty, so that every output keeps its index among the raw contents). `written`: a
     result the kernel wrote into its region already. The message is assembled from its
     fields (the model's head, id, outputs, raw contents), which protobuf reads as the
-    message serialized at once."""
+    message serialized at once, once its size is checked against `limit`. (Each result was
+    charged to the call with its copy in a response before it was computed, and a request
+    names each output at most once.)"""
     results = result if isinstance(result, tuple) else (result,)
     names = model.output_names
     parts = [model.response_head]
@@ -488,6 +520,10 @@ def infer_response(model: Model, request, outputs: tuple, result, regions: Regio
         else:
             payloads += _codec.bytes_field(_RAW_OUTPUTS, _codec.array_bytes(arr))
         parts.append(_message_field(_OUTPUTS, out.SerializeToString()))
+    nbytes = sum(len(p) for p in parts) + sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in payloads)
+    if nbytes > limit:
+        raise errors.exhausted(f"the response would take {nbytes} bytes, beyond the limit of {limit} bytes per "
+                               "message", field="outputs")
     return b"".join(parts + payloads)
 
 
@@ -498,9 +534,14 @@ _CONFIG = "config"
 _FILE = "file:"
 
 
-def npy_tensor(key: str, data: bytes) -> _codec.WireTensor:
+# The largest `config` of RepositoryModelLoad: a JSON object of a few scalars.
+MAX_CONFIG_CHARS = 4096
+
+
+def npy_tensor(key: str, data: bytes, call: CallState) -> _codec.WireTensor:
     """A .npy file's array as a WireTensor over its bytes, without trusting its header
-    (the size is checked against the bytes there are, later, by the codec)."""
+    (the size is checked against the bytes there are, later, by the codec). An array of
+    the other byte order is swapped into a copy (charged to the call)."""
     stream = io.BytesIO(data)
     try:
         version = np.lib.format.read_magic(stream)
@@ -515,10 +556,34 @@ def npy_tensor(key: str, data: bytes) -> _codec.WireTensor:
         _, code = _codec.wire_array(np.empty(0, dtype), key)
     except WireError as exc:
         raise errors.from_wire(exc) from None
-    return _codec.WireTensor(list(shape), code, 0, memoryview(data)[stream.tell():])
+    payload = memoryview(data)[stream.tell():]
+    if not dtype.isnative and len(payload) == math.prod(shape) * dtype.itemsize:  # else the codec names it
+        call.reserve(len(payload), key)
+        payload = memoryview(np.frombuffer(payload, dtype).astype(dtype.newbyteorder("=")).view(np.uint8))
+    return _codec.WireTensor(list(shape), code, 0, payload)
 
 
-def load_request(request) -> _codec.Decoded:
+def _config_arguments(value) -> dict[str, Any]:
+    """The constructor's scalar arguments from the JSON object `config`."""
+    if not isinstance(value, str):
+        raise errors.invalid(_CONFIG, f"expected a string_param holding a JSON object, got {_choice_name(value)}")
+    errors.check_length(_CONFIG, value, MAX_CONFIG_CHARS)
+    try:
+        config = json.loads(value)
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
+        raise errors.invalid(_CONFIG, "expected a JSON object of scalars, got text that is not JSON or is nested "
+                                      "too deep") from None
+    if not isinstance(config, dict):
+        raise errors.invalid(_CONFIG, f"expected a JSON object, got {type(config).__name__}")
+    for name, item in config.items():
+        if isinstance(item, (dict, list)):
+            errors.check_length(f"{_CONFIG}.name", name)
+            raise errors.invalid(name, f"expected a number, a string or a bool, got a JSON "
+                                       f"{'object' if isinstance(item, dict) else 'array'}")
+    return config
+
+
+def load_request(request, call: CallState) -> _codec.Decoded:
     """A RepositoryModelLoadRequest as the CreateQuantizedInnerProduct request."""
     op = _wire.CREATE_SESSION
     model = Model(request.model_name, op, (), (), {name: "" for name, (kind, _) in op.request_plan.items()
@@ -527,24 +592,17 @@ def load_request(request) -> _codec.Decoded:
     tensors: dict[str, Any] = {}
     tensor_names = op.request_codec.numbers
     for key, p in request.parameters.items():
+        errors.check_length("parameters.name", key)
         value = _parameter_value(key, p)
         if key == _CONFIG:
-            if not isinstance(value, str):
-                raise errors.invalid(key, f"expected a string_param holding a JSON object, got {_choice_name(value)}")
-            try:
-                config = json.loads(value)
-            except ValueError:
-                raise errors.invalid(key, "expected a JSON object, got text that is not JSON") from None
-            if not isinstance(config, dict):
-                raise errors.invalid(key, f"expected a JSON object, got {type(config).__name__}")
-            arguments.update(config)
+            arguments.update(_config_arguments(value))
         elif key.startswith(_FILE):
             name = key[len(_FILE):].removesuffix(".npy")
             if name not in tensor_names:
                 raise errors.invalid(key, f"expected the files {', '.join(_FILE + n for n in tensor_names)}")
             if not isinstance(value, bytes):
                 raise errors.invalid(key, f"expected a bytes_param, got {_choice_name(value)}")
-            tensors[name] = npy_tensor(key, value)
+            tensors[name] = npy_tensor(key, value, call)
         else:
             raise errors.invalid(key, f"unknown parameter `{key}`: expected `config` and `file:<tensor>`")
     return _codec.Decoded(request_message(model, arguments), tensors)
@@ -560,24 +618,48 @@ def reflection_file():
     return renamed(pb.DESCRIPTOR, "inference/grpc_service.proto", package)
 
 
+# The most bytes of a ModelInferRequest outside its raw_input_contents: names, shapes,
+# parameters and typed contents. The protobuf runtime can take several times their size
+# (8 bytes for each 1-byte dimension or int64 element), and typed contents are converted
+# element by element; raw contents take neither.
+MAX_DESCRIPTION_BYTES = 256 * 1024
+
+
 def deserializer(message_class, raw_field: int | None = None) -> Callable[[bytes], Incoming]:
     """Parse a request; with `raw_field`, that bytes field stays in the received bytes
-    (views, no copy) and lands in `Decoded.tensors["raw"]`."""
+    (views, no copy) and lands in `Decoded.tensors["raw"]`. A large message is walked
+    first, within the codec's field limit, so that the protobuf runtime never builds an
+    object per field of millions."""
     name = f"inference.{message_class.DESCRIPTOR.name}"
 
     def decode(raw: bytes) -> Incoming:
         try:
-            if raw_field is not None and len(raw) > _codec.SMALL_MESSAGE:
-                rest, raws = _codec.split_field(raw, raw_field)
-                message = message_class.FromString(rest)
-            else:
+            if len(raw) <= _codec.SMALL_MESSAGE:
                 message = message_class.FromString(raw)
                 raws = list(getattr(message, "raw_input_contents", ()))
+            elif raw_field is not None:
+                rest, raws = _codec.split_field(raw, raw_field)
+                if len(rest) > MAX_DESCRIPTION_BYTES:
+                    return Incoming(None, WireError("message", f"{len(rest)} bytes besides raw_input_contents, "
+                                                    f"more than the limit of {MAX_DESCRIPTION_BYTES}: send large "
+                                                    "tensors as raw contents"), len(raw))
+                message = message_class.FromString(rest)
+            else:
+                _codec.check_fields(raw)
+                message = message_class.FromString(raw)
+                raws = []
             return Incoming(_codec.Decoded(message, {"raw": raws}, len(raw)), None, len(raw))
-        except Exception:  # DecodeError, or WireError from split_field
-            return Incoming(None, WireError("message", f"the request is not a valid {name} message in the "
-                                                       "protobuf binary encoding"), len(raw))
+        except WireError as exc:
+            if exc.message == _codec.TOO_MANY_FIELDS:  # said as it is
+                return Incoming(None, exc, len(raw))
+            return Incoming(None, _not_the_message(name), len(raw))
+        except Exception:  # noqa: BLE001 - DecodeError
+            return Incoming(None, _not_the_message(name), len(raw))
     return decode
+
+
+def _not_the_message(name: str) -> WireError:
+    return WireError("message", f"the request is not a valid {name} message in the protobuf binary encoding")
 
 
 class KServe:
@@ -595,7 +677,9 @@ class KServe:
 
     # ---- models
     def model(self, name: str, version: str, identity: str) -> Model:
+        errors.check_length("model_name", name)
         if version not in ("", VERSION):
+            errors.check_length("model_version", version)
             raise errors.not_found(f"model {name} has no version {version!r} (its only version is {VERSION})",
                                    field="model_version")
         model = self.models.get(name) or self.sessions.get((identity, name))
@@ -626,6 +710,7 @@ class KServe:
     async def infer(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
         request = decoded.message
         model = self.model(request.model_name, request.model_version, call.identity)
+        errors.check_length("id", request.id)  # echoed in the response
         start = time.perf_counter_ns()
         ok = False
         regions = self.shm.for_call(call.identity)
@@ -637,7 +722,8 @@ class KServe:
             if out is not None:
                 extra["out"] = out
             result = await self._run(model, request_in, call, nbytes, regions.nbytes, extra)
-            response = infer_response(model, request, outputs, result, regions.view, written=out)
+            response = infer_response(model, request, outputs, result, self.service.config.max_message_bytes,
+                                      regions.view, written=out)
             regions.check_intact()  # an object shrunk meanwhile voids what was read or written there
             ok = True
             return response
@@ -801,9 +887,10 @@ class KServe:
         name = request.model_name
         if not name:
             raise errors.invalid("model_name", "required: the name the session will be called by")
+        errors.check_length("model_name", name)  # kept while the session lives, listed by RepositoryIndex
         if name in self.models:
             raise errors.invalid("model_name", f"{name!r} is an operation; choose another name for the session")
-        session = await self.service.open_session(load_request(request), call)
+        session = await self.service.open_session(load_request(request, call), call)
         live = {s.id for s in self.service.store.snapshot(call.identity)}
         for key in [k for k, m in self.sessions.items() if k[0] == call.identity and m.session_id not in live]:
             del self.sessions[key]  # sessions gone meanwhile
@@ -815,6 +902,7 @@ class KServe:
 
     async def unload(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
         name = decoded.message.model_name
+        errors.check_length("model_name", name)
         if name in self.models:
             raise errors.invalid("model_name", f"{name!r} is an operation: only sessions are loaded and unloaded")
         model = self.sessions.pop((call.identity, name), None)
@@ -865,29 +953,39 @@ class KServe:
                                              pb.SystemSharedMemoryUnregisterRequest),
         }
         handlers = {}
+        inline_bytes = s.config.inline_bytes  # larger requests are decoded on a worker, once admitted
         for rpc, (label, behavior, message_class) in behaviors.items():
             instrumented = Instrumented(label, behavior, s.metrics, s.admission, s.auth, s.config.max_message_bytes)
             raw = _RAW_INPUTS if message_class is pb.ModelInferRequest else None
             handlers[rpc] = grpc.stream_unary_rpc_method_handler(
-                instrumented.handle, request_deserializer=deserializer(message_class, raw))
+                instrumented.handle, request_deserializer=deferred(deserializer(message_class, raw), inline_bytes))
         streaming = Instrumented("kserve_model_stream_infer", self.infer, s.metrics, s.admission, s.auth,
                                  s.config.max_message_bytes)
         async def stream(requests, context):
             await self.stream_infer(streaming, context)
         handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
             stream,
-            request_deserializer=deserializer(pb.ModelInferRequest, _RAW_INPUTS))
+            request_deserializer=deferred(deserializer(pb.ModelInferRequest, _RAW_INPUTS), inline_bytes))
         # Liveness and readiness: like the health service, outside admission and auth.
         handlers["ServerLive"] = grpc.unary_unary_rpc_method_handler(
-            self._live, request_deserializer=pb.ServerLiveRequest.FromString,
+            self._live, request_deserializer=deserializer(pb.ServerLiveRequest),
             response_serializer=pb.ServerLiveResponse.SerializeToString)
         handlers["ServerReady"] = grpc.unary_unary_rpc_method_handler(
-            self._ready, request_deserializer=pb.ServerReadyRequest.FromString,
+            self._ready, request_deserializer=deserializer(pb.ServerReadyRequest),
             response_serializer=pb.ServerReadyResponse.SerializeToString)
         return handlers
 
-    async def _live(self, request, context) -> pb.ServerLiveResponse:
+    @staticmethod
+    async def _refuse_undecodable(incoming: Incoming, context: grpc.aio.ServicerContext) -> None:
+        """INVALID_ARGUMENT for a request that is not the message (gRPC itself would answer
+        UNKNOWN for a deserializer's exception)."""
+        if incoming.error is not None:
+            await context.abort_with_status(errors.from_wire(incoming.error).status())
+
+    async def _live(self, incoming: Incoming, context) -> pb.ServerLiveResponse:
+        await self._refuse_undecodable(incoming, context)
         return pb.ServerLiveResponse(live=True)
 
-    async def _ready(self, request, context) -> pb.ServerReadyResponse:
+    async def _ready(self, incoming: Incoming, context) -> pb.ServerReadyResponse:
+        await self._refuse_undecodable(incoming, context)
         return pb.ServerReadyResponse(ready=self.ready)
