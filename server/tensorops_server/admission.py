@@ -42,6 +42,7 @@ every limit. Everything here runs on the event loop, so plain counters suffice.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 
 import grpc
@@ -167,10 +168,10 @@ def draining() -> errors.Failure:
 
 class Account:
     """The bytes one call holds, from its admission until its response was sent or the
-    call ended. reserve() may be called from any thread; close() gives everything back
-    (once, whoever calls it)."""
+    call ended (and no worker still computes for it). reserve() may be called from any
+    thread; close() gives everything back once nothing holds it any more."""
 
-    __slots__ = ("_admission", "_lock", "nbytes", "running", "closed")
+    __slots__ = ("_admission", "_lock", "nbytes", "running", "closed", "_holds")
 
     def __init__(self, admission: Admission):
         self._admission = admission
@@ -178,6 +179,7 @@ class Account:
         self.nbytes = 0
         self.running = False  # counted among the running calls (max_concurrent)
         self.closed = False
+        self._holds = 0       # workers still computing for the ended call
 
     def reserve(self, nbytes: int, field: str | None = None, what: str = "this call") -> None:
         """Charge `nbytes` more before allocating them; RESOURCE_EXHAUSTED naming `field`
@@ -185,23 +187,40 @@ class Account:
         if nbytes <= 0:
             return
         with self._lock:
-            if self.closed:  # the call ended meanwhile (a worker still finishing): nothing to hold
+            if self.closed:  # the call ended meanwhile (a worker still finishing): stop it there
                 raise errors.Failure(grpc.StatusCode.CANCELLED, "the call ended")
             self._admission._charge(nbytes, field, what)
             self.nbytes += nbytes
 
     def stop_running(self) -> None:
-        """The call's computation is over (its response may still be unsent)."""
+        """The call's computation is over (its response may still be unsent). On the loop."""
         if self.running:
             self.running = False
             self._admission.running -= 1
 
+    def hold_until(self, work: concurrent.futures.Future) -> None:
+        """Keep the charge after close() until `work` (a worker of the cancelled call,
+        which may still hold what it allocated) is done."""
+        with self._lock:
+            self._holds += 1
+        work.add_done_callback(lambda _: self._release_hold())
+
+    def _release_hold(self) -> None:
+        with self._lock:
+            self._holds -= 1
+        self._refund_if_done()
+
     def close(self) -> None:
+        """The call ended: give its bytes back (at once, or when the last hold ends)."""
         self.stop_running()
         with self._lock:
-            if self.closed:
-                return
             self.closed = True
+        self._refund_if_done()
+
+    def _refund_if_done(self) -> None:
+        with self._lock:
+            if not self.closed or self._holds:
+                return
             nbytes, self.nbytes = self.nbytes, 0
         self._admission._refund(nbytes)
 

@@ -61,18 +61,23 @@ class Executor:
 
     async def offload(self, call: CallState, fn: Callable[..., Any], *args) -> Any:
         """fn(*args) on a worker. If the call is cancelled meanwhile, a task still queued
-        never starts, and one that started finds `call.cancelled` set."""
-        future = asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        never starts, and one that started finds `call.cancelled` set; the call's account
+        stays charged until that worker is done with what it allocated."""
+        work = self.pool.submit(fn, *args)
+        future = asyncio.wrap_future(work)
         try:
             return await future
         except asyncio.CancelledError:
             call.cancelled = True
+            work.cancel()  # when still queued
+            if call.account is not None:
+                call.account.hold_until(work)
             raise
         finally:
             # An exception fn raised references this frame (its traceback), and the future
             # references the exception: without this, that cycle would keep the call's
             # arguments (the request's buffers) until the cyclic collector runs.
-            del future
+            del future, work
 
     async def run(self, nbytes: int, call: CallState, fn: Callable[..., Any], *args) -> Any:
         if nbytes <= self.inline_bytes:

@@ -305,3 +305,36 @@ def test_client_errors_are_not_logged_at_the_default_level(start_server):
             with pytest.raises(tensorops.InvalidArgumentError):
                 c.softmax(np.zeros(3, np.float32), axis=5)
     assert srv.log_path.read_text()[offset:] == ""
+
+
+def test_accounts_are_exact_under_threads_and_held_by_a_worker_still_computing():
+    """In-process: reservations from many threads add up exactly and are all given back;
+    a cancelled call's account stays charged until its worker is done."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    from tensorops_server import errors
+    from tensorops_server.admission import Admission
+
+    admission = Admission(max_pending=4, read_timeout=1, max_concurrent=0, max_inflight_bytes=5_000)
+    accounts = [admission.admit(10) for _ in range(8)]
+
+    def charge(account):
+        refused = 0
+        for _ in range(1000):
+            try:
+                account.reserve(1, "x")
+            except errors.Failure:
+                refused += 1
+        return refused
+    with ThreadPoolExecutor(8) as pool:
+        refused = sum(pool.map(charge, accounts))
+    assert admission.inflight_bytes == 5_000 and refused == 8 * 1000 - (5_000 - 8 * 10)
+    worker = Future()
+    accounts[0].hold_until(worker)
+    for account in accounts:
+        account.close()
+    assert admission.inflight_bytes == accounts[0].nbytes > 0 and admission.running == 0
+    with pytest.raises(errors.Failure):  # the worker of an ended call cannot charge more
+        accounts[0].reserve(1, "x")
+    worker.set_result(None)
+    assert admission.inflight_bytes == 0
