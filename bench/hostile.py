@@ -10,6 +10,7 @@ still alive.
     sudo .venv/bin/python bench/hostile.py                          # this checkout's server
     sudo .venv/bin/python bench/hostile.py --server /path/to/venv/bin/tensorops-server
     sudo .venv/bin/python bench/hostile.py --rows 1,2 --scale ci    # smaller sizes
+    .venv/bin/python bench/hostile.py --compare before.jsonl after.jsonl   # two runs side by side
 
 The full sizes kill an unprotected server, so the memory cgroup is required at that scale
 (root, cgroup v1 memory controller at /sys/fs/cgroup/memory); each cgroup is removed after
@@ -126,13 +127,44 @@ def markdown(outcomes: list[hostile.Outcome], title: str) -> str:
              "| server alive |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for o in outcomes:
-        refused = seconds_text(o.refused_after)
-        if "died_after" in o.details:
-            refused = f"died after {seconds_text(o.details['died_after'])}"
-        cells = [str(o.row), o.request, o.outcome.replace("|", "/"), refused,
+        cells = [str(o.row), o.request, o.outcome.replace("|", "/"), refusal_text(o),
                  size_text(o.peak_rss), seconds_text(o.max_health_latency),
                  {True: "ok", False: "fail", None: "-"}[o.legitimate_ok], "yes" if o.alive else "no"]
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def load_outcomes(path: str) -> dict[int, hostile.Outcome]:
+    """The outcomes a run wrote next to its table (--out X.md writes X.jsonl)."""
+    outcomes = {}
+    for line in Path(path).read_text().splitlines():
+        fields = json.loads(line)
+        outcomes[fields["row"]] = hostile.Outcome(**fields)
+    return outcomes
+
+
+def refusal_text(o: hostile.Outcome) -> str:
+    if "died_after" in o.details:
+        return f"died after {seconds_text(o.details['died_after'])}"
+    return seconds_text(o.refused_after) if o.refused_after is not None else "not refused"
+
+
+def comparison(before_path: str, after_path: str) -> str:
+    """Before and after of each row, side by side: time to refuse, peak resident memory,
+    slowest health check (the closing note of issue 22)."""
+    before, after = load_outcomes(before_path), load_outcomes(after_path)
+    lines = ["| # | time to refuse, before | after | peak RSS, before | after | max health latency, before | after "
+             "| alive after, before | after |", "| --- " * 9 + "|"]
+    for row in sorted(set(before) | set(after)):
+        b, a = before.get(row), after.get(row)
+
+        def cells(o: hostile.Outcome | None) -> list[str]:
+            if o is None:
+                return ["-"] * 4
+            return [refusal_text(o), size_text(o.peak_rss), seconds_text(o.max_health_latency),
+                    "yes" if o.alive else "no"]
+        cb, ca = cells(b), cells(a)
+        lines.append("| " + " | ".join([str(row)] + [x for pair in zip(cb, ca) for x in pair]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -150,7 +182,12 @@ def main() -> None:
     parser.add_argument("--row-timeout", type=float, default=150.0, help="seconds after which a row's server is killed")
     parser.add_argument("--title", default="hostile campaign")
     parser.add_argument("--out", help="also write the table (and the details as JSON lines next to it) here")
+    parser.add_argument("--compare", nargs=2, metavar=("BEFORE.jsonl", "AFTER.jsonl"),
+                        help="print two runs side by side (from their --out files) and run nothing")
     args = parser.parse_args()
+    if args.compare:
+        print(comparison(*args.compare))
+        return
     limit = parse_size(args.memory_limit)
     if not limit and args.scale == "full":
         parser.error("the full scale runs only inside a memory cgroup (--memory-limit)")

@@ -509,14 +509,15 @@ def row6_shrunk_shared_memory(target: Target, sizes: tuple[int, ...] = (16 << 20
                               duration: float = 10.0, timeout: float = 30) -> Outcome:
     """Calls read shared-memory regions (one per size: the worker and the inline path)
     while another thread shrinks their objects to 0 and grows them back (ftruncate), for
-    `duration` seconds."""
+    `duration` seconds. A region the server drops (NOT_FOUND) is registered again."""
     def body(out):
         objects = [SharedObject(n) for n in sizes]
         stop = threading.Event()
         answers: list[Answer] = []
+        reregistered: list[str] = []
 
         def shrink():
-            while not stop.is_set():
+            while not stop.wait(0.0005):  # a pause, so that this process's health checks get the GIL
                 for obj in objects:
                     os.ftruncate(obj.fd, 0)
                     os.ftruncate(obj.fd, obj.nbytes)
@@ -525,6 +526,11 @@ def row6_shrunk_shared_memory(target: Target, sizes: tuple[int, ...] = (16 << 20
             request = eltwise_from_region(name, obj.nbytes)
             while not stop.is_set() and alive(target.pid):
                 answers.append(call(channel, f"{KSERVE}/ModelInfer", request, timeout))
+                if answers[-1].code is grpc.StatusCode.NOT_FOUND:  # the server dropped the broken region
+                    while not stop.is_set() and register(channel, name, obj, obj.nbytes).code is not \
+                            grpc.StatusCode.OK:
+                        pass  # refused while the object is shrunk: again
+                    reregistered.append(name)
         try:
             with channel_for(target) as channel:
                 names = [f"hostile{i}" for i in range(len(objects))]
@@ -553,7 +559,7 @@ def row6_shrunk_shared_memory(target: Target, sizes: tuple[int, ...] = (16 << 20
         for a in answers:
             by_code[a.code.name] = by_code.get(a.code.name, 0) + 1
         refusals = [a for a in answers if refused(a)]
-        out.details.update(calls=len(answers), codes=by_code)
+        out.details.update(calls=len(answers), codes=by_code, registered_again=len(reregistered))
         if refusals:
             out.refused_after = max(a.elapsed for a in refusals)
             out.details["code"] = refusals[0].code.name
