@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -35,6 +36,7 @@ class _Waiting:
     a: np.ndarray
     call: CallState
     result: asyncio.Future
+    work: Future | None = None  # the kernel call of its batch, once started
 
 
 @dataclass(eq=False)
@@ -78,6 +80,8 @@ class ForwardBatcher:
             return await waiting.result
         except asyncio.CancelledError:
             call.cancelled = True  # left out of a batch that has not started
+            if waiting.work is not None and call.account is not None:  # its rows are being computed
+                call.account.hold_until(waiting.work)
             raise
 
     def _batchable(self, session, a) -> bool:
@@ -145,8 +149,11 @@ class ForwardBatcher:
     async def _run(self, session, batch: list[_Waiting]) -> None:
         loop = asyncio.get_running_loop()
         a = batch[0].a if len(batch) == 1 else np.concatenate([w.a for w in batch])
+        work = self.executor.pool.submit(self._kernel, session, a)
+        for waiting in batch:
+            waiting.work = work
         try:
-            c = await loop.run_in_executor(self.executor.pool, self._kernel, session, a)
+            c = await asyncio.wrap_future(work)
         except Exception as exc:  # noqa: BLE001 - each caller gets its own outcome below
             if len(batch) == 1:
                 _settle(batch[0], exception=exc)
