@@ -13,31 +13,40 @@
   other calls hold; beyond either limit it is refused at once (RESOURCE_EXHAUSTED)
   instead of queueing without bound: load shedding.
 - An admitted call has one memory account (`Account`) from then until gRPC has sent its
-  response or the call ended: its request (and a decoded copy, where one is made), then,
-  before they are allocated, its result and its encoded response (the size of each comes
-  from the decoded arguments: optable.Entry.result_bytes). A reservation that would pass
-  `max_inflight_bytes` is refused at once, naming the argument that asks for it. An
-  unsent response keeps its charge, so responses waiting for a client that does not read
-  count like any other; a connection's unsent responses are freed when it closes, and
-  gRPC closes every connection at the latest `max_connection_age` (+10% jitter) plus
-  `max_connection_age_grace` seconds after it opened (config.py): grpcio's asyncio server
-  has no way to cut one call off while its response waits for the peer's flow control.
+  response or the call ended (and no worker computes for it any more): its request (and
+  a copy made while decoding it, if any), then, before they are allocated, its result and
+  its encoded response (the result's size comes from the decoded arguments:
+  optable.Entry.result). A reservation that would pass `max_inflight_bytes` is refused
+  at once, naming the argument that asks for it. An unsent response keeps its charge:
+  responses waiting for a client that does not read count like any other. grpcio's
+  asyncio server cannot cut one call off while its response waits for the peer's flow
+  control; the connection carrying it is closed, and its responses freed, at the latest
+  `max_connection_age` (+10% jitter) + `max_connection_age_grace` seconds after it
+  opened (with either set to 0, only when the client goes away: the memory bound holds
+  all the same, but such a client keeps its share of the limit).
 
-The memory bound: the bytes of all accounts never exceed `max_inflight_bytes`, and every
-buffer a call makes that grows with its data (request, decoded copy, result, encoded
-response) is charged before it exists, so the server's resident memory stays within
-`max_inflight_bytes` + the bytes of requests still arriving (at most `max_pending`
-messages of `max_message_bytes`, the read timeout bounds how long) + the session store's
-`max_session_bytes` + a fixed overhead (interpreter, libraries, the worker stacks,
-gRPC's buffers per connection and what the allocator keeps: about 200 MiB). There is no
-exception for a large call when nothing else runs: a call larger than the limit is
-refused even then.
+The memory bound: the accounts together never hold more than `max_inflight_bytes`, and
+every buffer of a call that grows with its data is charged before it exists, so the
+server's resident memory stays within
+
+    max_inflight_bytes
+    + the requests still arriving: up to `max_pending` messages of `max_message_bytes`,
+      each held twice for a moment (gRPC's buffer, then the message's bytes)
+    + the session store's `max_session_bytes`
+    + a fixed overhead: the process at rest (about 75 MiB: interpreter, NumPy, gRPC,
+      the kernels, thread stacks) and what malloc keeps for reuse (up to
+      4 x min(max_message_bytes, 32 MiB) at the top of each heap:
+      tensorops.retain_freed_buffers).
+
+There is no exception for a large call when nothing else runs: a call that needs more
+than the limit is refused even then.
 
 A call that arrives once the server began to drain (`begin_drain()`, on SIGTERM) is
 refused with UNAVAILABLE, so that its client retries on another instance.
 
 Health checks never pass through here: they are served on the event loop, outside
-every limit. Everything here runs on the event loop, so plain counters suffice.
+every limit. Receiving and admission run on the event loop; accounts are also charged
+from worker threads, so the byte count is guarded by a lock.
 """
 from __future__ import annotations
 

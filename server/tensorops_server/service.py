@@ -124,14 +124,16 @@ class Instrumented:
         """One call: (the response, None), or (None, the status it failed with). Without
         `incoming`, the request is read here; a stream handler passes each request it read
         (and the caller's identity, established once for the stream), and `send`, which
-        writes the response: the call's charge is then held until it returns. Without
-        `send`, the charge is held until the call ended (the context's done callback)."""
+        writes the response: the call's charge is held until it returns (without it, only
+        until the response was computed). A unary call's charge is held until the call
+        ended (the context's done callback, after gRPC wrote the response)."""
         start = time.perf_counter()
         code = grpc.StatusCode.OK
         status = None
         account = None
         nbytes = 0
         sending = False
+        unary = incoming is None  # the context is this call's alone
         try:
             if identity is None:
                 identity = self.auth.identify(context)  # before the request is read
@@ -163,7 +165,7 @@ class Instrumented:
             if send is not None:
                 sending = True
                 await send(response)
-            else:  # closed once grpc has written the response (or the call ended)
+            elif unary:  # closed once grpc has written the response (or the call ended)
                 context.add_done_callback(lambda _, account=account: account.close())
                 account = None
             return response, None
