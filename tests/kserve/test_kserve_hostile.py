@@ -427,3 +427,26 @@ def test_typed_contents_within_the_limit(target):
     with grpc.insecure_channel(target.target) as channel:
         response = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
     assert np.array_equal(np.frombuffer(response.raw_output_contents[0], np.float32), np.abs(x))
+
+
+def test_stream_answers_each_refusal_in_place_and_goes_on(target):
+    """On ModelStreamInfer, the same refusals arrive as error messages in the stream, which
+    then serves the next request."""
+    legit = service_pb2.ModelInferRequest(model_name="unary")
+    legit.parameters["op"].string_param = "abs"
+    legit.inputs.add(name="x", datatype="FP32", shape=[2])
+    legit.raw_input_contents.append(np.array([-1, 2], np.float32).tobytes())
+    listed_twice = service_pb2.ModelInferRequest()
+    listed_twice.CopyFrom(legit)
+    listed_twice.outputs.add(name="y")
+    listed_twice.outputs.add(name="y")
+    requests = [stacked(2**32).SerializeToString(), listed_twice.SerializeToString(), b"\xff\xff\xff",
+                legit.SerializeToString()]
+    with Attack(target), grpc.insecure_channel(target.target) as channel:
+        stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer",
+                                       response_deserializer=service_pb2.ModelStreamInferResponse.FromString)
+        responses = list(stream(iter(requests), timeout=30))
+    assert [r.error_message.split(":")[:2] for r in responses[:3]] == [
+        ["INVALID_ARGUMENT", " inputs.shape"], ["INVALID_ARGUMENT", " outputs.y"], ["INVALID_ARGUMENT", " message"]]
+    assert responses[3].error_message == ""
+    assert np.array_equal(np.frombuffer(responses[3].infer_response.raw_output_contents[0], np.float32), [1, 2])
