@@ -20,6 +20,7 @@ import dataclasses
 import errno
 import io
 import json
+import multiprocessing
 import os
 import resource
 import select
@@ -107,9 +108,30 @@ def health_check(channel: grpc.Channel, timeout: float) -> None:
     channel.unary_unary(HEALTH_CHECK)(b"", timeout=timeout)
 
 
+def watch_health(address: str, interval: float, timeout: float, conn) -> None:
+    """Check health every `interval` seconds until told to stop on `conn`, then send back
+    (slowest check, checks, failed checks). Runs in a process of its own, so that what the
+    attacking threads do to this process's GIL is not timed as the server's latency."""
+    with grpc.insecure_channel(address) as channel:
+        health_check(channel, timeout)  # connected before the attack starts
+        conn.send("ready")
+        slowest, checks, failures = 0.0, 0, 0
+        while not conn.poll(interval):
+            start = time.monotonic()
+            try:
+                health_check(channel, timeout)
+                slowest = max(slowest, time.monotonic() - start)
+            except grpc.RpcError as exc:
+                if exc.code() is grpc.StatusCode.DEADLINE_EXCEEDED:
+                    slowest = max(slowest, timeout)
+                failures += 1
+            checks += 1
+    conn.send((slowest, checks, failures))
+
+
 class Monitor:
-    """While entered: one thread checks health every `interval` seconds on a connection
-    of its own (opened before the attack), another samples the server's VmHWM as often,
+    """While entered: a process checks health every `interval` seconds on a connection of
+    its own (opened before the attack), and a thread samples the server's VmHWM as often,
     so that the peak is known even when the server dies or its event loop is blocked."""
 
     def __init__(self, target: Target, interval: float = 0.02, timeout: float = 10.0):
@@ -119,16 +141,19 @@ class Monitor:
         self.peak_rss = 0
         self.started = self.died_at = None  # time.monotonic() of the attack's start, of the server's death
         self._stop = threading.Event()
-        self._channel = grpc.insecure_channel(target.address)
-        self._threads = [threading.Thread(target=self._check_health, daemon=True),
-                         threading.Thread(target=self._sample_memory, daemon=True)]
+        self._sampler = threading.Thread(target=self._sample_memory, daemon=True)
+        self._conn, child_conn = multiprocessing.Pipe()
+        self._checker = multiprocessing.get_context("spawn").Process(
+            target=watch_health, args=(target.address, interval, timeout, child_conn), daemon=True)
 
     def __enter__(self) -> "Monitor":
-        health_check(self._channel, self.timeout)  # connected before the attack starts
+        self._checker.start()
+        if not self._conn.poll(30) or self._conn.recv() != "ready":
+            self._checker.kill()
+            raise RuntimeError("the health monitor did not start")
         reset_peak_rss(self.target.pid)
         self.started = time.monotonic()
-        for thread in self._threads:
-            thread.start()
+        self._sampler.start()
         return self
 
     def _sample_memory(self) -> None:
@@ -138,25 +163,15 @@ class Monitor:
                 return
             self.peak_rss = max(self.peak_rss, kib_field(self.target.pid, "VmHWM") or 0)
 
-    def _check_health(self) -> None:
-        while not self._stop.is_set() and alive(self.target.pid):
-            start = time.monotonic()
-            try:
-                health_check(self._channel, self.timeout)
-                self.max_latency = max(self.max_latency, time.monotonic() - start)
-            except grpc.RpcError as exc:
-                if exc.code() is grpc.StatusCode.DEADLINE_EXCEEDED:
-                    self.max_latency = max(self.max_latency, self.timeout)
-                self.failures += 1
-            self.checks += 1
-            self._stop.wait(self.interval)
-
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        for thread in self._threads:
-            thread.join(self.timeout + 2)
+        self._conn.send("stop")
+        if self._conn.poll(self.timeout + 5):
+            self.max_latency, self.checks, self.failures = self._conn.recv()
+        self._checker.join(5)
+        self._checker.kill()
+        self._sampler.join(self.interval + 2)
         self.peak_rss = max(self.peak_rss, kib_field(self.target.pid, "VmHWM") or 0)
-        self._channel.close()
 
 
 # ---------------------------------------------------------------------------------------
