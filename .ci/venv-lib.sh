@@ -16,7 +16,7 @@ quiet_pip() {  # interpreter, pip arguments; fails when pip does
     local python=$1 out rc=0
     shift
     out=$("$python" -m pip -q "$@" 2>&1) || rc=$?
-    grep -v "^WARNING: Location" <<<"$out" || true
+    [[ -z $out ]] || grep -v "^WARNING: Location" <<<"$out" || true
     return $rc
 }
 
