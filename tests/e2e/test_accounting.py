@@ -148,6 +148,27 @@ class PeakMemory:
         return self.peak
 
 
+class HealthProbe:
+    """Health checks on fresh channels, one after another on a thread, until stop()
+    (which returns their latencies, sorted)."""
+
+    def __init__(self, target: str):
+        self.latencies: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._probe, args=(target,))
+        self._thread.start()
+
+    def _probe(self, target: str) -> None:
+        while not self._stop.is_set():
+            self.latencies.append(health_latency(target))
+            time.sleep(0.02)
+
+    def stop(self) -> list[float]:
+        self._stop.set()
+        self._thread.join()
+        return sorted(self.latencies)
+
+
 def test_unread_responses_count_and_a_stalled_connection_is_cut_off(start_server):
     """32 ChannelSums of 12 bytes with 16 MiB results and 40 layer norms of 16 MiB from a
     client that never reads (window 0), against a 64 MiB cap: what would pass the cap is
@@ -161,9 +182,9 @@ def test_unread_responses_count_and_a_stalled_connection_is_cut_off(start_server
         assert np.array_equal(c.layer_norm_channels(*args, format="nhwc"), expected)
     baseline = resident_bytes(srv.proc.pid, "VmHWM")
     memory = PeakMemory(srv.proc.pid)
+    health = HealthProbe(srv.target)
     raw = RawConnection(srv.port, window=0)
     opened = time.monotonic()
-    latencies = []
     try:
         sums = [raw.call(CHANNEL_SUM.path, channel_sum_request(16 * MiB)) for _ in range(32)]
         norm = layer_norm_request(16 * MiB)
@@ -172,11 +193,10 @@ def test_unread_responses_count_and_a_stalled_connection_is_cut_off(start_server
             norms.append(raw.call(LAYER_NORM.path, norm))
             raw.poll(0.01)
         raw.poll(1.0)
-        print(f"\nthe stalled client's 72 requests sent in {time.monotonic() - opened:.1f} s")
         with tensorops.Client(srv.target, timeout=30, max_attempts=1) as c:
             for _ in range(10):  # a normal client's calls fit beside what the stalled one holds
                 assert np.array_equal(c.layer_norm_channels(*args, format="nhwc"), expected)
-                latencies.append(health_latency(srv.target))
+        latencies = health.stop()
         refused = {s: raw.status[s] for s in sums + norms if s in raw.status}
         unanswered = [s for s in sums + norms if s not in raw.status]
         # each admitted ChannelSum holds 12 + 2 x 16 MiB (result, response): one fits in 64 MiB
@@ -190,14 +210,14 @@ def test_unread_responses_count_and_a_stalled_connection_is_cut_off(start_server
         assert raw.closed, "the stalled connection was not cut off"
     finally:
         raw.close()
+        health.stop()
         peak = memory.stop()
     hwm = resident_bytes(srv.proc.pid, "VmHWM")
-    latencies.sort()
     print(f"\nzero-window attack: {len(refused)} refused, the slowest in {slowest * 1e3:.1f} ms; server peak "
-          f"{(max(peak, hwm) - baseline) / MiB:.0f} MiB above its warm peak (cap {CAP // MiB} MiB); health median "
-          f"{latencies[len(latencies) // 2] * 1e3:.1f} ms, worst {latencies[-1] * 1e3:.1f} ms; connection cut "
-          f"off after {cut_after:.1f} s")
-    assert slowest < 1.0
+          f"{(max(peak, hwm) - baseline) / MiB:.0f} MiB above its warm peak (cap {CAP // MiB} MiB); "
+          f"{len(latencies)} health checks during it: median {latencies[len(latencies) // 2] * 1e3:.1f} ms, "
+          f"worst {latencies[-1] * 1e3:.1f} ms; connection cut off after {cut_after:.1f} s")
+    assert slowest < 2.0  # an upper bound: this client reads while it uploads the next request
     assert latencies[len(latencies) // 2] < 0.1
     assert cut_after < age * 1.1 + grace + 2
     # Beyond the cap: the stalled client's 16 MiB requests while they arrive (gRPC's buffer
