@@ -450,3 +450,24 @@ def test_stream_answers_each_refusal_in_place_and_goes_on(target):
         ["INVALID_ARGUMENT", " inputs.shape"], ["INVALID_ARGUMENT", " outputs.y"], ["INVALID_ARGUMENT", " message"]]
     assert responses[3].error_message == ""
     assert np.array_equal(np.frombuffer(responses[3].infer_response.raw_output_contents[0], np.float32), [1, 2])
+
+
+def test_conversion_cache_keeps_only_short_values_and_at_most_its_size():
+    """In process: the per-model cache of parameter conversions never receives a value
+    that is refused for its length, and holds at most ARGUMENTS_CACHE_SIZE entries."""
+    from tensorops.kserve.v2 import inference_pb2
+    from tensorops_server import errors, kserve, optable
+
+    model = kserve.operation_model(optable.build_table()["normalize"])
+
+    def parameters(**values):
+        return inference_pb2.ModelInferRequest(parameters={
+            name: inference_pb2.InferParameter(string_param=value) for name, value in values.items()}).parameters
+    for value in ("1" + " " * NAME, "float32" + " " * NAME):
+        with pytest.raises(errors.Failure, match=f"at most {NAME} characters"):
+            kserve.request_arguments(model, parameters(axes=value, compute_dtype=value))
+    assert model.arguments_cache == {}
+    for axis in range(2 * kserve.ARGUMENTS_CACHE_SIZE):
+        message, _ = kserve.request_arguments(model, parameters(axes=f"{axis % 8}" + " " * (axis // 8)))
+        assert list(message.axes) == [axis % 8]
+    assert len(model.arguments_cache) == kserve.ARGUMENTS_CACHE_SIZE
