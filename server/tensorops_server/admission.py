@@ -30,8 +30,9 @@ every buffer of a call that grows with its data is charged before it exists, so 
 server's resident memory stays within
 
     max_inflight_bytes
-    + the requests still arriving: up to `max_pending` messages of `max_message_bytes`,
-      each held twice for a moment (gRPC's buffer, then the message's bytes)
+    + the requests still arriving: up to `max_pending` messages of `max_message_bytes`
+      in gRPC's buffers, and one more being copied out of them on the event loop (the
+      copy is charged, or refused and freed, before the loop runs anything else)
     + the session store's `max_session_bytes`
     + a fixed overhead: the process at rest (about 75 MiB: interpreter, NumPy, gRPC,
       the kernels, thread stacks) and what malloc keeps for reuse (up to
@@ -134,15 +135,15 @@ class Admission:
             self._sweeper.cancel()
             self._sweeper = None
 
-    def admit(self, nbytes: int, field: str | None = None) -> "Account":
-        """Admit a call whose request takes `nbytes` (with its decoded copy, if any):
-        its account, charged those bytes. Close it when the response was sent."""
+    def admit(self, nbytes: int) -> "Account":
+        """Admit a call whose request takes `nbytes`: its account, charged those bytes.
+        Close it when the response was sent (or the call ended)."""
         if self.draining:
             raise draining()
         if self.max_concurrent and self.running >= self.max_concurrent:
             raise errors.exhausted(f"{self.running} calls are running (the server's limit); try again")
         account = Account(self)
-        account.reserve(nbytes, field, "the request")
+        account.reserve(nbytes, None, "the request")
         self.running += 1
         account.running = True
         return account

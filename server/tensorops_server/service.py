@@ -145,7 +145,7 @@ class Instrumented:
                 raise errors.from_wire(incoming.error)
             call = CallState(context, identity)
             call.ensure_active()
-            account = call.account = self.admission.admit(nbytes, "request")
+            account = call.account = self.admission.admit(nbytes)
             self._in_flight.inc()
             try:
                 if incoming.later is not None:  # a large request: decoded on a worker
