@@ -15,7 +15,7 @@ import pytest
 
 import tensorops
 from tensorops import _wire
-from rpc_cases import BF16
+from rpc_cases import BF16, qip_params
 from rpc_server import metric_value, resident_bytes
 from test_security import health_latency, layer_norm_case
 
@@ -271,6 +271,30 @@ def test_a_result_beyond_the_cap_is_refused_before_it_exists(start_server):
         assert err.value.field == "x"
     assert resident_bytes(srv.proc.pid, "VmHWM") - before < 16 * MiB
     assert elapsed < 1.0
+
+
+def test_products_are_charged_their_result_one_shot_and_in_sessions(start_server):
+    """The quantized inner product's (M, N) result outgrows its request (M x K + K x N):
+    40 MiB from 40 KiB, charged with its response before the kernel runs, one-shot and as
+    a session's forward; smaller products beside it still run."""
+    srv = start_server("--max-inflight-bytes", str(CAP))
+    rng = np.random.default_rng(3)
+    n = 1024
+    a = rng.integers(0, 256, (40 * 1024, 1), dtype=np.uint8)
+    b = rng.integers(-128, 128, (1, n), dtype=np.int8)
+    p = qip_params(rng, n)
+    before = resident_bytes(srv.proc.pid, "VmHWM")
+    with tensorops.Client(srv.target, timeout=30, max_attempts=1) as c:
+        with pytest.raises(tensorops.ResourceExhaustedError) as err:
+            c.quantized_inner_product(a, b, **p)
+        assert err.value.field == "a" and "--max-inflight-bytes" in str(err.value)
+        with c.quantized_inner_product(b, **p) as session:
+            with pytest.raises(tensorops.ResourceExhaustedError) as err:
+                session.forward(a)
+            assert err.value.field == "a"
+            small = a[:1024]  # 1 MiB results
+            assert np.array_equal(session.forward(small), c.quantized_inner_product(small, b, **p))
+    assert resident_bytes(srv.proc.pid, "VmHWM") - before < 32 * MiB  # no 40 MiB result was made
 
 
 def test_calls_arriving_once_the_drain_began_get_unavailable(start_server):
