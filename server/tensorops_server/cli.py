@@ -17,7 +17,15 @@ from .server import TensorOpsServer
 
 def main(argv=None) -> int:
     config = config_module.load(argv)
-    log = logs.setup(config.log_level, config.log_format)
+    stderr = logs.StderrCapture(logging.getLogger(logs.LOGGER))  # gRPC core's own lines become JSON too
+    log = logs.setup(config.log_level, config.log_format, stream=stderr.stream)
+    try:
+        return serve(config, log, stderr)
+    finally:
+        stderr.close()
+
+
+def serve(config, log, stderr) -> int:
     retained = retain_freed_buffers(config.max_message_bytes)
     log.debug("malloc tuned", extra=logs.fields(retain_freed_buffers=retained))
     try:
@@ -43,6 +51,7 @@ def main(argv=None) -> int:
                                            grace_seconds=config.grace))
     server.stop(drain_delay=config.drain_delay)
     log.info("stopped")
+    stderr.close()
     logging.shutdown()
     # A kernel still running on a worker thread (its call was cancelled at the end of the
     # grace period) must not hold the process: leave without waiting for it.

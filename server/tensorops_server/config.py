@@ -4,12 +4,14 @@ over the default. The defaults suit a server on localhost."""
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 from dataclasses import dataclass, fields
 
 from tensorops._wire import DEFAULT_MAX_MESSAGE_BYTES
 
 ENV_PREFIX = "TENSOROPS_"
+HEALTH_WATCHES_PER_CONNECTION = 8  # a client watches a few services, one stream each
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -21,12 +23,15 @@ def _default_workers() -> int:
 class Config:
     host: str = "127.0.0.1"
     port: int = 50051
-    metrics_host: str = ""            # empty: the same as host
+    metrics_host: str = "127.0.0.1"   # scrapers elsewhere need an address of theirs (0.0.0.0 in the image)
     metrics_port: int = 9100          # -1: no metrics endpoint
     workers: int = _default_workers()
     max_concurrent_rpcs: int = 0      # 0: no limit; beyond it new calls get RESOURCE_EXHAUSTED
     max_inflight_bytes: int = 1 << 30  # bytes calls in flight may hold; beyond it new calls get RESOURCE_EXHAUSTED
     max_pending_requests: int = 64    # calls whose request is still arriving
+    max_connections: int = 2048       # client connections open at once; more are closed at once
+    handshake_timeout: float = 5.0    # seconds a new connection gets to complete TLS and the HTTP/2 preface
+    max_health_watches: int = 256     # health Watch streams open at once, all connections together
     read_timeout: float = 30.0        # seconds a request may take to arrive
     inline_bytes: int = 256 * 1024    # requests up to this size run on the event loop, larger ones on a worker
     max_batch_rows: int = 256         # rows of concurrent session forwards merged into one kernel call
@@ -67,7 +72,7 @@ class Config:
 _HELP = {
     "host": "address to listen on",
     "port": "gRPC port (0: any free port)",
-    "metrics_host": "address of the Prometheus endpoint (default: --host)",
+    "metrics_host": "address of the Prometheus endpoint (0.0.0.0: every interface)",
     "metrics_port": "Prometheus /metrics port (0: any free port, -1: disabled)",
     "workers": "threads running requests (kernels release the GIL)",
     "max_concurrent_rpcs": "calls running at once (health checks excluded); 0 means no limit; beyond it "
@@ -75,7 +80,14 @@ _HELP = {
     "max_inflight_bytes": "bytes that the calls running may hold (request + response); beyond it new calls "
                           "get RESOURCE_EXHAUSTED (a single larger call still runs when nothing else does)",
     "max_pending_requests": "calls whose request message is still arriving; more are refused at once",
-    "read_timeout": "seconds a request message may take to arrive before the call is cut off",
+    "read_timeout": "seconds a request message (or a metrics scrape's request) may take to arrive before "
+                    "the call is cut off",
+    "max_connections": "client connections open at once (handshakes included); more are closed as they "
+                       "arrive (lowered to fit the file-descriptor limit)",
+    "handshake_timeout": "seconds a new connection gets to complete its TLS handshake and HTTP/2 preface "
+                         "before it is closed",
+    "max_health_watches": f"health Watch streams open at once, all connections together (and "
+                          f"{HEALTH_WATCHES_PER_CONNECTION} per connection); more get RESOURCE_EXHAUSTED",
     "inline_bytes": "requests of up to this many bytes are computed on the event loop (no thread hand-off); "
                     "larger ones, and every call that may take long, on a worker thread",
     "max_batch_rows": "most rows of concurrent forwards on one session merged into one kernel call "
@@ -124,24 +136,30 @@ _HELP = {
 }
 
 
-def _positive(kind):
+_KIND_NAMES = {int: "an integer", float: "a number"}
+
+
+def _number(kind, accept=lambda value: True, bound_text=""):
+    """A parser of `kind` values that `accept`, whose errors say what was expected."""
     def parse(text: str):
-        value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        expected = f"expected {_KIND_NAMES[kind]}{bound_text}, got {text!r}"
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(expected) from None
+        if not accept(value):
+            raise argparse.ArgumentTypeError(expected)
         return value
     parse.__name__ = kind.__name__
     return parse
+
+
+def _positive(kind):
+    return _number(kind, lambda value: value > 0, " > 0")
 
 
 def _non_negative(kind):
-    def parse(text: str):
-        value = kind(text)
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-        return value
-    parse.__name__ = kind.__name__
-    return parse
+    return _number(kind, lambda value: value >= 0, " >= 0")
 
 
 def _bool(text: str) -> bool:
@@ -150,18 +168,13 @@ def _bool(text: str) -> bool:
         return True
     if value in ("0", "false", "no", "off"):
         return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text}")
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number 0-65535, got {text}")
-    return value
+_port = _number(int, lambda value: 0 <= value <= 65535, " (a port number 0-65535)")
 
 
-def _metrics_port(text: str) -> int:
-    return -1 if int(text) == -1 else _port(text)
+_metrics_port = _number(int, lambda value: -1 <= value <= 65535, " (a port number 0-65535, or -1)")
 
 
 def _choice(choices):
@@ -177,6 +190,8 @@ _TYPES = {
     "host": str, "metrics_host": str, "port": _port, "metrics_port": _metrics_port,
     "workers": _positive(int), "max_concurrent_rpcs": _non_negative(int),
     "max_inflight_bytes": _positive(int), "max_pending_requests": _positive(int), "read_timeout": _positive(float),
+    "max_connections": _positive(int), "handshake_timeout": _positive(float),
+    "max_health_watches": _positive(int),
     "inline_bytes": _non_negative(int), "max_batch_rows": _positive(int), "batch_window_us": _non_negative(int),
     "max_message_bytes": _positive(int), "max_tensor_bytes": _positive(int),
     "max_sessions": _positive(int), "max_session_bytes": _positive(int),
@@ -203,10 +218,22 @@ def parser() -> argparse.ArgumentParser:
         prog="tensorops-server",
         description="The tensorops gRPC service. Every flag can also be set as TENSOROPS_<FLAG> "
                     "(e.g. TENSOROPS_METRICS_PORT=9100).")
+    p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     for f in fields(Config):
+        # A boolean also takes the bare form: `--allow-shared-memory` is `--allow-shared-memory true`.
+        bare = {"nargs": "?", "const": True} if f.type in (bool, "bool") else {}
         p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=_TYPES[f.name], default=None,
-                       help=f"{_HELP[f.name]} [{env_name(f.name)}, default {f.default!r}]")
+                       help=f"{_HELP[f.name]} [{env_name(f.name)}, default {f.default!r}]", **bare)
     return p
+
+
+def version() -> str:
+    """The installed distribution's version (the kernels' when run from a bare source tree)."""
+    try:
+        return importlib.metadata.version("tensorops")
+    except importlib.metadata.PackageNotFoundError:
+        import tensorops_native
+        return tensorops_native.__version__
 
 
 def load(argv=None, environ=None) -> Config:

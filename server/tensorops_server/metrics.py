@@ -1,7 +1,15 @@
 """Prometheus metrics of the server, in a registry of its own. Labels are the operation (the
 Python name, or the RPC name for the session and info calls), the status code and a few
-fixed words: never shapes, sizes or ids."""
+fixed words: never shapes, sizes or ids.
+
+/metrics is served over HTTP/1.1 by an event loop on a thread of its own (`Endpoint`):
+connections cost no thread, a request must arrive within the read timeout, and at most
+MAX_CONNECTIONS are open (a new one closes the one that has waited longest for its
+request), so idle or slow connections cannot hold threads, descriptors or the gRPC loop."""
 from __future__ import annotations
+
+import asyncio
+import threading
 
 from prometheus_client import (
     CollectorRegistry,
@@ -12,14 +20,16 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
     disable_created_metrics,
-    start_http_server,
 )
+from prometheus_client.exposition import choose_encoder
 
 disable_created_metrics()  # the *_created series only add noise to every scrape
 
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                     1.0, 2.5, 5.0, 10.0, 30.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+MAX_CONNECTIONS = 32  # open connections to /metrics (a scraper needs one)
+_MAX_REQUEST_HEAD = 8192  # bytes of request line and headers
 
 
 class Metrics:
@@ -52,7 +62,7 @@ class Metrics:
         self.batch_rows = Histogram(
             "tensorops_forward_batch_rows", "Rows (M) of one session forward kernel call",
             buckets=_BATCH_BUCKETS, registry=r)
-        self._http = None
+        self._endpoint: Endpoint | None = None
 
     def observe_batch(self, requests: int, rows: int) -> None:
         self.batch_requests.observe(requests)
@@ -62,13 +72,94 @@ class Metrics:
         self.sessions.set_function(lambda: len(store))
         self.session_bytes.set_function(lambda: store.nbytes)
 
-    def serve(self, host: str, port: int) -> int:
-        """Expose /metrics over HTTP; returns the port (useful with port 0)."""
-        self._http, _ = start_http_server(port, addr=host, registry=self.registry)
-        return self._http.server_port
+    def serve(self, host: str, port: int, timeout: float) -> int:
+        """Expose /metrics over HTTP; returns the port (useful with port 0). OSError if the
+        address cannot be used."""
+        self._endpoint = Endpoint(self.registry, timeout)
+        return self._endpoint.start(host, port)
 
     def stop(self) -> None:
-        if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
-            self._http = None
+        if self._endpoint is not None:
+            self._endpoint.stop()
+            self._endpoint = None
+
+
+class Endpoint:
+    """A minimal HTTP/1.1 server of one registry: GET or HEAD of /metrics (or /), one
+    response per connection, in the text format the scraper's Accept header asks for."""
+
+    def __init__(self, registry: CollectorRegistry, timeout: float):
+        self.registry = registry
+        self.timeout = timeout
+        self._waiting: dict[asyncio.StreamWriter, None] = {}  # connections whose request is arriving, oldest first
+        self._open = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="tensorops-metrics", daemon=True)
+        self._server: asyncio.Server | None = None
+
+    def start(self, host: str, port: int) -> int:
+        self._thread.start()
+        try:
+            self._server = asyncio.run_coroutine_threadsafe(
+                asyncio.start_server(self._serve, host, port, limit=_MAX_REQUEST_HEAD), self._loop).result()
+        except OSError:
+            self.stop()
+            raise
+        return self._server.sockets[0].getsockname()[1]
+
+    def stop(self) -> None:
+        async def close():
+            if self._server is not None:
+                self._server.close()
+            for writer in list(self._waiting):
+                writer.close()
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(close(), self._loop).result()
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+        self._loop.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._open >= MAX_CONNECTIONS:
+            if not self._waiting:
+                writer.close()
+                return
+            next(iter(self._waiting)).close()  # the longest waiting loses its place
+        self._open += 1
+        self._waiting[writer] = None
+        try:
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.timeout)
+            except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+                return
+            self._waiting.pop(writer, None)
+            writer.write(self._response(head))
+            await asyncio.wait_for(writer.drain(), self.timeout)
+        except (asyncio.TimeoutError, ConnectionError):
+            pass
+        finally:
+            self._open -= 1
+            self._waiting.pop(writer, None)
+            writer.close()
+
+    def _response(self, head: bytes) -> bytes:
+        lines = head.decode("latin-1").split("\r\n")
+        method, _, rest = lines[0].partition(" ")
+        path = rest.partition(" ")[0].partition("?")[0]
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        if method not in ("GET", "HEAD"):
+            return _http(405, "Method Not Allowed", b"only GET and HEAD\n", "text/plain; charset=utf-8")
+        if path not in ("/metrics", "/"):
+            return _http(404, "Not Found", b"metrics are at /metrics\n", "text/plain; charset=utf-8")
+        encoder, content_type = choose_encoder(headers.get("accept", ""))
+        body = encoder(self.registry)
+        return _http(200, "OK", b"" if method == "HEAD" else body, content_type, length=len(body))
+
+
+def _http(code: int, reason: str, body: bytes, content_type: str, length: int | None = None) -> bytes:
+    head = (f"HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body) if length is None else length}\r\nConnection: close\r\n\r\n")
+    return head.encode("latin-1") + body

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
+import socket
 import threading
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
 
 import tensorops_native
 from tensorops import _wire
@@ -21,7 +22,9 @@ from . import kserve, optable, reflection, shm, tls
 from .auth import Authenticator
 from .config import Config
 from .execution import Executor
+from .health import HealthService
 from .logs import LOGGER, fields
+from .metrics import MAX_CONNECTIONS as MAX_METRICS_CONNECTIONS
 from .metrics import Metrics
 from .service import Service, add_handlers
 from .sessions import SessionStore, Sweeper
@@ -52,7 +55,8 @@ class TensorOpsServer:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tensorops-loop", daemon=True)
         self.grpc_server: grpc.aio.Server | None = None
-        self.health: HealthServicer | None = None
+        self.health: HealthService | None = None
+        self.max_connections = config.max_connections  # lowered to fit the file-descriptor limit
         self.port: int | None = None
         self.metrics_port: int | None = None
         self.tls: tls.CertificateFiles | None = None  # request_reload() on SIGHUP
@@ -60,6 +64,7 @@ class TensorOpsServer:
     # ---- lifecycle, called from any thread but the loop's
     def start(self) -> None:
         """Listen and serve; returns once serving. OSError if the address cannot be used."""
+        self.max_connections = fit_connections_to_file_limit(self.config)
         self._thread.start()
         try:
             self._on_loop(self._start())
@@ -68,14 +73,15 @@ class TensorOpsServer:
             raise
         if self.config.metrics_port >= 0:
             try:
-                self.metrics_port = self.metrics.serve(self.config.metrics_host or self.config.host,
-                                                       self.config.metrics_port)
+                self.metrics_port = self.metrics.serve(self.config.metrics_host, self.config.metrics_port,
+                                                       timeout=self.config.read_timeout)
             except OSError as exc:
                 self.stop(0)
                 raise OSError(f"cannot serve metrics on port {self.config.metrics_port}: {exc}") from None
         self._sweeper.start()
         log.info("serving", extra=fields(
             host=self.config.host, port=self.port, metrics_port=self.metrics_port, workers=self.config.workers,
+            max_connections=self.max_connections,
             isa=tensorops_native.isa(), operations=list(self.table), version=tensorops_native.__version__))
 
     def stop(self, grace: float | None = None, drain_delay: float = 0.0) -> None:
@@ -111,10 +117,14 @@ class TensorOpsServer:
                      ("grpc.so_reuseport", 0),
                      # streams one connection may open at once (HTTP/2 SETTINGS)
                      ("grpc.max_concurrent_streams", 2 * c.max_pending_requests),
+                     # connections beyond the cap are closed as they arrive; one that never
+                     # completes its handshake holds a descriptor only this long
+                     ("grpc.max_allowed_incoming_connections", self.max_connections),
+                     ("grpc.server_handshake_timeout_ms", max(1, round(c.handshake_timeout * 1000))),
                      *connection_age_options(c)])
         add_handlers(server, _wire.SERVICE_NAME, self.service.handlers())
         add_handlers(server, kserve.SERVICE_NAME, self.kserve.handlers())
-        self.health = HealthServicer()
+        self.health = HealthService(c.max_health_watches)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         if c.reflection:
             reflection.enable((_wire.SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name),
@@ -125,10 +135,10 @@ class TensorOpsServer:
                 self.port = server.add_insecure_port(c.address)
             else:
                 self.port = server.add_secure_port(c.address, self.tls.credentials())
-        except RuntimeError as exc:  # grpc's "Failed to bind to address"
-            raise OSError(f"cannot listen on {c.address}: {exc}") from None
+        except RuntimeError:  # "Failed to bind to address": grpc logs the cause, and does not say it
+            self.port = 0
         if not self.port:
-            raise OSError(f"cannot listen on {c.address}")
+            raise OSError(f"cannot listen on {c.address}: {bind_failure(c.host, c.port)}")
         await server.start()
         self.grpc_server = server
         for service in ("", _wire.SERVICE_NAME, kserve.SERVICE_NAME):
@@ -149,6 +159,50 @@ class TensorOpsServer:
         await self.grpc_server.stop(grace - delay)
         await self.service.batcher.wait_idle()
         self.service.admission.close()
+
+
+# Descriptors kept free for everything but client connections: the metrics endpoint's
+# connections, shared-memory regions, files and the process's own.
+_OTHER_DESCRIPTORS = 128
+
+
+def fit_connections_to_file_limit(c: Config) -> int:
+    """Raise the soft file-descriptor limit to the hard one (a process started with the
+    common 1024 runs out of descriptors long before memory), and return the connection cap
+    that leaves room under it for everything else."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard and soft != resource.RLIM_INFINITY:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            log.info("file descriptor limit raised", extra=fields(before=soft, after=hard))
+            soft = hard
+        except (ValueError, OSError) as exc:
+            log.warning("file descriptor limit not raised", extra=fields(limit=soft, error=str(exc)))
+    if soft == resource.RLIM_INFINITY:
+        return c.max_connections
+    room = soft - _OTHER_DESCRIPTORS - MAX_METRICS_CONNECTIONS - c.max_shared_memory_regions
+    if room < c.max_connections:
+        log.warning("connection cap lowered to fit the file descriptor limit",
+                    extra=fields(max_connections=c.max_connections, lowered_to=max(1, room), limit=soft))
+        return max(1, room)
+    return c.max_connections
+
+
+def bind_failure(host: str, port: int) -> str:
+    """Why gRPC could not listen on host:port, found by trying the same bind (gRPC only logs
+    the reason): "address already in use", "cannot assign requested address", ..."""
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        return f"cannot resolve {host!r}: {exc.strerror}"
+    for family, kind, protocol, _, address in addresses:
+        with socket.socket(family, kind, protocol) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                return (exc.strerror or str(exc)).lower()
+    return "the address could be bound when tried again (see gRPC's log line before this one)"
 
 
 def connection_age_options(c: Config) -> list[tuple[str, int]]:
