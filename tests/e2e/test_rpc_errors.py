@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import socket
-import threading
 import time
 
 import grpc
@@ -13,7 +12,7 @@ import tensorops
 from tensorops import _errors, _wire
 from tensorops.v1 import tensor_pb2
 from tensorops.v1 import tensorops_pb2 as pb
-from rpc_server import metric_value
+from rpc_server import LongCall, metric_value
 
 
 def raw_call(target, rpc, payload: bytes, timeout=30):
@@ -124,23 +123,12 @@ def test_unavailable_server():
             c.softmax(np.zeros(3, np.float32))
 
 
-def slow_request(n_inputs=200_000):
-    """A request that keeps a worker busy for a while without any kernel: many empty
-    inputs to decode and validate."""
-    return dict(inputs=[np.zeros(0, np.float32)] * n_inputs, op="sum")
-
-
 def test_expired_or_cancelled_call_does_not_start_its_kernel(start_server):
     srv = start_server("--workers", "1", "--inline-bytes", "0")  # every call waits for the one worker
+    busy = [LongCall(srv)]  # a long product keeps the single worker busy
+    busy.append(LongCall(srv))  # queued behind the first: the worker stays busy a while longer
+    time.sleep(0.05)
     with tensorops.Client(srv.target, timeout=60) as c:
-        busy = [threading.Thread(target=c.eltwise, kwargs=slow_request()) for _ in range(2)]
-        busy[0].start()
-        deadline = time.monotonic() + 10
-        while metric_value(srv.metrics_text(), "tensorops_requests_in_flight", operation="eltwise") < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        busy[1].start()  # queued behind the first: the single worker stays busy a while longer
-        time.sleep(0.05)
         with grpc.insecure_channel(srv.target) as channel:  # queued, then cancelled
             request = _wire.build_request(_wire.OPERATIONS["unary"], dict(x=np.zeros(0, np.float32), op="exp"))
             future = channel.unary_unary(_wire.OPERATIONS["unary"].path).future(request.data)
@@ -148,27 +136,24 @@ def test_expired_or_cancelled_call_does_not_start_its_kernel(start_server):
             cancelled = future.cancel()
         with pytest.raises(tensorops.DeadlineExceededError):  # queued, and its deadline passes
             c.softmax(np.zeros((0, 3), np.float32), timeout=0.05)
-        for t in busy:
-            t.join()
+        for call in busy:
+            call.join()
+            assert call.errors == []
         time.sleep(0.2)
     text = srv.metrics_text()
     assert metric_value(text, "tensorops_kernel_duration_seconds_count", operation="softmax") == 0
     assert metric_value(text, "tensorops_kernel_duration_seconds_count", operation="unary") == (0 if cancelled else 1)
-    assert metric_value(text, "tensorops_kernel_duration_seconds_count", operation="eltwise") == 2
+    assert metric_value(text, "tensorops_kernel_duration_seconds_count", operation="quantized_inner_product") == 2
 
 
 def test_concurrency_limit_is_resource_exhausted(start_server):
     srv = start_server("--max-concurrent-rpcs", "1", "--workers", "2")
+    busy = LongCall(srv)
     with tensorops.Client(srv.target, timeout=60) as c:
-        busy = threading.Thread(target=c.eltwise, kwargs=slow_request())
-        busy.start()
-        deadline = time.monotonic() + 10
-        while metric_value(srv.metrics_text(), "tensorops_requests_in_flight", operation="eltwise") < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
         with pytest.raises(tensorops.ResourceExhaustedError):
             c.softmax(np.zeros((0, 3), np.float32))
-        busy.join()
+    busy.join()
+    assert busy.errors == []
 
 
 def test_async_client_raises_the_same_errors(server, run_async):
