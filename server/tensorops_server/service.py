@@ -30,7 +30,7 @@ import numpy as np
 
 import tensorops_native
 from tensorops import _codec, _wire
-from tensorops.v1 import tensor_pb2, tensorops_pb2
+from tensorops.v1 import tensorops_pb2
 
 from . import errors, optable
 from .batching import ForwardBatcher
