@@ -73,6 +73,7 @@ _CONTENTS = {"FP32": "fp32_contents", "FP64": "fp64_contents", "INT8": "int_cont
 
 _RAW_INPUTS = pb.ModelInferRequest.DESCRIPTOR.fields_by_name["raw_input_contents"].number
 _RAW_OUTPUTS = pb.ModelInferResponse.DESCRIPTOR.fields_by_name["raw_output_contents"].number
+_STREAM_RESPONSE_FIELD = pb.ModelStreamInferResponse.DESCRIPTOR.fields_by_name["infer_response"].number
 _FORMAT_PARAMETER = "format"
 _REGION_PARAMETERS = frozenset((_REGION, _BYTE_SIZE, _OFFSET))
 
@@ -771,6 +772,10 @@ class KServe:
         except errors.Failure as failure:
             await context.abort_with_status(failure.status())
             return
+
+        async def send(response: bytes) -> None:
+            await context.write(b"".join(_codec.bytes_field(_STREAM_RESPONSE_FIELD, memoryview(response))))
+
         while True:
             try:
                 incoming = await instrumented.admission.receive(context, stream=True)
@@ -779,12 +784,10 @@ class KServe:
                 return
             if incoming is grpc.aio.EOF:
                 return
-            response, status = await instrumented.call(context, incoming, identity)
-            if status is None:
-                message = _codec.bytes_field(pb.ModelStreamInferResponse.DESCRIPTOR.fields_by_name[
-                    "infer_response"].number, memoryview(response))
-                await context.write(b"".join(message))
-            else:
+            # The response is written inside the call, so that its charge is held until
+            # gRPC has sent it: a stream whose client does not read cannot pile them up.
+            response, status = await instrumented.call(context, incoming, identity, send=send)
+            if status is not None:
                 await context.write(pb.ModelStreamInferResponse(
                     error_message=f"{status.code.name}: {status.details}").SerializeToString())
 

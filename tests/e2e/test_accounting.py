@@ -260,6 +260,36 @@ def test_the_charge_is_held_until_the_response_was_sent(start_server):
                 time.sleep(0.05)
 
 
+def test_a_stream_response_is_charged_until_it_was_sent(start_server):
+    """The same on KServe's ModelStreamInfer: each response of a stream is written inside
+    its call, so a stream whose client does not read holds the charge of its unsent
+    response (and reads no further request meanwhile)."""
+    from tensorops.kserve.v2 import inference_pb2 as pb
+
+    srv = start_server("--max-inflight-bytes", str(CAP))
+    request = pb.ModelInferRequest(model_name="channel_sum", inputs=[pb.ModelInferRequest.InferInputTensor(
+        name="x", datatype="BF16", shape=[20 * MiB // (4 * 1024), 1024, 0])], raw_input_contents=[b""])
+    x = np.ones((1024, 2048), np.float32)
+    raw = RawConnection(srv.port, window=0)
+    try:
+        raw.call("/inference.GRPCInferenceService/ModelStreamInfer", request.SerializeToString())
+        raw.poll(0.5)
+        with tensorops.Client(srv.target, timeout=30, max_attempts=1) as c:
+            with pytest.raises(tensorops.ResourceExhaustedError):
+                c.softmax(x)
+    finally:
+        raw.close()
+    deadline = time.monotonic() + 10
+    with tensorops.Client(srv.target, timeout=30, max_attempts=1) as c:
+        while True:
+            try:
+                assert c.softmax(x).shape == x.shape
+                break
+            except tensorops.ResourceExhaustedError:
+                assert time.monotonic() < deadline, "the stream's charge was not released when the client went away"
+                time.sleep(0.05)
+
+
 def test_a_result_beyond_the_cap_is_refused_before_it_exists(start_server):
     srv = start_server("--max-inflight-bytes", str(CAP))
     before = resident_bytes(srv.proc.pid, "VmHWM")
