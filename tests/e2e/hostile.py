@@ -313,8 +313,12 @@ def channel_sum_shape(side: int) -> list[int]:
     return [side - 1, side, 0, 0]
 
 
+def result_bytes(side: int) -> int:
+    return (side - 1) * side * 4
+
+
 def result_mib(side: int) -> int:
-    return round((side - 1) * side * 4 / (1 << 20))
+    return round(result_bytes(side) / (1 << 20))
 
 
 def row2_repeated_outputs(target: Target, outputs: int = 1000, side: int = 1024, timeout: float = 60) -> Outcome:
