@@ -687,11 +687,14 @@ def open_sockets(port: int, count: int, first_bytes: bytes = b"", within: float 
     within `within` seconds, each sent `first_bytes`."""
     pending = []
     for _ in range(count):
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        except OSError:
+            break  # this process's descriptors are exhausted: as many as there are
         s.setblocking(False)
         if s.connect_ex(("127.0.0.1", port)) not in (0, errno.EINPROGRESS):
             s.close()
-            break  # this process's descriptors or ports are exhausted: as many as there are
+            break  # no more local ports
         pending.append(s)
     established = []
     by_fd = {s.fileno(): s for s in pending}
