@@ -298,7 +298,8 @@ void TnNormalizationColumns(const void * src, size_t outer, size_t count, size_t
  * mapping: a SIGBUS inside it (the file shrank under it) replaces the whole mapping with
  * zero pages and marks it broken instead of killing the process; SIGBUS elsewhere goes to
  * the handler there was before. Returns the mapping's slot (>= 0) and its address in
- * *address, or -errno (-ENOSPC: every slot is taken). */
+ * *address, or -errno (-ENOSPC: every slot is taken; -ENOTSUP: the handler cannot be
+ * installed, nothing is mapped). */
 int TnGuardedMap(int fd, size_t size, void ** address);
 
 /* 1 once a fault inside the mapping of `slot` was caught: it then holds zeros, not the

@@ -109,8 +109,10 @@ static int Install(void)
         ours.sa_flags = SA_SIGINFO | SA_ONSTACK;  /* on a thread's alternate stack when it has one */
         sigemptyset(&ours.sa_mask);
         previous = current;
-        if (sigaction(SIGBUS, &ours, NULL) != 0)
+        if (sigaction(SIGBUS, &ours, NULL) != 0 || sigaction(SIGBUS, NULL, &current) != 0)
             error = errno;
+        else if (current.sa_sigaction != OnSigbus)
+            error = ENOTSUP;  /* refused without a word (a sanitizer run with handle_sigbus=2) */
     }
     atomic_flag_clear(&installing);
     return -error;

@@ -25,6 +25,7 @@ The server maps what callers hand it, so every step is checked:
 """
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import threading
@@ -167,6 +168,10 @@ class SharedMemory:
             try:
                 mapping = GuardedMapping(fd, offset + byte_size)
             except OSError as exc:
+                if exc.errno == errno.ENOTSUP:  # unguarded, a shrink would kill the server: no mapping at all
+                    raise errors.Failure(grpc.StatusCode.FAILED_PRECONDITION, "this server process cannot guard "
+                                         "shared memory against a shrinking object (another SIGBUS handler is "
+                                         "locked in)") from None
                 raise errors.exhausted(f"the region cannot be mapped: {exc.strerror}", "byte_size") from None
         except BaseException:
             os.close(fd)

@@ -153,3 +153,29 @@ def test_a_fault_outside_every_guarded_mapping_still_ends_the_process(mode, tmp_
         assert "Fatal Python error: Bus error" in done.stderr, done.stderr
     # SIGBUS, or the abort of a sanitizer's handler when one is preloaded (make test-sanitize)
     assert done.returncode in (-7, -6, 1), (done.returncode, done.stderr)
+
+
+
+REFUSED_HANDLER = """
+import errno, os, sys
+from tensorops_native._guard import GuardedMapping
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+os.unlink(sys.argv[1])
+os.ftruncate(fd, 4096)
+try:
+    GuardedMapping(fd, 4096)
+except OSError as exc:
+    print("refused", errno.errorcode[exc.errno])
+"""
+
+
+@pytest.mark.skipif("libasan" not in os.environ.get("LD_PRELOAD", ""),
+                    reason="AddressSanitizer preloaded (make test-sanitize) is what can refuse the handler")
+def test_nothing_is_mapped_when_the_handler_cannot_be_installed():
+    """ASan with handle_sigbus=2 ignores every other SIGBUS handler without an error: the
+    mapping is then refused (ENOTSUP) rather than made unguarded."""
+    env = dict(os.environ, ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") + ":handle_sigbus=2")
+    path = f"/dev/shm/tensorops_test_{uuid.uuid4().hex[:12]}"
+    done = subprocess.run([sys.executable, "-c", REFUSED_HANDLER, path], capture_output=True, text=True, timeout=60,
+                          env=env)
+    assert done.stdout.strip() == "refused ENOTSUP", done.stdout + done.stderr
