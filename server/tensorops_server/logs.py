@@ -71,8 +71,7 @@ class StderrCapture:
     long enough to forward it."""
 
     def __init__(self, logger: logging.Logger):
-        self._grpc = logger.getChild("grpc")
-        self._other = logger.getChild("stderr")
+        self._logger = logger
         self._original = os.dup(2)
         self.stream = os.fdopen(os.dup(self._original), "w", buffering=1)
         faulthandler.enable(self.stream)
@@ -86,17 +85,7 @@ class StderrCapture:
     def _forward(self, read_end: int) -> None:
         with os.fdopen(read_end, "r", errors="replace") as lines:
             for line in lines:
-                self.emit(line.rstrip("\n"))
-
-    def emit(self, line: str) -> None:
-        if not line.strip():
-            return
-        match = _GRPC_LINE.match(line)
-        if match:
-            severity, source, message = match.groups()
-            self._grpc.log(_GRPC_LEVELS[severity], message, extra=fields(source=source))
-        else:
-            self._other.warning(line)
+                log_stderr_line(self._logger, line.rstrip("\n"))
 
     def close(self, timeout: float = 2.0) -> None:
         """Give descriptor 2 back to the original stderr and forward what is still in the pipe."""
@@ -105,3 +94,16 @@ class StderrCapture:
         sys.stderr.flush()
         os.dup2(self._original, 2)  # closes the pipe's last write end: the forwarder reads to its end
         self._thread.join(timeout)
+
+
+def log_stderr_line(logger: logging.Logger, line: str) -> None:
+    """One line written to stderr as a record of `logger`'s child "grpc" (gRPC core's lines,
+    at their severity, with their source file) or "stderr" (anything else, a warning)."""
+    if not line.strip():
+        return
+    match = _GRPC_LINE.match(line)
+    if match:
+        severity, source, message = match.groups()
+        logger.getChild("grpc").log(_GRPC_LEVELS[severity], message, extra=fields(source=source))
+    else:
+        logger.getChild("stderr").warning(line)
