@@ -95,6 +95,13 @@ def kib_field(pid: int, name: str) -> int | None:
     return int(value.split()[0]) * 1024 if value else None
 
 
+def open_descriptors(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0
+
+
 def reset_peak_rss(pid: int) -> None:
     """Reset VmHWM to the current resident size (Linux clear_refs "5")."""
     try:
@@ -764,9 +771,11 @@ def row9_slow_metrics_clients(target: Target, connections: int = 1000, hold: flo
     def body(out):
         raise_fd_limit(connections + 256)
         threads = {"before": int(proc_status(target.pid).get("Threads", 0)), "peak": 0}
+        fds = {"before": open_descriptors(target.pid), "peak": 0}
 
         def sample():
             threads["peak"] = max(threads["peak"], int(proc_status(target.pid).get("Threads", 0) or 0))
+            fds["peak"] = max(fds["peak"], open_descriptors(target.pid))
         start = time.monotonic()
         socks = open_sockets(target.metrics_port, connections, b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         try:
@@ -777,11 +786,13 @@ def row9_slow_metrics_clients(target: Target, connections: int = 1000, hold: flo
             close_all(socks)
         time.sleep(1.0)  # the teardown, under the monitor
         out.legitimate_ok = legit
-        out.details.update(opened=len(socks), closed_by_server=len(closed), threads=threads, metrics_ok=legit)
+        out.details.update(opened=len(socks), closed_by_server=len(closed), threads=threads, descriptors=fds,
+                           metrics_ok=legit)
         if closed:
             out.refused_after = min(closed.values()) - start
         out.outcome = (f"{len(socks)} open, {len(closed)} closed by the server within {hold:.0f} s; threads "
-                       f"{threads['before']} -> {threads['peak']}; /metrics {'answers' if legit else 'no answer'}")
+                       f"{threads['before']} -> {threads['peak']}, descriptors {fds['before']} -> {fds['peak']}; "
+                       f"/metrics {'answers' if legit else 'no answer'}")
     return attack(9, f"{connections} slow HTTP connections to the metrics port, {hold:.0f} s", target, body)
 
 
