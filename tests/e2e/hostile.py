@@ -2,7 +2,9 @@
 rows 1 to 10), each run against a live server the way a hostile client would (raw gRPC
 calls of hand-built messages, a raw HTTP/2 connection that never opens its window, a
 shared-memory object shrunk under the server, many idle sockets), while a `Monitor` polls
-the health service every 20 ms and the server's /proc memory figures.
+the health service every 20 ms (from a process of its own: a script that runs attacks
+needs the `if __name__ == "__main__":` guard of multiprocessing's spawn) and the server's
+/proc memory figures.
 
 Each attack returns an `Outcome`: how the server answered (status and message of the
 refused call, or "server died"), how long it took to refuse, the server's peak resident
@@ -31,6 +33,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Callable
+from urllib.parse import unquote
 
 import grpc
 import h2.config
@@ -431,7 +434,7 @@ def row3_unread_responses(target: Target, calls: int = 32, side: int = 4096, wai
                 out.refused_after = first[2] - start
                 out.details["code"] = code.name
                 out.outcome = short(f"{len(refusals)} of {calls} refused ({code.name}: "
-                                    f"{h2_unquote(first[1])}); {len(unanswered)} held unsent")
+                                    f"{unquote(first[1])}); {len(unanswered)} held unsent")
             else:
                 out.outcome = f"0 of {calls} refused; {len(unanswered)} held unsent" + \
                               ("; connection closed" if client.closed else "")
@@ -443,11 +446,6 @@ def row3_unread_responses(target: Target, calls: int = 32, side: int = 4096, wai
             client.close()
     return attack(3, f"{calls} ChannelSum of {len(message)} B ({result_mib(side)} MiB results), "
                      "HTTP/2 window 0", target, body)
-
-
-def h2_unquote(text: str) -> str:
-    from urllib.parse import unquote
-    return unquote(text)
 
 
 def row4_large_parameters(target: Target, calls: int = 12, nbytes: int = 20 << 20, timeout: float = 100) -> Outcome:
