@@ -68,6 +68,19 @@ def shrank_during_call(name: str, field: str) -> errors.Failure:
                                  "the region is unregistered: register it again")
 
 
+def _map(fd: int, size: int) -> GuardedMapping:
+    try:
+        return GuardedMapping(fd, size)
+    except OSError as exc:
+        if exc.errno == errno.ENOTSUP:  # unguarded, a shrink would kill the server: no mapping at all
+            raise errors.Failure(grpc.StatusCode.FAILED_PRECONDITION, "this server process cannot guard shared "
+                                 "memory against a shrinking object (another SIGBUS handler is locked in)") from None
+        if exc.errno == errno.ENOSPC:
+            raise errors.exhausted("the server maps as many regions as it can (unregistered ones stay mapped while "
+                                   "calls still use them); try again", "name") from None
+        raise errors.exhausted(f"the region cannot be mapped: {exc.strerror}", "byte_size") from None
+
+
 @dataclass
 class Usage:
     """What a caller (or all callers together) holds registered."""
@@ -165,14 +178,7 @@ class SharedMemory:
             if size < offset + byte_size:
                 raise errors.invalid("byte_size", f"offset {offset} + byte_size {byte_size} exceed the object's "
                                                   f"{size} bytes")
-            try:
-                mapping = GuardedMapping(fd, offset + byte_size)
-            except OSError as exc:
-                if exc.errno == errno.ENOTSUP:  # unguarded, a shrink would kill the server: no mapping at all
-                    raise errors.Failure(grpc.StatusCode.FAILED_PRECONDITION, "this server process cannot guard "
-                                         "shared memory against a shrinking object (another SIGBUS handler is "
-                                         "locked in)") from None
-                raise errors.exhausted(f"the region cannot be mapped: {exc.strerror}", "byte_size") from None
+            mapping = _map(fd, offset + byte_size)
         except BaseException:
             os.close(fd)
             raise

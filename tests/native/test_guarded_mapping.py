@@ -4,6 +4,7 @@ in NumPy; a SIGBUS anywhere else still ends the process as before (with faulthan
 report when it is on); the mapping lives as long as any view of it."""
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -111,6 +112,20 @@ def test_zero_size_and_bad_descriptor_are_refused():
     with pytest.raises(OSError):
         GuardedMapping(0, 0)
 
+
+def test_the_slots_are_bounded_and_freed(shm_file):
+    """Every guarded mapping takes one of a fixed table's slots (the SIGBUS handler scans
+    it): past the last, ENOSPC; a mapping gone frees its slot."""
+    path, fd = shm_file
+    mappings = []
+    with pytest.raises(OSError) as refused:
+        for _ in range(1 << 16):
+            mappings.append(GuardedMapping(fd, 4096))
+    assert refused.value.errno == errno.ENOSPC and len(mappings) >= 1024
+    mappings.pop()
+    mappings.append(GuardedMapping(fd, 4096))
+    mappings.clear()
+    assert not mapped(path)
 
 # A mapping guarded, then a plain mmap of another file shrunk and read: that SIGBUS is no
 # guarded mapping's, so the process ends as it would without the guard.
