@@ -62,9 +62,12 @@ def parser(environ) -> argparse.ArgumentParser:
 
 
 def _positive_float(text) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
     return value
 
 

@@ -155,3 +155,12 @@ def test_stderr_lines_of_any_origin_become_json_records():
         {**records[1], "level": "warning", "logger": "tensorops_server.stderr",
          "event": "Traceback (most recent call last):"}]
     logging.getLogger(logs.LOGGER).handlers.clear()
+
+
+def test_health_cli_explains_a_bad_timeout(capsys):
+    from tensorops_server import health_cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        health_cli.main(["--timeout", "soon"], environ={})
+    assert exit_info.value.code == health_cli.USAGE
+    assert "argument --timeout: expected a number of seconds > 0, got 'soon'" in capsys.readouterr().err
