@@ -31,6 +31,7 @@ class Config:
     max_pending_requests: int = 64    # calls whose request is still arriving
     max_connections: int = 2048       # client connections open at once; more are closed at once
     handshake_timeout: float = 5.0    # seconds a new connection gets to complete TLS and the HTTP/2 preface
+    max_connection_idle: float = 60.0  # seconds a connection without calls stays open (0: no limit)
     max_health_watches: int = 256     # health Watch streams open at once, all connections together
     read_timeout: float = 30.0        # seconds a request may take to arrive
     inline_bytes: int = 256 * 1024    # requests up to this size run on the event loop, larger ones on a worker
@@ -86,6 +87,9 @@ _HELP = {
                        "arrive (lowered to fit the file-descriptor limit)",
     "handshake_timeout": "seconds a new connection gets to complete its TLS handshake and HTTP/2 preface "
                          "before it is closed",
+    "max_connection_idle": "seconds a connection with no call in progress stays open (clients reconnect "
+                           "at their next call), so that idle connections do not keep others under "
+                           "--max-connections out (0: no limit)",
     "max_health_watches": f"health Watch streams open at once, all connections together (and "
                           f"{HEALTH_WATCHES_PER_CONNECTION} per connection); more get RESOURCE_EXHAUSTED",
     "inline_bytes": "requests of up to this many bytes are computed on the event loop (no thread hand-off); "
@@ -191,6 +195,7 @@ _TYPES = {
     "workers": _positive(int), "max_concurrent_rpcs": _non_negative(int),
     "max_inflight_bytes": _positive(int), "max_pending_requests": _positive(int), "read_timeout": _positive(float),
     "max_connections": _positive(int), "handshake_timeout": _positive(float),
+    "max_connection_idle": _non_negative(float),
     "max_health_watches": _positive(int),
     "inline_bytes": _non_negative(int), "max_batch_rows": _positive(int), "batch_window_us": _non_negative(int),
     "max_message_bytes": _positive(int), "max_tensor_bytes": _positive(int),

@@ -206,10 +206,12 @@ def bind_failure(host: str, port: int) -> str:
 
 
 def connection_age_options(c: Config) -> list[tuple[str, int]]:
-    """gRPC's server-side connection age (GOAWAY after the age, with +-10% jitter, then a
+    """gRPC's server-side idle limit and connection age (GOAWAY after the age, with +-10% jitter, then a
     grace period for the calls in flight): long-lived HTTP/2 connections of clients and
     balancers are re-established now and then, so replicas added later get their share."""
     options = []
+    if c.max_connection_idle > 0:  # no call for that long: GOAWAY, so idle connections free their place
+        options.append(("grpc.max_connection_idle_ms", max(1, round(c.max_connection_idle * 1000))))
     if c.max_connection_age > 0:
         options.append(("grpc.max_connection_age_ms", max(1, round(c.max_connection_age * 1000))))
         if c.max_connection_age_grace > 0:

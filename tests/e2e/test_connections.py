@@ -197,6 +197,19 @@ def test_connections_beyond_the_cap_are_closed_at_once(start_server):
         close_all(socks)
 
 
+HTTP2_PREFACE_AND_SETTINGS = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+def test_idle_http2_connections_at_the_cap_give_their_place_up(start_server):
+    srv = start_server("--max-connections", "20", "--max-connection-idle", "1")
+    socks = connect_all(srv.port, 20, send=HTTP2_PREFACE_AND_SETTINGS)  # handshake done, then nothing
+    try:
+        assert health_wait(srv.target) < 5.0  # the idle ones are sent away, a real client gets in
+        wait_until_closed(socks, seconds=10)
+    finally:
+        close_all(socks)
+
+
 # ---------------------------------------------------------------------------------------
 # Health Watch streams
 

@@ -63,13 +63,15 @@ def test_deployment_settings():
 
     c = config.load([], environ={})
     assert (c.drain_delay, c.max_connection_age, c.max_connection_age_grace, c.instance_name) == (2.0, 300.0, 30.0, "")
-    assert connection_age_options(c) == [("grpc.max_connection_age_ms", 300_000),
+    assert connection_age_options(c) == [("grpc.max_connection_idle_ms", 60_000),
+                                         ("grpc.max_connection_age_ms", 300_000),
                                          ("grpc.max_connection_age_grace_ms", 30_000)]
-    c = config.load(["--max-connection-age", "0.5", "--instance-name", "r1"],
+    c = config.load(["--max-connection-age", "0.5", "--instance-name", "r1", "--max-connection-idle", "0"],
                     environ={"TENSOROPS_MAX_CONNECTION_AGE_GRACE": "0", "TENSOROPS_DRAIN_DELAY": "0"})
     assert (c.drain_delay, c.instance_name) == (0.0, "r1")
     assert connection_age_options(c) == [("grpc.max_connection_age_ms", 500)]  # grace 0: no limit
-    assert connection_age_options(config.load(["--max-connection-age", "0"], environ={})) == []  # never
+    assert connection_age_options(config.load(["--max-connection-age", "0", "--max-connection-idle", "0"],
+                                              environ={})) == []  # never
     with pytest.raises(SystemExit):
         config.load(["--drain-delay", "-1"], environ={})
 
