@@ -131,9 +131,9 @@ int TnGuardedMap(int fd, size_t size, void ** address)
             continue;
         void * mapped = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (mapped == MAP_FAILED) {
-            int error = errno;
+            int mapError = errno;
             atomic_store(&slots[i].state, SLOT_FREE);
-            return -error;
+            return -mapError;
         }
         slots[i].start = (uintptr_t)mapped;
         slots[i].length = size;
@@ -162,8 +162,8 @@ void TnGuardedUnmap(int slot)
     int expected = SLOT_ACTIVE;
     if (!atomic_compare_exchange_strong(&slots[slot].state, &expected, SLOT_BUSY))
         return;
-    /* Out of the handler's sight first, so that the address range, once free, is never
-     * taken for this mapping. */
+    /* Out of the handler's sight before the range is unmapped: once free, the range may be
+     * mapped anew by anyone, and a fault there is no longer this mapping's. */
     munmap((void *)slots[slot].start, slots[slot].length);
     atomic_store(&slots[slot].state, SLOT_FREE);
 }
