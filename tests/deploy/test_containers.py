@@ -248,6 +248,20 @@ def test_compose_config_is_valid(engine):
     assert "127.0.0.1" in out
 
 
+def test_compose_runs_with_the_memory_limits_of_the_file(stack):
+    """The limits and tmpfs sizes that test_memory_limits.py checks against the caps are the
+    ones the engine applies (docker-compose 1.29 honours mem_limit and tmpfs options)."""
+    from test_memory_limits import compose_services, quantity
+    services = compose_services()
+    for service in (*REPLICAS, "balancer"):
+        host = inspect(stack.container(service))["HostConfig"]
+        assert host["Memory"] == quantity(services[service]["mem_limit"], docker=True), service
+        assert host["Tmpfs"] == dict(t.split(":", 1) for t in services[service]["tmpfs"]), service
+    environment = inspect(stack.container(REPLICAS[0]))["Config"]["Env"]
+    for name, value in services[REPLICAS[0]]["environment"].items():
+        assert f"{name}={value}" in environment, (name, environment)
+
+
 def test_spread_over_every_replica(stack):
     before = stack.counts("softmax")
     rng = np.random.default_rng(11)
