@@ -281,25 +281,38 @@ class Service:
         always_offload = entry.name == "quantized_inner_product"
         executor = self.executor
 
-        def compute(decoded: _codec.Decoded, call: CallState, extra: dict | None = None) -> bytes:
+        def prepare(decoded: _codec.Decoded, call: CallState, extra: dict | None) -> tuple[dict, int, int]:
+            """The native arguments, the format and the result's bytes, charged to the call."""
             kwargs, fmt = entry.arguments(decoded, self.config.max_tensor_bytes, call.reserve)
             if extra:
                 kwargs.update(extra)
             field, result_bytes = entry.result(kwargs)
             reserve_result(call, field, result_bytes, self.result_limit)
+            return kwargs, fmt, result_bytes
+
+        def run(call: CallState, kwargs: dict, fmt: int, result_bytes: int) -> bytes:
             if always_offload:
                 result = self._run_quantized_inner_product(timer, call, entry.native, kwargs, result_bytes)
             else:
                 result = self._run(timer, call, entry.native, **kwargs)
             return encode(result, fmt)
 
+        def compute(decoded: _codec.Decoded, call: CallState, extra: dict | None = None) -> bytes:
+            return run(call, *prepare(decoded, call, extra))
+
         async def behavior(decoded: _codec.Decoded, call: CallState, nbytes: int, extra: dict | None = None,
                            inline: bool | None = None):
             """`extra`: more native arguments (the KServe endpoint's `out` in shared memory);
-            `inline`: whether to compute on the event loop (default: by `nbytes`)."""
-            if not always_offload and (executor.inline(nbytes) if inline is None else inline):
-                return compute(decoded, call, extra)
-            return await executor.offload(call, compute, decoded, call, extra)
+            `inline`: whether to compute on the event loop (default: by the bytes of the
+            request and of its result)."""
+            if always_offload or not (executor.inline(nbytes) if inline is None else inline):
+                return await executor.offload(call, compute, decoded, call, extra)
+            prepared = prepare(decoded, call, extra)
+            # A few bytes may ask for a large result (channel_sum over an empty spatial
+            # size, a broadcast): writing and encoding it would hold the event loop.
+            if inline is None and not executor.inline(nbytes + prepared[2]):
+                return await executor.offload(call, run, call, *prepared)
+            return run(call, *prepared)
         return behavior
 
     def _run_quantized_inner_product(self, timer, call: CallState, native, kwargs: dict, result_bytes: int):
