@@ -5,10 +5,12 @@ fixed words: never shapes, sizes or ids.
 /metrics is served over HTTP/1.1 by an event loop on a thread of its own (`Endpoint`):
 connections cost no thread, a request must arrive within the read timeout, and at most
 MAX_CONNECTIONS are open (a new one closes the one that has waited longest for its
-request), so idle or slow connections cannot hold threads, descriptors or the gRPC loop."""
+request, before the next is accepted), so idle or slow connections cannot hold threads,
+more than MAX_CONNECTIONS + 1 descriptors, or the gRPC loop."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 
 from prometheus_client import (
@@ -91,28 +93,61 @@ class Endpoint:
     def __init__(self, registry: CollectorRegistry, timeout: float):
         self.registry = registry
         self.timeout = timeout
-        self._waiting: dict[asyncio.StreamWriter, None] = {}  # connections whose request is arriving, oldest first
-        self._open = 0
+        # Open connections, oldest first: True while the request is arriving. One that loses
+        # its place leaves at once, not when its task next runs, so that a burst of new
+        # connections cannot pass the cap before the closed ones are counted out.
+        self._connections: dict[asyncio.StreamWriter, bool] = {}
+        self._tasks: set[asyncio.Task] = set()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tensorops-metrics", daemon=True)
-        self._server: asyncio.Server | None = None
+        self._listener: socket.socket | None = None
 
     def start(self, host: str, port: int) -> int:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        # A long listen queue costs no descriptor of ours: connections wait there until accepted.
+        self._listener = socket.create_server((host, port), family=family, backlog=1024)
+        self._listener.setblocking(False)
         self._thread.start()
-        try:
-            self._server = asyncio.run_coroutine_threadsafe(
-                asyncio.start_server(self._serve, host, port, limit=_MAX_REQUEST_HEAD), self._loop).result()
-        except OSError:
-            self.stop()
-            raise
-        return self._server.sockets[0].getsockname()[1]
+        asyncio.run_coroutine_threadsafe(self._start_accepting(), self._loop).result()
+        return self._listener.getsockname()[1]
+
+    async def _start_accepting(self) -> None:
+        self._keep(asyncio.get_running_loop().create_task(self._accept()))
+
+    def _keep(self, task: asyncio.Task) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _accept(self) -> None:
+        """Accept connections one at a time (not a backlog's worth at once, as asyncio's
+        servers do), so that one beyond the cap is closed before the next is taken: the
+        descriptors the endpoint holds stay at MAX_CONNECTIONS plus one."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, _ = await loop.sock_accept(self._listener)
+            except OSError:  # out of descriptors, or the peer left already: try again shortly
+                await asyncio.sleep(0.05)
+                continue
+            if len(self._connections) >= MAX_CONNECTIONS:
+                oldest = next((w for w, waiting in self._connections.items() if waiting), None)
+                if oldest is None:  # every connection is being answered
+                    sock.close()
+                    continue
+                del self._connections[oldest]  # the longest waiting loses its place
+                oldest.transport.abort()
+            reader, writer = await asyncio.open_connection(sock=sock, limit=_MAX_REQUEST_HEAD)
+            self._connections[writer] = True
+            self._keep(loop.create_task(self._serve(reader, writer)))
 
     def stop(self) -> None:
         async def close():
-            if self._server is not None:
-                self._server.close()
-            for writer in list(self._waiting):
+            for task in list(self._tasks):
+                task.cancel()
+            for writer in list(self._connections):
                 writer.close()
+            if self._listener is not None:
+                self._listener.close()
         if self._thread.is_alive():
             asyncio.run_coroutine_threadsafe(close(), self._loop).result()
             self._loop.call_soon_threadsafe(self._loop.stop)
@@ -120,26 +155,20 @@ class Endpoint:
         self._loop.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._open >= MAX_CONNECTIONS:
-            if not self._waiting:
-                writer.close()
-                return
-            next(iter(self._waiting)).close()  # the longest waiting loses its place
-        self._open += 1
-        self._waiting[writer] = None
         try:
             try:
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.timeout)
             except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
                 return
-            self._waiting.pop(writer, None)
+            if writer not in self._connections:  # lost its place meanwhile
+                return
+            self._connections[writer] = False
             writer.write(self._response(head))
             await asyncio.wait_for(writer.drain(), self.timeout)
         except (asyncio.TimeoutError, ConnectionError):
             pass
         finally:
-            self._open -= 1
-            self._waiting.pop(writer, None)
+            self._connections.pop(writer, None)
             writer.close()
 
     def _response(self, head: bytes) -> bytes:

@@ -6,6 +6,7 @@ streams beyond theirs. Each: refused or closed fast, threads flat, health under 
 from __future__ import annotations
 
 import json
+import os
 import resource
 import socket
 import subprocess
@@ -63,6 +64,10 @@ def threads(pid: int) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
 
 
+def descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
 def closed_by_peer(sock: socket.socket) -> bool:
     """Whether the server closed the connection (what it sent before, such as its HTTP/2
     settings, is read and dropped)."""
@@ -118,10 +123,13 @@ def close_all(socks) -> None:
 def test_slow_metrics_connections_hold_no_thread_and_are_closed(start_server):
     srv = start_server("--read-timeout", "2")
     threads_before = threads(srv.proc.pid)
+    descriptors_before = descriptors(srv.proc.pid)
     probe = HealthProbe(srv.target, seconds=6)
     socks = connect_all(srv.metrics_port, 1000, send=b"GET /metrics HTTP/1.1\r\n")  # a request never finished
     try:
         assert threads(srv.proc.pid) <= threads_before + 1
+        # the connections beyond the metrics endpoint's cap (32) are closed as they come
+        assert descriptors(srv.proc.pid) <= descriptors_before + 32 + 8
         scrape = srv.metrics_text()  # a real scrape still works meanwhile
         version = next(e["version"] for e in srv.events() if e.get("event") == "serving")
         assert metric_value(scrape, "tensorops_server_info", version=version) == 1.0
