@@ -49,7 +49,9 @@ class TensorOpsServer:
         self.service = Service(config, self.metrics, self.store, self.table, self.executor, self.auth, qip_class)
         self.shared_memory = shm.SharedMemory(
             allowed=config.allow_shared_memory, prefix=config.shared_memory_prefix,
-            max_regions=config.max_shared_memory_regions, max_bytes=config.max_shared_memory_bytes)
+            max_regions=config.max_shared_memory_regions, max_bytes=config.max_shared_memory_bytes,
+            max_regions_per_caller=config.max_shared_memory_regions_per_caller,
+            max_bytes_per_caller=config.max_shared_memory_bytes_per_caller)
         self.kserve = kserve.KServe(self.service, self.shared_memory)  # inference.GRPCInferenceService, same port
         self._sweeper = Sweeper(self.store, interval=min(config.session_ttl / 4, 10.0))
         self._loop = asyncio.new_event_loop()

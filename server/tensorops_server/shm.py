@@ -36,7 +36,6 @@ import grpc
 from tensorops_native._guard import GuardedMapping
 
 from . import errors
-from .config import Config
 
 SHM_DIR = "/dev/shm"
 
@@ -90,8 +89,7 @@ class Usage:
 
 class SharedMemory:
     def __init__(self, *, allowed: bool, prefix: str, max_regions: int, max_bytes: int,
-                 max_regions_per_caller: int = Config.max_shared_memory_regions_per_caller,
-                 max_bytes_per_caller: int = Config.max_shared_memory_bytes_per_caller):
+                 max_regions_per_caller: int, max_bytes_per_caller: int):
         self.allowed = allowed
         self.prefix = prefix
         self.max_regions = max_regions

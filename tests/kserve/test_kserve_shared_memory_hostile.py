@@ -199,15 +199,23 @@ def bearer(token: str) -> dict:
     return {"authorization": f"Bearer {token}"}
 
 
-def test_one_caller_cannot_lock_the_others_out(start_server, objects):
-    """Region count and bytes are capped per caller (the flags' defaults here) under the
-    global caps: a caller that registers all it may is refused more, at once, while
-    another still registers and computes."""
-    server = start_server("--allow-shared-memory", "true", env={"TENSOROPS_AUTH_TOKENS": "alpha,beta"})
+PER_CALLER_CAPS = [
+    pytest.param((), Config.max_shared_memory_regions_per_caller, Config.max_shared_memory_bytes_per_caller,
+                 id="defaults"),
+    pytest.param(("--max-shared-memory-regions-per-caller", "3", "--max-shared-memory-bytes-per-caller",
+                  str(1 << 20)), 3, 1 << 20, id="flags"),
+]
+
+
+@pytest.mark.parametrize("flags, most, most_bytes", PER_CALLER_CAPS)
+def test_one_caller_cannot_lock_the_others_out(start_server, objects, flags, most, most_bytes):
+    """Region count and bytes are capped per caller under the global caps: a caller that
+    registers all it may is refused more, at once, while another still registers and
+    computes."""
+    server = start_server("--allow-shared-memory", "true", *flags, env={"TENSOROPS_AUTH_TOKENS": "alpha,beta"})
     client = tc.InferenceServerClient(server.target)
     alpha, beta = bearer("alpha"), bearer("beta")
     small = key_of(objects(4096))
-    most = Config.max_shared_memory_regions_per_caller
     for i in range(most):
         client.register_system_shared_memory(f"a{i}", small, 4096, headers=alpha)
     start = time.perf_counter()
@@ -229,7 +237,6 @@ def test_one_caller_cannot_lock_the_others_out(start_server, objects):
     assert len(client.get_system_shared_memory_status(headers=alpha).regions) == most
 
     # bytes: one region of all the caller may hold (a sparse object: nothing is touched), then a byte more
-    most_bytes = Config.max_shared_memory_bytes_per_caller
     client.unregister_system_shared_memory(headers=beta)
     big = key_of(objects(most_bytes))
     client.register_system_shared_memory("big", big, most_bytes, headers=beta)
