@@ -1,6 +1,6 @@
-"""The hostile campaign of issue 22 against a server build: every attack of
+"""The hostile campaign against a server build: every attack of
 tests/e2e/hostile.py (rows 1 to 10) on a fresh server process of its own, inside a cgroup v1
-memory limit (3 GB by default, as the issue's probe), on the default configuration plus
+memory limit (3 GB by default), on the default configuration plus
 what the row needs (shared memory for rows 6 and 8, two tokens for row 8, a soft limit of
 1024 file descriptors for row 10). Prints a markdown table: the request, how the server
 answered, the time to refuse, the server's peak resident memory, the slowest health check
@@ -151,7 +151,7 @@ def refusal_text(o: hostile.Outcome) -> str:
 
 def comparison(before_path: str, after_path: str) -> str:
     """Before and after of each row, side by side: time to refuse, peak resident memory,
-    slowest health check (the closing note of issue 22)."""
+    slowest health check."""
     before, after = load_outcomes(before_path), load_outcomes(after_path)
     lines = ["| # | time to refuse, before | after | peak RSS, before | after | max health latency, before | after "
              "| alive after, before | after |", "| --- " * 9 + "|"]

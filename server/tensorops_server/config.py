@@ -78,8 +78,8 @@ _HELP = {
     "workers": "threads running requests (kernels release the GIL)",
     "max_concurrent_rpcs": "calls running at once (health checks excluded); 0 means no limit; beyond it "
                            "new calls get RESOURCE_EXHAUSTED",
-    "max_inflight_bytes": "bytes that the calls running may hold (request + response); beyond it new calls "
-                          "get RESOURCE_EXHAUSTED (a single larger call still runs when nothing else does)",
+    "max_inflight_bytes": "bytes the calls in flight may hold, from admission until their response was sent "
+                          "(request, result, encoded response); a call that would pass it gets RESOURCE_EXHAUSTED",
     "max_pending_requests": "calls whose request message is still arriving; more are refused at once",
     "read_timeout": "seconds a request message (or a metrics scrape's request) may take to arrive before "
                     "the call is cut off",

@@ -1,18 +1,17 @@
-"""The hostile campaign of issue 22 as code: one function per numbered attack (`ATTACKS`,
-rows 1 to 10), each run against a live server the way a hostile client would (raw gRPC
-calls of hand-built messages, a raw HTTP/2 connection that never opens its window, a
-shared-memory object shrunk under the server, many idle sockets), while a `Monitor` polls
-the health service every 20 ms (from a process of its own: a script that runs attacks
-needs the `if __name__ == "__main__":` guard of multiprocessing's spawn) and the server's
-/proc memory figures.
-
-Each attack returns an `Outcome`: how the server answered (status and message of the
-refused call, or "server died"), how long it took to refuse, the server's peak resident
-memory (VmHWM, reset when the attack starts), the slowest health check during the attack,
-whether legitimate calls still succeed afterwards and whether the server is alive.
+"""The hostile campaign (the memory and connection attacks of docs/security-testing.md) as
+code: one function per numbered attack (`ATTACKS`, rows 1 to 10), each run against a live
+server the way a hostile client would (raw gRPC calls of hand-built messages, a raw HTTP/2
+connection that never opens its window, a shared-memory object shrunk under the server, many
+idle sockets), while a `Monitor` polls the health service every 20 ms (from a process of its
+own: a script that runs attacks needs the `if __name__ == "__main__":` guard of
+multiprocessing's spawn) and the server's /proc memory figures. Each attack returns an
+`Outcome`: how the server answered (status and message of the refused call, or "server
+died"), how long it took to refuse, the server's peak resident memory (VmHWM, reset when the
+attack starts), the slowest health check during the attack, whether legitimate calls still
+succeed afterwards and whether the server is alive.
 
 Every attack is bounded in count and in time and talks only to loopback. The sizes default
-to the issue's (bench/hostile.py runs them in a memory cgroup); `SCALES["ci"]` holds the
+to the full ones (bench/hostile.py runs them in a memory cgroup); `SCALES["ci"]` holds the
 sizes the regression test uses (tests/e2e/test_hostile.py), small enough that a server
 that regressed fails the test by time or by memory without exhausting the machine.
 """
@@ -300,7 +299,7 @@ def single(out: Outcome, answer: Answer) -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# The attacks, rows 1 to 10 of the issue
+# The attacks, rows 1 to 10 of the campaign's table
 
 def row1_stacked_empty_operands(target: Target, operands: int = 1 << 32, timeout: float = 60) -> Outcome:
     """KServe eltwise whose stacked input has shape [N, 0] and no bytes: 48 bytes on the
@@ -842,7 +841,7 @@ ROW_FLAGS: dict[int, tuple[str, ...]] = {
 # Row 10's server runs with the common 1024 soft limit on file descriptors.
 ROW_FD_LIMIT = {10: 1024}
 
-# Sizes per scale: "full" are the issue's (the functions' defaults); "ci" keeps the test
+# Sizes per scale: "full" are the functions' defaults, large enough to kill an unprotected server; "ci" keeps the test
 # short and a regressed server's memory far below the machine's.
 SCALES: dict[str, dict[int, dict]] = {
     "full": {},
