@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import ml_dtypes
 import numpy as np
@@ -92,9 +92,11 @@ class WireTensor:
     data: Any = b""
 
 
-def to_array(t: WireTensor, name: str, *, max_bytes: int | None = None) -> np.ndarray:
+def to_array(t: WireTensor, name: str, *, max_bytes: int | None = None,
+             reserve: Callable[[int, str], None] | None = None) -> np.ndarray:
     """Validate a received tensor and view it as an array (read-only, no copy unless the
-    payload is misaligned for its element type)."""
+    payload is misaligned for its element type; `reserve(nbytes, name)` is told of such a
+    copy before it is made)."""
     dtype = _WIRE_DTYPES.get(t.dtype)
     if dtype is None:
         allowed = ", ".join(tensor_pb2.DataType.Name(c) for c in _WIRE_DTYPES)
@@ -116,6 +118,8 @@ def to_array(t: WireTensor, name: str, *, max_bytes: int | None = None) -> np.nd
     except ValueError as exc:  # dimensions numpy cannot represent
         raise WireError(f"{name}.shape", str(exc)) from None
     if not arr.flags.aligned:
+        if reserve is not None:
+            reserve(nbytes, name)
         arr = arr.copy()
     return arr
 

@@ -215,18 +215,10 @@ def tensor_argument(op: _wire.Operation, wire: _codec.WireTensor, name: str, max
             raise errors.invalid(f"{name}.shape", f"the tensor has too many elements: {list(shape)} of "
                                  f"{_DTYPE_ENUM.values_by_number[wire.dtype].name} describes more than 2**63 - 1 "
                                  "bytes (counting the non-zero dimensions, even when another one is 0)")
-    if reserve is not None and _misaligned(wire.data, itemsize):  # to_array copies it
-        reserve(len(wire.data), name)
     try:
-        return _codec.to_array(wire, name, max_bytes=max_tensor_bytes)
+        return _codec.to_array(wire, name, max_bytes=max_tensor_bytes, reserve=reserve)
     except _codec.WireError as exc:
         raise errors.from_wire(exc) from None
-
-
-def _misaligned(data, itemsize: int) -> bool:
-    if itemsize == 1 or not len(data):
-        return False
-    return np.frombuffer(data, np.uint8).ctypes.data % itemsize != 0
 
 
 def native_arguments(op: _wire.Operation, decoded: _codec.Decoded, max_tensor_bytes: int | None,

@@ -83,8 +83,13 @@ def test_unpacked_shape_and_split_messages_merge_like_protobuf():
 def test_misaligned_payload_is_copied_not_refused():
     x = np.arange(5, dtype=np.float32)
     raw = pb.SoftmaxRequest(x=_codec.from_array(x)).SerializeToString()  # standard layout: unaligned
-    arr = to_array(MessageCodec(pb.SoftmaxRequest).decode(raw).tensors["x"], "x")
+    copies = []
+    arr = to_array(MessageCodec(pb.SoftmaxRequest).decode(raw).tensors["x"], "x",
+                   reserve=lambda nbytes, name: copies.append((nbytes, name)))
     assert arr.flags.aligned and np.array_equal(arr, x)
+    # a copy (this decoding path's payload is misaligned) is announced before it is made: the
+    # server charges it to the call
+    assert copies == ([(x.nbytes, "x")] if arr.flags.owndata else [])
 
 
 def _tensor(**fields):
