@@ -407,9 +407,10 @@ def _tensor_fields(arr: np.ndarray, code: int, fmt: int, number: int, offset: in
     return parts
 
 
-def split_field(raw: bytes, number: int) -> tuple[bytes, list[memoryview]]:
-    """The occurrences of the top-level length-delimited field `number` of a message, as
-    views of `raw` (no copy), and the message without them (for the protobuf runtime)."""
+def split_field(raw: bytes, number: int) -> tuple[list[memoryview], list[memoryview]]:
+    """The message without the top-level length-delimited field `number` (for the protobuf
+    runtime), and the occurrences of that field, all as views of `raw` (no copy: a caller
+    checks the size of the rest before it joins it)."""
     view = memoryview(raw)
     found, rest = [], []
     kept = 0  # the start of the fields kept since the last one taken out
@@ -419,7 +420,7 @@ def split_field(raw: bytes, number: int) -> tuple[bytes, list[memoryview]]:
             rest.append(view[kept:start])
             kept = stop
     rest.append(view[kept:])
-    return b"".join(rest), found
+    return rest, found
 
 
 def check_fields(raw: bytes) -> None:

@@ -640,11 +640,12 @@ def deserializer(message_class, raw_field: int | None = None) -> Callable[[bytes
                 raws = list(getattr(message, "raw_input_contents", ()))
             elif raw_field is not None:
                 rest, raws = _codec.split_field(raw, raw_field)
-                if len(rest) > MAX_DESCRIPTION_BYTES:
-                    return Incoming(None, WireError("message", f"{len(rest)} bytes besides raw_input_contents, "
+                size = sum(part.nbytes for part in rest)
+                if size > MAX_DESCRIPTION_BYTES:  # refused before it is copied out
+                    return Incoming(None, WireError("message", f"{size} bytes besides raw_input_contents, "
                                                     f"more than the limit of {MAX_DESCRIPTION_BYTES}: send large "
                                                     "tensors as raw contents"), len(raw))
-                message = message_class.FromString(rest)
+                message = message_class.FromString(b"".join(rest))
             else:
                 _codec.check_fields(raw)
                 message = message_class.FromString(raw)

@@ -76,7 +76,8 @@ def test_fields_within_the_limit_decode_as_protobuf_does():
 
 def test_split_field_keeps_the_other_fields_in_runs():
     raw = b"\x08\x01" + length_delimited(7, b"abc") + b"\x10\x02\x18\x03" + length_delimited(7, b"de") + b"\x20\x04"
-    rest, found = _codec.split_field(raw, 7)
+    parts, found = _codec.split_field(raw, 7)
+    rest = b"".join(parts)
     assert rest == b"\x08\x01\x10\x02\x18\x03\x20\x04" and [bytes(f) for f in found] == [b"abc", b"de"]
     with pytest.raises(WireError, match="more than"):
         _codec.split_field(b"\x08\x01" * (MAX_FIELDS + 1), 7)
