@@ -431,9 +431,14 @@ def check_fields(raw: bytes) -> None:
         pass
 
 
+def field_header(number: int, nbytes: int) -> bytes:
+    """The tag and length of a length-delimited field of `nbytes`."""
+    return _tag(number, _LEN) + _varint(nbytes)
+
+
 def bytes_field(number: int, payload: memoryview) -> list:
     """The parts of a length-delimited field holding `payload` (joined with one copy)."""
-    return [_tag(number, _LEN) + _varint(payload.nbytes), payload]
+    return [field_header(number, payload.nbytes), payload]
 
 
 def array_bytes(arr: np.ndarray) -> memoryview:

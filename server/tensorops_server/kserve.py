@@ -26,6 +26,7 @@ identical to Triton's `inference` package; that .proto says why the package diff
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import io
 import json
@@ -486,7 +487,7 @@ def _message_field(number: int, data: bytes) -> bytes:
 
 
 def infer_response(model: Model, request, outputs: tuple, result, limit: int, regions: Regions | None = None,
-                   written: np.ndarray | None = None) -> bytes:
+                   written: np.ndarray | None = None, wrap: int | None = None) -> bytes:
     """The ModelInferResponse: output descriptions, then the results as raw contents, each
     copied once into the message, or into its shared-memory region (its raw contents then
     empty, so that every output keeps its index among the raw contents). `written`: a
@@ -494,7 +495,8 @@ def infer_response(model: Model, request, outputs: tuple, result, limit: int, re
     fields (the model's head, id, outputs, raw contents), which protobuf reads as the
     message serialized at once, once its size is checked against `limit`. (Each result was
     charged to the call with its copy in a response before it was computed, and a request
-    names each output at most once.)"""
+    names each output at most once.) `wrap`: the message is the field of that number of
+    an enclosing message (ModelStreamInferResponse), written in the same one copy."""
     results = result if isinstance(result, tuple) else (result,)
     names = model.output_names
     parts = [model.response_head]
@@ -522,6 +524,9 @@ def infer_response(model: Model, request, outputs: tuple, result, limit: int, re
             payloads += _codec.bytes_field(_RAW_OUTPUTS, _codec.array_bytes(arr))
         parts.append(_message_field(_OUTPUTS, out.SerializeToString()))
     nbytes = sum(len(p) for p in parts) + sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in payloads)
+    if wrap is not None:
+        parts.insert(0, _codec.field_header(wrap, nbytes))
+        nbytes += len(parts[0])
     if nbytes > limit:
         raise errors.exhausted(f"the response would take {nbytes} bytes, beyond the limit of {limit} bytes per "
                                "message", field="outputs")
@@ -709,7 +714,8 @@ class KServe:
             raise
 
     # ---- inference
-    async def infer(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+    async def infer(self, decoded: _codec.Decoded, call: CallState, nbytes: int, wrap: int | None = None) -> bytes:
+        """ModelInfer's response; with `wrap`, as that field of an enclosing message."""
         request = decoded.message
         model = self.model(request.model_name, request.model_version, call.identity)
         errors.check_length("id", request.id)  # echoed in the response
@@ -725,7 +731,7 @@ class KServe:
                 extra["out"] = out
             result = await self._run(model, request_in, call, nbytes, regions.nbytes, extra)
             response = infer_response(model, request, outputs, result, self.service.config.max_message_bytes,
-                                      regions.view, written=out)
+                                      regions.view, written=out, wrap=wrap)
             regions.check_intact()  # an object shrunk meanwhile voids what was read or written there
             ok = True
             return response
@@ -773,10 +779,6 @@ class KServe:
         except errors.Failure as failure:
             await context.abort_with_status(failure.status())
             return
-
-        async def send(response: bytes) -> None:
-            await context.write(b"".join(_codec.bytes_field(_STREAM_RESPONSE_FIELD, memoryview(response))))
-
         while True:
             try:
                 incoming = await instrumented.admission.receive(context, stream=True)
@@ -787,7 +789,7 @@ class KServe:
                 return
             # The response is written inside the call, so that its charge is held until
             # gRPC has sent it: a stream whose client does not read cannot pile them up.
-            response, status = await instrumented.call(context, incoming, identity, send=send)
+            response, status = await instrumented.call(context, incoming, identity, send=context.write)
             if status is not None:
                 await context.write(pb.ModelStreamInferResponse(
                     error_message=f"{status.code.name}: {status.details}").SerializeToString())
@@ -963,7 +965,10 @@ class KServe:
             raw = _RAW_INPUTS if message_class is pb.ModelInferRequest else None
             handlers[rpc] = grpc.stream_unary_rpc_method_handler(
                 instrumented.handle, request_deserializer=deferred(deserializer(message_class, raw), inline_bytes))
-        streaming = Instrumented("kserve_model_stream_infer", self.infer, s.metrics, s.admission, s.auth,
+        # Each stream response is the ModelInferResponse inside a ModelStreamInferResponse,
+        # assembled as such in one copy.
+        stream_response = functools.partial(self.infer, wrap=_STREAM_RESPONSE_FIELD)
+        streaming = Instrumented("kserve_model_stream_infer", stream_response, s.metrics, s.admission, s.auth,
                                  s.config.max_message_bytes)
         async def stream(requests, context):
             await self.stream_infer(streaming, context)
