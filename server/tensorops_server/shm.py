@@ -14,8 +14,8 @@ The server maps what callers hand it, so every step is checked:
 - a region belongs to the caller that registered it (auth.py's identity), as sessions do:
   others do not see it;
 - every use checks offset + size against the region, and the region against the object's
-  size *now* (one fstat per region per call, see CallRegions), so that an object shrunk
-  before a call is refused before any work;
+  size *now* (one fstat per region before the call's work and one after it, see
+  CallRegions), so that an object shrunk before a call is refused before any work;
 - an object shrunk *while* a call reads or writes it cannot kill the process: regions are
   mapped by tensorops_native's GuardedMapping, where the SIGBUS of such an access turns the
   mapping into zero pages instead (native/src/guard.c). The call then fails naming the
@@ -119,9 +119,9 @@ class SharedMemory:
                                  f"{self.prefix!r}", "key")
         return name
 
-    def _open_object(self, object_name: str) -> int:
-        """A descriptor of the object, once it is known to be one that only its allowed
-        name reaches: not a symbolic link, not a hard link, a regular file of /dev/shm."""
+    def _open_object(self, object_name: str) -> tuple[int, int]:
+        """A descriptor of the object and its size, once it is known to be one that only its
+        allowed name reaches: not a symbolic link, not a hard link, a regular file of /dev/shm."""
         try:
             fd = os.open(os.path.join(SHM_DIR, object_name), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -140,7 +140,7 @@ class SharedMemory:
         except BaseException:
             os.close(fd)
             raise
-        return fd
+        return fd, info.st_size
 
     def _check_room_locked(self, owner: str, name: str, byte_size: int) -> None:
         if (owner, name) in self._regions:
@@ -170,9 +170,8 @@ class SharedMemory:
         object_name = self._object_name(key)
         with self._lock:
             self._check_room_locked(owner, name, byte_size)
-        fd = self._open_object(object_name)
+        fd, size = self._open_object(object_name)
         try:
-            size = os.fstat(fd).st_size
             if size < offset + byte_size:
                 raise errors.invalid("byte_size", f"offset {offset} + byte_size {byte_size} exceed the object's "
                                                   f"{size} bytes")
