@@ -22,6 +22,8 @@ import sys
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from .config import _bool, _positive
+
 ENV_PREFIX = "TENSOROPS_HEALTH_"
 OK, NOT_OK, USAGE = 0, 1, 2
 
@@ -42,13 +44,17 @@ def parser(environ) -> argparse.ArgumentParser:
     p.add_argument("--address", default=env("address", default_address(environ)),
                    help="host:port of the server [TENSOROPS_HEALTH_ADDRESS, default localhost:$TENSOROPS_PORT, "
                         "else localhost:50051]")
-    p.add_argument("--timeout", type=_positive_float, default=env("timeout", "3"),
+    p.add_argument("--timeout", type=_positive(float), default=env("timeout", "3"),
                    help="seconds to wait for the answer, connection included [TENSOROPS_HEALTH_TIMEOUT, default 3]")
     p.add_argument("--service", default=env("service", ""),
                    help="service to ask about: empty (the default) is the whole server, "
                         "tensorops.v1.TensorOps the operations [TENSOROPS_HEALTH_SERVICE]")
     tls = p.add_argument_group("TLS (any of these makes the connection TLS)")
-    tls.add_argument("--tls", action="store_true", default=_bool(env("tls", "false")),
+    try:
+        tls_default = _bool(env("tls", "false"))
+    except argparse.ArgumentTypeError as exc:  # the server's rule: a wrong word is no silent false
+        p.error(f"TENSOROPS_HEALTH_TLS: {exc}")
+    tls.add_argument("--tls", action="store_true", default=tls_default,
                      help="use TLS with the system's root certificates [TENSOROPS_HEALTH_TLS]")
     tls.add_argument("--ca", default=env("ca"), help="PEM file of the CAs the server's certificate must chain to "
                                                      "[TENSOROPS_HEALTH_CA]")
@@ -59,20 +65,6 @@ def parser(environ) -> argparse.ArgumentParser:
                      help="name expected in the server's certificate instead of the address's host "
                           "[TENSOROPS_HEALTH_SERVER_NAME]")
     return p
-
-
-def _positive_float(text) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = None
-    if value is None or not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
-    return value
-
-
-def _bool(text: str) -> bool:
-    return str(text).strip().lower() in ("1", "true", "yes", "on")
 
 
 def _read(path: str | None) -> bytes | None:
