@@ -497,7 +497,7 @@ class MessageCodec:
             if repeated:
                 operands = tensors[name]
                 if len(operands) == MAX_OPERANDS:
-                    raise _too_many_operands(name)
+                    raise too_many_operands(name)
                 operands.append(_parse_tensor(view, value, stop, budget))
             else:
                 tensors[name] = _parse_tensor(view, value, stop, budget, tensors.get(name))
@@ -523,7 +523,7 @@ class MessageCodec:
         for name in self.repeated:
             operands = getattr(message, name)
             if len(operands) > MAX_OPERANDS:
-                raise _too_many_operands(name)
+                raise too_many_operands(name)
             tensors[name] = [WireTensor(t.shape[:], t.dtype, t.format, t.data) for t in operands]
         return Decoded(message, tensors, len(raw))
 
@@ -555,8 +555,10 @@ class MessageCodec:
         return b"".join(parts)
 
 
-def _too_many_operands(name: str) -> WireError:
-    return WireError(name, f"at most {MAX_OPERANDS} tensors (the limit), got more")
+def too_many_operands(name: str, count: int | None = None) -> WireError:
+    """The refusal of more than MAX_OPERANDS tensors in the repeated field `name` (`count`
+    when known; a decoder stops counting at the limit)."""
+    return WireError(name, f"at most {MAX_OPERANDS} tensors (the limit), got {'more' if count is None else count}")
 
 
 def encode_tensor(value, name: str, fmt: int = 0) -> tuple[np.ndarray, int, int]:

@@ -259,7 +259,7 @@ def build_request(op: Operation, arguments: dict[str, Any]) -> Request:
         elif kind == TENSORS:
             items = _sequence(value, name)
             if len(items) > _codec.MAX_OPERANDS:  # the server would refuse them: said before encoding
-                raise WireError(name, f"at most {_codec.MAX_OPERANDS} tensors (the limit), got {len(items)}")
+                raise _codec.too_many_operands(name, len(items))
             tensors[name] = [_codec.encode_tensor(v, f"{name}[{i}]", fmt if detail else 0)
                              for i, v in enumerate(items)]
             bits = bits or any(_is_bits(v) for v in items)
