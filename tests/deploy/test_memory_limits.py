@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from dockertools import DEPLOY
+from tensorops_server.admission import CONNECTION_BYTES
 
 K8S = DEPLOY / "k8s"
 MiB = 1 << 20
@@ -78,6 +79,7 @@ def server_worst_case(cfg, memory_volumes: int) -> dict[str, int]:
         "calls in flight": cfg.max_inflight_bytes,
         "requests arriving": (cfg.max_pending_requests + 1) * cfg.max_message_bytes,
         "sessions": cfg.max_session_bytes,
+        "connections": cfg.max_connections * CONNECTION_BYTES,
         "shared memory": cfg.max_shared_memory_bytes if cfg.allow_shared_memory else 0,
         "memory volumes": memory_volumes,
         "overhead": SERVER_OVERHEAD,
