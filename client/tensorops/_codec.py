@@ -76,6 +76,14 @@ class WireError(Exception):
         self.code = code
 
 
+class TooManyFields(WireError):
+    """A message of more than MAX_FIELDS fields and shape dimensions: refused as it is,
+    before the protobuf runtime builds an object for each."""
+
+    def __init__(self):
+        super().__init__("message", TOO_MANY_FIELDS)
+
+
 def wire_dtype_names() -> list[str]:
     return [tensor_pb2.DataType.Name(code)[len("DATA_TYPE_"):].lower() for code in _WIRE_DTYPES]
 
@@ -282,7 +290,7 @@ class _Budget:
         self.left = MAX_FIELDS
 
     def exceeded(self) -> WireError:
-        return WireError("message", TOO_MANY_FIELDS)
+        return TooManyFields()
 
 
 def _skip_group(buf, pos: int, end: int, number: int, depth: int, budget: _Budget) -> int:

@@ -656,10 +656,8 @@ def deserializer(message_class, raw_field: int | None = None) -> Callable[[bytes
                 message = message_class.FromString(raw)
                 raws = []
             return Incoming(_codec.Decoded(message, {"raw": raws}, len(raw)), None, len(raw))
-        except WireError as exc:
-            if exc.message == _codec.TOO_MANY_FIELDS:  # said as it is
-                return Incoming(None, exc, len(raw))
-            return Incoming(None, _not_the_message(name), len(raw))
+        except _codec.TooManyFields as exc:  # said as it is
+            return Incoming(None, exc, len(raw))
         except Exception:  # noqa: BLE001 - DecodeError
             return Incoming(None, _not_the_message(name), len(raw))
     return decode
