@@ -22,7 +22,7 @@ import sys
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from .config import _bool, _positive
+from .config import _bool, _number
 
 ENV_PREFIX = "TENSOROPS_HEALTH_"
 OK, NOT_OK, USAGE = 0, 1, 2
@@ -44,7 +44,8 @@ def parser(environ) -> argparse.ArgumentParser:
     p.add_argument("--address", default=env("address", default_address(environ)),
                    help="host:port of the server [TENSOROPS_HEALTH_ADDRESS, default localhost:$TENSOROPS_PORT, "
                         "else localhost:50051]")
-    p.add_argument("--timeout", type=_positive(float), default=env("timeout", "3"),
+    seconds = _number(float, lambda value: value > 0, " of seconds > 0")
+    p.add_argument("--timeout", type=seconds, default=env("timeout", "3"),
                    help="seconds to wait for the answer, connection included [TENSOROPS_HEALTH_TIMEOUT, default 3]")
     p.add_argument("--service", default=env("service", ""),
                    help="service to ask about: empty (the default) is the whole server, "
