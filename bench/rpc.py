@@ -238,8 +238,8 @@ def _arg_names(fname: str) -> list[str]:
 
 
 def _request_bytes(fname: str, args, kwargs) -> bytes:
-    from tensorops import _wire
-    return _wire.build_request(_wire.OPERATIONS[fname], dict(zip(_arg_names(fname), args), **kwargs)).data
+    from tensorops.protocol import wire
+    return wire.build_request(wire.OPERATIONS[fname], dict(zip(_arg_names(fname), args), **kwargs)).data
 
 
 def _echo_channel(port: int):

@@ -13,8 +13,8 @@ from typing import Any, Union
 import grpc
 import numpy as np
 
-from . import _wire
-from ._codec import WireError
+from .protocol import wire
+from .protocol.codec import WireError
 from ._errors import (ClientClosedError, NotFoundError, TensorOpsError, explain_connection_failure, from_rpc_error,
                       invalid_argument)
 from ._operations import Operations, check_metadata, check_timeout, result_into
@@ -59,7 +59,7 @@ def retry_service_config(max_attempts: int, load_balancing: str = "round_robin",
         raise ValueError(f"load_balancing: expected one of {', '.join(LOAD_BALANCING_POLICIES)}, "
                          f"got {load_balancing!r}")
     policy = {"shuffleAddressList": True} if shuffle and load_balancing == "pick_first" else {}
-    method_config: dict[str, Any] = {"name": [{"service": _wire.SERVICE_NAME}]}
+    method_config: dict[str, Any] = {"name": [{"service": wire.SERVICE_NAME}]}
     if max_attempts > 1:
         method_config["retryPolicy"] = {
             "maxAttempts": max_attempts,
@@ -229,9 +229,9 @@ def token_metadata(token: str | None, target: str, secure: bool, allow_insecure_
     return (("authorization", f"Bearer {token}"),)
 
 
-def encode(op: _wire.Operation, arguments: dict) -> _wire.Request:
+def encode(op: wire.Operation, arguments: dict) -> wire.Request:
     try:
-        return _wire.build_request(op, arguments)
+        return wire.build_request(op, arguments)
     except WireError as exc:
         raise invalid_argument(exc.field, exc.message) from None
 
@@ -281,7 +281,7 @@ class ClientBase(Operations):
                  certificate_chain: PEM | None = None, private_key: PEM | None = None,
                  server_name_override: str | None = None, token: str | None = None,
                  allow_insecure_token: bool = False,
-                 max_message_bytes: int = _wire.DEFAULT_MAX_MESSAGE_BYTES, max_attempts: int = 4, options=(),
+                 max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES, max_attempts: int = 4, options=(),
                  load_balancing: str | None = None):
         self.target = target = normalize_target(target)
         self.timeout = check_timeout(timeout)
@@ -424,10 +424,10 @@ class Client(ClientBase):
             result = self._shared.call(name, arguments, timeout, metadata, out)
             if result is not NotImplemented:
                 return result_into(out, result)
-        op = _wire.OPERATIONS[name]
+        op = wire.OPERATIONS[name]
         request = encode(op, arguments)
         raw = self._invoke(op.path, request.data, timeout, metadata)
-        return result_into(out, _wire.decode_response(op, raw, request.bf16_bits))
+        return result_into(out, wire.decode_response(op, raw, request.bf16_bits))
 
     def shared_array(self, shape, dtype=np.float32) -> np.ndarray:
         """A new (uninitialized) array in a shared-memory region of its own, registered with
@@ -441,17 +441,17 @@ class Client(ClientBase):
         return self._shared.shared_array(shape, dtype, None, ())
 
     def _open_session(self, arguments: dict, timeout, metadata) -> "QuantizedInnerProductSession":
-        return QuantizedInnerProductSession(self, encode(_wire.CREATE_SESSION, arguments).data, timeout, metadata)
+        return QuantizedInnerProductSession(self, encode(wire.CREATE_SESSION, arguments).data, timeout, metadata)
 
     def info(self, *, timeout=None, metadata=None) -> dict:
         """The server's version, ISA level, CPU features, kernels, limits and operations."""
         timeout, metadata = self._begin(timeout, metadata)
-        raw = self._invoke(_wire.method_path("GetServerInfo"), b"", timeout, metadata)
+        raw = self._invoke(wire.method_path("GetServerInfo"), b"", timeout, metadata)
         return server_info(tensorops_pb2.ServerInfo.FromString(raw))
 
     def list_sessions(self, *, timeout=None, metadata=None) -> list[dict]:
         timeout, metadata = self._begin(timeout, metadata)
-        raw = self._invoke(_wire.method_path("ListSessions"), b"", timeout, metadata)
+        raw = self._invoke(wire.method_path("ListSessions"), b"", timeout, metadata)
         return [session_info(s) for s in tensorops_pb2.ListSessionsResponse.FromString(raw).sessions]
 
 
@@ -539,8 +539,8 @@ class SessionBase:
         self._closed = True
         return True
 
-    def _forward_request(self, a) -> _wire.Request:
-        return encode(_wire.FORWARD_SESSION, {"session_id": self._info.session_id, "a": a})
+    def _forward_request(self, a) -> wire.Request:
+        return encode(wire.FORWARD_SESSION, {"session_id": self._info.session_id, "a": a})
 
     @staticmethod
     def _describe_request(session_id: str, m) -> bytes:
@@ -574,7 +574,7 @@ class QuantizedInnerProductSession(SessionBase):
             self._client.close()
 
     def _create(self, timeout, metadata) -> None:
-        raw = self._client._invoke(_wire.CREATE_SESSION.path, self._create_request, timeout, metadata)
+        raw = self._client._invoke(wire.CREATE_SESSION.path, self._create_request, timeout, metadata)
         self._info = tensorops_pb2.SessionInfo.FromString(raw)
 
     def _recreate(self, lost_id: str, timeout, metadata) -> None:
@@ -594,12 +594,12 @@ class QuantizedInnerProductSession(SessionBase):
     def forward(self, a, *, timeout=None, metadata=None):
         """C = requantized A x B for a uint8 (M, K) array A; any M."""
         timeout, metadata = self._begin(timeout, metadata)
-        op = _wire.FORWARD_SESSION
+        op = wire.FORWARD_SESSION
 
         def call():
             request = self._forward_request(a)
             raw = self._client._invoke(op.path, request.data, timeout, metadata)
-            return _wire.decode_response(op, raw)
+            return wire.decode_response(op, raw)
         return self._retrying(call, timeout, metadata)
 
     def describe(self, m: int | None = None, *, timeout=None, metadata=None) -> dict:
@@ -607,7 +607,7 @@ class QuantizedInnerProductSession(SessionBase):
         timeout, metadata = self._begin(timeout, metadata)
 
         def call():
-            raw = self._client._invoke(_wire.method_path("DescribeSession"),
+            raw = self._client._invoke(wire.method_path("DescribeSession"),
                                        self._describe_request(self._info.session_id, m), timeout, metadata)
             return session_info(tensorops_pb2.SessionInfo.FromString(raw))
         return self._retrying(call, timeout, metadata)
@@ -628,7 +628,7 @@ class QuantizedInnerProductSession(SessionBase):
         self._closed = True
         request = tensorops_pb2.ReleaseSessionRequest(session_id=self._info.session_id).SerializeToString()
         try:
-            self._client._invoke(_wire.method_path("ReleaseSession"), request, timeout, metadata)
+            self._client._invoke(wire.method_path("ReleaseSession"), request, timeout, metadata)
         except NotFoundError:
             pass
         finally:

@@ -36,8 +36,9 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
-from . import _operations, _wire
-from ._codec import WireError, array_bytes, bytes_field, wire_array
+from . import _operations
+from .protocol import wire
+from .protocol.codec import WireError, array_bytes, bytes_field, wire_array
 from .kserve import BYTE_SIZE, DATATYPES, OFFSET, REGION, method_path
 from .kserve.v2 import inference_pb2 as pb
 
@@ -239,7 +240,7 @@ class SharedMemoryTransport:
             tensors, parameters, bits = self._split(name, arguments)
         except _Unsupported:
             return NotImplemented
-        op = _wire.OPERATIONS[name]
+        op = wire.OPERATIONS[name]
         if len(op.response_fields) != 1:
             return NotImplemented
         placed = {key: self._placed(arr) for key, arr in tensors.items()}
@@ -265,14 +266,14 @@ class SharedMemoryTransport:
                 self._release(region)
 
     def _split(self, name: str, arguments: dict):
-        op = _wire.OPERATIONS[name]
-        codec = op.request_codec
+        op = wire.OPERATIONS[name]
+        message_codec = op.request_codec
         tensors, parameters, bits = {}, {}, False
         for key, value in arguments.items():
             if value is None:
                 continue
-            if key in codec.numbers:
-                if key in codec.repeated:  # eltwise's operands travel stacked
+            if key in message_codec.numbers:
+                if key in message_codec.repeated:  # eltwise's operands travel stacked
                     items = [wire_array(v, f"{key}[{i}]")[0] for i, v in enumerate(value)]
                     if not items or len({(a.dtype, a.shape) for a in items}) != 1:
                         raise _Unsupported

@@ -10,7 +10,7 @@ import asyncio
 
 import grpc
 
-from . import _wire
+from .protocol import wire
 from ._client import DEFAULT_TARGET, ClientBase, SessionBase, encode, server_info, session_info
 from ._client import Client as BlockingClient
 from ._operations import result_into
@@ -84,13 +84,13 @@ class Client(ClientBase):
             result = await asyncio.to_thread(self._shared.call, name, arguments, timeout, metadata, out)
             if result is not NotImplemented:
                 return result_into(out, result)
-        op = _wire.OPERATIONS[name]
+        op = wire.OPERATIONS[name]
         request = encode(op, arguments)
         raw = await self._invoke(op.path, request.data, timeout, metadata)
-        return result_into(out, _wire.decode_response(op, raw, request.bf16_bits))
+        return result_into(out, wire.decode_response(op, raw, request.bf16_bits))
 
     async def _open_session(self, arguments: dict, timeout, metadata) -> "QuantizedInnerProductSession":
-        session = QuantizedInnerProductSession(self, encode(_wire.CREATE_SESSION, arguments).data)
+        session = QuantizedInnerProductSession(self, encode(wire.CREATE_SESSION, arguments).data)
         try:
             await session._create(timeout, session._metadata(metadata))
         except BaseException:
@@ -100,12 +100,12 @@ class Client(ClientBase):
 
     async def info(self, *, timeout=None, metadata=None) -> dict:
         timeout, metadata = self._begin(timeout, metadata)
-        raw = await self._invoke(_wire.method_path("GetServerInfo"), b"", timeout, metadata)
+        raw = await self._invoke(wire.method_path("GetServerInfo"), b"", timeout, metadata)
         return server_info(tensorops_pb2.ServerInfo.FromString(raw))
 
     async def list_sessions(self, *, timeout=None, metadata=None) -> list[dict]:
         timeout, metadata = self._begin(timeout, metadata)
-        raw = await self._invoke(_wire.method_path("ListSessions"), b"", timeout, metadata)
+        raw = await self._invoke(wire.method_path("ListSessions"), b"", timeout, metadata)
         return [session_info(s) for s in tensorops_pb2.ListSessionsResponse.FromString(raw).sessions]
 
 
@@ -118,7 +118,7 @@ class QuantizedInnerProductSession(SessionBase):
         self._lock = asyncio.Lock()
 
     async def _create(self, timeout, metadata) -> None:
-        raw = await self._client._invoke(_wire.CREATE_SESSION.path, self._create_request, timeout, metadata)
+        raw = await self._client._invoke(wire.CREATE_SESSION.path, self._create_request, timeout, metadata)
         self._info = tensorops_pb2.SessionInfo.FromString(raw)
 
     async def _retrying(self, call, timeout, metadata):
@@ -134,19 +134,19 @@ class QuantizedInnerProductSession(SessionBase):
 
     async def forward(self, a, *, timeout=None, metadata=None):
         timeout, metadata = self._begin(timeout, metadata)
-        op = _wire.FORWARD_SESSION
+        op = wire.FORWARD_SESSION
 
         async def call():
             request = self._forward_request(a)
             raw = await self._client._invoke(op.path, request.data, timeout, metadata)
-            return _wire.decode_response(op, raw)
+            return wire.decode_response(op, raw)
         return await self._retrying(call, timeout, metadata)
 
     async def describe(self, m: int | None = None, *, timeout=None, metadata=None) -> dict:
         timeout, metadata = self._begin(timeout, metadata)
 
         async def call():
-            raw = await self._client._invoke(_wire.method_path("DescribeSession"),
+            raw = await self._client._invoke(wire.method_path("DescribeSession"),
                                              self._describe_request(self._info.session_id, m), timeout, metadata)
             return session_info(tensorops_pb2.SessionInfo.FromString(raw))
         return await self._retrying(call, timeout, metadata)
@@ -163,7 +163,7 @@ class QuantizedInnerProductSession(SessionBase):
         self._closed = True
         request = tensorops_pb2.ReleaseSessionRequest(session_id=self._info.session_id).SerializeToString()
         try:
-            await self._client._invoke(_wire.method_path("ReleaseSession"), request, timeout, metadata)
+            await self._client._invoke(wire.method_path("ReleaseSession"), request, timeout, metadata)
         except NotFoundError:
             pass
         finally:

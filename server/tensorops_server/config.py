@@ -8,7 +8,7 @@ import importlib.metadata
 import os
 from dataclasses import dataclass, fields
 
-from tensorops._wire import DEFAULT_MAX_MESSAGE_BYTES
+from tensorops.protocol.wire import DEFAULT_MAX_MESSAGE_BYTES
 
 ENV_PREFIX = "TENSOROPS_"
 HEALTH_WATCHES_PER_CONNECTION = 8  # a client watches a few services, one stream each

@@ -9,8 +9,8 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 import tensorops_native
-from tensorops._codec import WireError
-from tensorops._wire import MAX_NAME_CHARS
+from tensorops.protocol.codec import WireError
+from tensorops.protocol.wire import MAX_NAME_CHARS
 
 
 # Longest status message sent back ("<field>: <description>"): messages may echo values the

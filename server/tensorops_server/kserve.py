@@ -15,7 +15,7 @@ Models:
   forward (output `c`), RepositoryModelUnload releases it. Like every session it belongs
   to its caller (auth.py) and expires or is evicted as the session store decides.
 
-A request is converted into the tensorops.v1 request of the operation (a `_codec.Decoded`)
+A request is converted into the tensorops.v1 request of the operation (a `codec.Decoded`)
 and computed by the very code that serves tensorops.v1 (Service.operation and its
 sessions), inside the same Instrumented wrapper: one place for arguments, limits, errors
 and metrics. Raw tensor contents are used in place (views of the received message), and
@@ -41,8 +41,8 @@ import grpc
 import numpy as np
 
 import tensorops_native
-from tensorops import _codec, _wire
-from tensorops._codec import WireError
+from tensorops.protocol import codec, wire
+from tensorops.protocol.codec import WireError
 from tensorops.kserve import BYTE_SIZE as _BYTE_SIZE
 from tensorops.kserve import DATATYPES, SERVICE_NAME  # noqa: F401 (SERVICE_NAME, for server.py)
 from tensorops.kserve import OFFSET as _OFFSET
@@ -94,7 +94,7 @@ class Model:
     """What a model takes and gives, for inference and for its self-description."""
 
     name: str
-    op: _wire.Operation              # the tensorops.v1 request/response its requests become
+    op: wire.Operation              # the tensorops.v1 request/response its requests become
     inputs: tuple[TensorInfo, ...]
     outputs: tuple[TensorInfo, ...]
     parameters: dict[str, str]       # name -> description
@@ -148,7 +148,7 @@ class Statistics:
 def _field_kind(f) -> str:
     """How a non-tensor request field travels as an InferParameter, in words."""
     if f.enum_type is not None:
-        names = ", ".join(_wire.enum_names(f.enum_type)[n] for n in sorted(_wire.enum_names(f.enum_type)))
+        names = ", ".join(wire.enum_names(f.enum_type)[n] for n in sorted(wire.enum_names(f.enum_type)))
         return f"string, one of {names}"
     if f.message_type is not None:
         return "string: a name, or name(p1, p2, ...) with the parameters"
@@ -157,11 +157,11 @@ def _field_kind(f) -> str:
     return {f.TYPE_DOUBLE: "double", f.TYPE_INT64: "int64", f.TYPE_BOOL: "bool", f.TYPE_STRING: "string"}[f.type]
 
 
-def _describe_parameters(op: _wire.Operation, native: Callable) -> dict[str, str]:
+def _describe_parameters(op: wire.Operation, native: Callable) -> dict[str, str]:
     signature = inspect.signature(native).parameters
     out = {}
     for name, (kind, detail) in op.request_plan.items():
-        if kind in (_wire.TENSOR, _wire.TENSORS):
+        if kind in (wire.TENSOR, wire.TENSORS):
             continue
         f = op.request_class.DESCRIPTOR.fields_by_name[name]
         default = signature[name].default if name in signature else None
@@ -175,8 +175,8 @@ def _describe_parameters(op: _wire.Operation, native: Callable) -> dict[str, str
 
 def operation_model(entry: optable.Entry) -> Model:
     op = entry.op
-    codec = op.request_codec
-    inputs = tuple(TensorInfo(name, entry.spec(name), name in entry.defaults) for name in codec.numbers)
+    message_codec = op.request_codec
+    inputs = tuple(TensorInfo(name, entry.spec(name), name in entry.defaults) for name in message_codec.numbers)
     outputs = tuple(TensorInfo(name, entry.spec(name)) for name in op.response_fields)
     return Model(entry.name, op, inputs, outputs, _describe_parameters(op, entry.native), entry=entry)
 
@@ -185,7 +185,7 @@ def session_model(name: str, session_id: str, n: int, k: int) -> Model:
     qip = optable.QIP_TENSORS
     inputs = (TensorInfo("a", optable.TensorSpec(qip["a"].datatypes, (-1, k))),)
     outputs = (TensorInfo("c", optable.TensorSpec(qip["c"].datatypes, (-1, n))),)
-    return Model(name, _wire.FORWARD_SESSION, inputs, outputs, {}, session_id=session_id)
+    return Model(name, wire.FORWARD_SESSION, inputs, outputs, {}, session_id=session_id)
 
 
 # ---------------------------------------------------------------------------------------
@@ -206,7 +206,7 @@ def _choice_name(value) -> str:
 _ACTIVATION = re.compile(r"^\s*([A-Za-z_]+)\s*(?:\((.*)\))?\s*$")
 
 
-def _argument(op: _wire.Operation, name: str, value) -> Any:
+def _argument(op: wire.Operation, name: str, value) -> Any:
     """An InferParameter's value (or a JSON value of a load config) as the Python API's
     argument, refused in the protocol's terms when its type cannot be the argument's."""
     kind, detail = op.request_plan[name]
@@ -214,11 +214,11 @@ def _argument(op: _wire.Operation, name: str, value) -> Any:
     def wrong(expected: str):
         return errors.invalid(name, f"expected {expected}, got {_choice_name(value)} {value!r}")
     integer = isinstance(value, int) and not isinstance(value, bool)
-    if kind == _wire.ENUM:
+    if kind == wire.ENUM:
         if not (isinstance(value, str) or integer):
             raise wrong("a string_param (the name)")
         return value
-    if kind == _wire.MESSAGE:  # normalize's activation: "name" or "name(p1, p2)"
+    if kind == wire.MESSAGE:  # normalize's activation: "name" or "name(p1, p2)"
         match = _ACTIVATION.match(value) if isinstance(value, str) else None
         if match is None:
             raise wrong("a string_param: a name, or name(p1, p2, ...)")
@@ -227,7 +227,7 @@ def _argument(op: _wire.Operation, name: str, value) -> Any:
         except ValueError:
             raise errors.invalid(name, f"the parameters of {value!r} must be numbers") from None
         return (match.group(1), *params)
-    if kind == _wire.REPEATED:
+    if kind == wire.REPEATED:
         if integer:
             return value  # normalize's axes as a bitmask; elsewhere refused by the operation
         if not isinstance(value, str):
@@ -257,7 +257,7 @@ def _argument(op: _wire.Operation, name: str, value) -> Any:
 def _check_parameter_name(model: Model, name: str) -> None:
     """Refuse a name that is none of the model's parameters."""
     kind = model.op.request_plan.get(name)
-    if kind is None or kind[0] in (_wire.TENSOR, _wire.TENSORS) or name == "session_id":
+    if kind is None or kind[0] in (wire.TENSOR, wire.TENSORS) or name == "session_id":
         errors.check_length("parameters.name", name)
         known = ", ".join(model.parameters) or "none"
         raise errors.invalid(name, f"model {model.name} has no parameter `{name}` (its parameters: {known})")
@@ -272,7 +272,7 @@ def request_message(model: Model, arguments: dict[str, Any]):
         _check_parameter_name(model, name)
         converted[name] = _argument(op, name, value)
     try:
-        return op.request_class.FromString(_wire.build_request(op, converted).data)
+        return op.request_class.FromString(wire.build_request(op, converted).data)
     except WireError as exc:
         raise errors.from_wire(exc) from None
 
@@ -362,8 +362,8 @@ def input_tensors(model: Model, request, raws: list, fmt: int, regions: Regions 
             errors.check_length(f"{name}.datatype", datatype)
             raise errors.invalid(f"{name}.datatype", f"expected one of {', '.join(DATATYPES)}, got {datatype!r}")
         code, dtype = found
-        if len(tensor.shape) > _codec.MAX_NDIM:  # before the dimensions are copied out of the message
-            raise errors.invalid(f"{name}.shape", f"at most {_codec.MAX_NDIM} dimensions, got {len(tensor.shape)}")
+        if len(tensor.shape) > codec.MAX_NDIM:  # before the dimensions are copied out of the message
+            raise errors.invalid(f"{name}.shape", f"at most {codec.MAX_NDIM} dimensions, got {len(tensor.shape)}")
         shape = tensor.shape[:]  # a list, built faster than list(shape) by the protobuf runtime
         count = (math.prod(shape) if min(shape) >= 0 else -1) if shape else 1
         if where is not None:
@@ -395,15 +395,15 @@ def input_tensors(model: Model, request, raws: list, fmt: int, regions: Regions 
             if not shape or count < 0:
                 raise errors.invalid(f"{name}.shape", "expected the operands stacked along a first dimension, "
                                                       f"got shape {shape}")
-            if shape[0] > _codec.MAX_OPERANDS:  # each costs objects of its own, even when empty
-                raise errors.invalid(f"{name}.shape", f"at most {_codec.MAX_OPERANDS} operands (the first "
+            if shape[0] > codec.MAX_OPERANDS:  # each costs objects of its own, even when empty
+                raise errors.invalid(f"{name}.shape", f"at most {codec.MAX_OPERANDS} operands (the first "
                                                       f"dimension, the limit), got {shape[0]}")
             size = len(data) // shape[0] if shape[0] else 0
             view = memoryview(data)
-            tensors[name] = [_codec.WireTensor(shape[1:], code, image, view[k * size:(k + 1) * size])
+            tensors[name] = [codec.WireTensor(shape[1:], code, image, view[k * size:(k + 1) * size])
                              for k in range(shape[0])]
         else:
-            tensors[name] = _codec.WireTensor(shape, code, image, data)
+            tensors[name] = codec.WireTensor(shape, code, image, data)
     return tensors
 
 
@@ -442,7 +442,7 @@ def request_arguments(model: Model, parameters) -> tuple[Any, int]:
         for name, _, value in received:
             if name == _FORMAT_PARAMETER and model.op.layout:
                 try:
-                    fmt = _wire.encode_format(value)
+                    fmt = wire.encode_format(value)
                 except WireError as exc:
                     raise errors.from_wire(exc) from None
                 continue
@@ -453,10 +453,10 @@ def request_arguments(model: Model, parameters) -> tuple[Any, int]:
     return converted
 
 
-def infer_request(model: Model, request, raws: list, regions: Regions | None = None) -> _codec.Decoded:
+def infer_request(model: Model, request, raws: list, regions: Regions | None = None) -> codec.Decoded:
     """A ModelInferRequest as the tensorops.v1 request of the model's operation."""
     message, fmt = request_arguments(model, request.parameters)
-    return _codec.Decoded(message, input_tensors(model, request, raws, fmt, regions))
+    return codec.Decoded(message, input_tensors(model, request, raws, fmt, regions))
 
 
 def requested_outputs(model: Model, request) -> tuple[tuple[str, tuple | None], ...]:
@@ -479,11 +479,11 @@ def requested_outputs(model: Model, request) -> tuple[tuple[str, tuple | None], 
 
 _ID = pb.ModelInferResponse.DESCRIPTOR.fields_by_name["id"].number
 _OUTPUTS = pb.ModelInferResponse.DESCRIPTOR.fields_by_name["outputs"].number
-_EMPTY_RAW_OUTPUT = b"".join(_codec.bytes_field(_RAW_OUTPUTS, memoryview(b"")))
+_EMPTY_RAW_OUTPUT = b"".join(codec.bytes_field(_RAW_OUTPUTS, memoryview(b"")))
 
 
 def _message_field(number: int, data: bytes) -> bytes:
-    return b"".join(_codec.bytes_field(number, memoryview(data)))
+    return b"".join(codec.bytes_field(number, memoryview(data)))
 
 
 def infer_response(model: Model, request, outputs: tuple, result, limit: int, regions: Regions | None = None,
@@ -505,7 +505,7 @@ def infer_response(model: Model, request, outputs: tuple, result, limit: int, re
     payloads = []
     for name, placed in outputs:
         value = results[names.index(name)]
-        arr, _ = _codec.wire_array(value, name)
+        arr, _ = codec.wire_array(value, name)
         out = pb.ModelInferResponse.InferOutputTensor(name=name, datatype=_DATATYPE_OF[arr.dtype], shape=arr.shape)
         if placed is not None:
             region, offset, size = placed
@@ -514,18 +514,18 @@ def infer_response(model: Model, request, outputs: tuple, result, limit: int, re
                 raise errors.invalid(f"outputs.{name}.{_BYTE_SIZE}", f"the result takes {nbytes} bytes, "
                                                                      f"more than the {size} given")
             if value is not written:
-                regions(region, offset, nbytes, f"outputs.{name}.{_REGION}")[:] = _codec.array_bytes(arr)
+                regions(region, offset, nbytes, f"outputs.{name}.{_REGION}")[:] = codec.array_bytes(arr)
             out.parameters[_REGION].string_param = region
             out.parameters[_BYTE_SIZE].int64_param = nbytes
             if offset:
                 out.parameters[_OFFSET].int64_param = offset
             payloads.append(_EMPTY_RAW_OUTPUT)
         else:
-            payloads += _codec.bytes_field(_RAW_OUTPUTS, _codec.array_bytes(arr))
+            payloads += codec.bytes_field(_RAW_OUTPUTS, codec.array_bytes(arr))
         parts.append(_message_field(_OUTPUTS, out.SerializeToString()))
     nbytes = sum(len(p) for p in parts) + sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in payloads)
     if wrap is not None:
-        parts.insert(0, _codec.field_header(wrap, nbytes))
+        parts.insert(0, codec.field_header(wrap, nbytes))
         nbytes += len(parts[0])
     if nbytes > limit:
         raise errors.exhausted(f"the response would take {nbytes} bytes, beyond the limit of {limit} bytes per "
@@ -544,7 +544,7 @@ _FILE = "file:"
 MAX_CONFIG_CHARS = 4096
 
 
-def npy_tensor(key: str, data: bytes, call: CallState) -> _codec.WireTensor:
+def npy_tensor(key: str, data: bytes, call: CallState) -> codec.WireTensor:
     """A .npy file's array as a WireTensor over its bytes, without trusting its header
     (the size is checked against the bytes there are, later, by the codec). An array of
     the other byte order is swapped into a copy (charged to the call)."""
@@ -559,14 +559,14 @@ def npy_tensor(key: str, data: bytes, call: CallState) -> _codec.WireTensor:
     if fortran_order and len(shape) > 1:
         raise errors.invalid(key, "expected an array in C order (numpy.save of a C-contiguous array)")
     try:
-        _, code = _codec.wire_array(np.empty(0, dtype), key)
+        _, code = codec.wire_array(np.empty(0, dtype), key)
     except WireError as exc:
         raise errors.from_wire(exc) from None
     payload = memoryview(data)[stream.tell():]
     if not dtype.isnative and len(payload) == math.prod(shape) * dtype.itemsize:  # else the codec names it
         call.reserve(len(payload), key)
         payload = memoryview(np.frombuffer(payload, dtype).astype(dtype.newbyteorder("=")).view(np.uint8))
-    return _codec.WireTensor(list(shape), code, 0, payload)
+    return codec.WireTensor(list(shape), code, 0, payload)
 
 
 def _config_arguments(value) -> dict[str, Any]:
@@ -589,11 +589,11 @@ def _config_arguments(value) -> dict[str, Any]:
     return config
 
 
-def load_request(request, call: CallState) -> _codec.Decoded:
+def load_request(request, call: CallState) -> codec.Decoded:
     """A RepositoryModelLoadRequest as the CreateQuantizedInnerProduct request."""
-    op = _wire.CREATE_SESSION
+    op = wire.CREATE_SESSION
     model = Model(request.model_name, op, (), (), {name: "" for name, (kind, _) in op.request_plan.items()
-                                                   if kind not in (_wire.TENSOR, _wire.TENSORS)})
+                                                   if kind not in (wire.TENSOR, wire.TENSORS)})
     arguments: dict[str, Any] = {}
     tensors: dict[str, Any] = {}
     tensor_names = op.request_codec.numbers
@@ -611,7 +611,7 @@ def load_request(request, call: CallState) -> _codec.Decoded:
             tensors[name] = npy_tensor(key, value, call)
         else:
             raise errors.invalid(key, f"unknown parameter `{key}`: expected `config` and `file:<tensor>`")
-    return _codec.Decoded(request_message(model, arguments), tensors)
+    return codec.Decoded(request_message(model, arguments), tensors)
 
 
 # ---------------------------------------------------------------------------------------
@@ -640,11 +640,11 @@ def deserializer(message_class, raw_field: int | None = None) -> Callable[[bytes
 
     def decode(raw: bytes) -> Incoming:
         try:
-            if len(raw) <= _codec.SMALL_MESSAGE:
+            if len(raw) <= codec.SMALL_MESSAGE:
                 message = message_class.FromString(raw)
                 raws = list(getattr(message, "raw_input_contents", ()))
             elif raw_field is not None:
-                rest, raws = _codec.split_field(raw, raw_field)
+                rest, raws = codec.split_field(raw, raw_field)
                 size = sum(part.nbytes for part in rest)
                 if size > MAX_DESCRIPTION_BYTES:  # refused before it is copied out
                     return Incoming(None, WireError("message", f"{size} bytes besides raw_input_contents, "
@@ -652,11 +652,11 @@ def deserializer(message_class, raw_field: int | None = None) -> Callable[[bytes
                                                     "tensors as raw contents"), len(raw))
                 message = message_class.FromString(b"".join(rest))
             else:
-                _codec.check_fields(raw)
+                codec.check_fields(raw)
                 message = message_class.FromString(raw)
                 raws = []
-            return Incoming(_codec.Decoded(message, {"raw": raws}, len(raw)), None, len(raw))
-        except _codec.TooManyFields as exc:  # said as it is
+            return Incoming(codec.Decoded(message, {"raw": raws}, len(raw)), None, len(raw))
+        except codec.TooManyFields as exc:  # said as it is
             return Incoming(None, exc, len(raw))
         except Exception:  # noqa: BLE001 - DecodeError
             return Incoming(None, _not_the_message(name), len(raw))
@@ -694,7 +694,7 @@ class KServe:
                                    field="model_name")
         return model
 
-    async def _run(self, model: Model, decoded: _codec.Decoded, call: CallState, nbytes: int, shared_bytes: int,
+    async def _run(self, model: Model, decoded: codec.Decoded, call: CallState, nbytes: int, shared_bytes: int,
                    extra: dict):
         if model.entry is not None:
             # In shared memory, the kernel is the call's only work on its tensors: a short
@@ -712,7 +712,7 @@ class KServe:
             raise
 
     # ---- inference
-    async def infer(self, decoded: _codec.Decoded, call: CallState, nbytes: int, wrap: int | None = None) -> bytes:
+    async def infer(self, decoded: codec.Decoded, call: CallState, nbytes: int, wrap: int | None = None) -> bytes:
         """ModelInfer's response; with `wrap`, as that field of an enclosing message."""
         request = decoded.message
         model = self.model(request.model_name, request.model_version, call.identity)
@@ -738,7 +738,7 @@ class KServe:
             model.stats.record(ok, time.perf_counter_ns() - start)
 
     @staticmethod
-    def _output_in_region(model: Model, decoded: _codec.Decoded, outputs: tuple, regions: Regions):
+    def _output_in_region(model: Model, decoded: codec.Decoded, outputs: tuple, regions: Regions):
         """The array in its shared-memory region that the kernel writes the result into
         (tensorops_native's `out=`), when the operation takes one, its one result's shape
         follows from its first input (that input's shape and dtype; channel_sum: (batch,
@@ -793,7 +793,7 @@ class KServe:
                     error_message=f"{status.code.name}: {status.details}").SerializeToString())
 
     # ---- health and metadata
-    async def model_ready(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+    async def model_ready(self, decoded: codec.Decoded, call: CallState, nbytes: int) -> bytes:
         request = decoded.message
         try:
             model = self.model(request.name, request.version, call.identity)
@@ -805,12 +805,12 @@ class KServe:
     def _session_alive(self, model: Model, identity: str) -> bool:
         return any(s.id == model.session_id for s in self.service.store.snapshot(identity))
 
-    async def server_metadata(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+    async def server_metadata(self, decoded: codec.Decoded, call: CallState, nbytes: int) -> bytes:
         extensions = EXTENSIONS + (("system_shared_memory",) if self.shm.allowed else ())
         return pb.ServerMetadataResponse(name=PLATFORM, version=tensorops_native.__version__,
                                          extensions=extensions).SerializeToString()
 
-    async def model_metadata(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+    async def model_metadata(self, decoded: codec.Decoded, call: CallState, nbytes: int) -> bytes:
         request = decoded.message
         model = self.model(request.name, request.version, call.identity)
         Tensor = pb.ModelMetadataResponse.TensorMetadata
@@ -818,25 +818,25 @@ class KServe:
         def describe(t: TensorInfo, stacked: bool = False):
             dims = (-1,) if t.spec.dims is None else t.spec.dims
             return Tensor(name=t.name, datatype=t.spec.datatypes[0], shape=((-1,) + dims) if stacked else dims)
-        codec = model.op.request_codec
+        message_codec = model.op.request_codec
         return pb.ModelMetadataResponse(
             name=model.name, versions=[VERSION], platform=PLATFORM,
-            inputs=[describe(t, t.name in codec.repeated) for t in model.inputs],
+            inputs=[describe(t, t.name in message_codec.repeated) for t in model.inputs],
             outputs=[describe(t) for t in model.outputs]).SerializeToString()
 
-    async def model_config(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+    async def model_config(self, decoded: codec.Decoded, call: CallState, nbytes: int) -> bytes:
         request = decoded.message
         model = self.model(request.name, request.version, call.identity)
-        codec = model.op.request_codec
+        message_codec = model.op.request_codec
         config = pb.ModelConfig(name=model.name, platform=PLATFORM, backend=PLATFORM, max_batch_size=0)
         for t in model.inputs:
             dims = (-1,) if t.spec.dims is None else t.spec.dims
-            if t.name in codec.repeated:
+            if t.name in message_codec.repeated:
                 dims = (-1,) + dims
             layout = pb.ModelInput.FORMAT_NONE
             config.input.add(name=t.name, data_type=_CONFIG_TYPES[t.spec.datatypes[0]], format=layout, dims=dims,
                              optional=t.optional)
-            config.parameters[f"input {t.name}"].string_value = self._tensor_words(t, t.name in codec.repeated)
+            config.parameters[f"input {t.name}"].string_value = self._tensor_words(t, t.name in message_codec.repeated)
         for t in model.outputs:
             dims = (-1,) if t.spec.dims is None else t.spec.dims
             config.output.add(name=t.name, data_type=_CONFIG_TYPES[t.spec.datatypes[0]], dims=dims)
@@ -854,7 +854,7 @@ class KServe:
             words += "; the operands stacked along a new first dimension"
         return words + ("; optional" if t.optional else "")
 
-    async def model_statistics(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+    async def model_statistics(self, decoded: codec.Decoded, call: CallState, nbytes: int) -> bytes:
         request = decoded.message
         if request.name:
             models = [self.model(request.name, request.version, call.identity)]
@@ -871,7 +871,7 @@ class KServe:
         return response.SerializeToString()
 
     # ---- repository: sessions as models
-    async def repository_index(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+    async def repository_index(self, decoded: codec.Decoded, call: CallState, nbytes: int) -> bytes:
         response = pb.RepositoryIndexResponse()
         for name in self.models:
             response.models.add(name=name, version=VERSION, state="READY")
@@ -886,7 +886,7 @@ class KServe:
                                     reason="the session expired, was evicted or released")
         return response.SerializeToString()
 
-    async def load(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+    async def load(self, decoded: codec.Decoded, call: CallState, nbytes: int) -> bytes:
         request = decoded.message
         name = request.model_name
         if not name:
@@ -904,7 +904,7 @@ class KServe:
             self.service.store.release(previous.session_id, call.identity)
         return b""
 
-    async def unload(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+    async def unload(self, decoded: codec.Decoded, call: CallState, nbytes: int) -> bytes:
         name = decoded.message.model_name
         errors.check_length("model_name", name)
         if name in self.models:
@@ -919,19 +919,19 @@ class KServe:
         return b""
 
     # ---- system shared memory
-    async def shm_register(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+    async def shm_register(self, decoded: codec.Decoded, call: CallState, nbytes: int) -> bytes:
         r = decoded.message
         self.shm.register(call.identity, r.name, r.key, r.offset, r.byte_size)
         return b""
 
-    async def shm_status(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+    async def shm_status(self, decoded: codec.Decoded, call: CallState, nbytes: int) -> bytes:
         response = pb.SystemSharedMemoryStatusResponse()
         for region in self.shm.status(call.identity, decoded.message.name):
             response.regions[region.name].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(
                 name=region.name, key=region.key, offset=region.offset, byte_size=region.byte_size))
         return response.SerializeToString()
 
-    async def shm_unregister(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+    async def shm_unregister(self, decoded: codec.Decoded, call: CallState, nbytes: int) -> bytes:
         self.shm.unregister(call.identity, decoded.message.name)
         return b""
 

@@ -2,7 +2,7 @@
 the native function's arguments.
 
 An entry names the operation (its RPC, request and response messages come from the wire
-table tensorops._wire.OPERATIONS) and the tensorops_native function that computes it. The
+table tensorops.wire.OPERATIONS) and the tensorops_native function that computes it. The
 request's fields are the function's arguments by name:
 
 - Tensor fields become read-only arrays over the request bytes (codec.to_array checks the
@@ -37,7 +37,7 @@ from typing import Any, Callable
 import numpy as np
 
 import tensorops_native
-from tensorops import _codec, _wire
+from tensorops.protocol import codec, dtypes, wire
 from tensorops.v1 import tensor_pb2
 
 from . import errors
@@ -101,7 +101,7 @@ def _product_result(kwargs: dict) -> tuple[str, int]:
 class Entry:
     """One served operation: the wire operation and the native callable."""
 
-    op: _wire.Operation
+    op: wire.Operation
     native: Callable[..., Any]
     # Extra conversion of the arguments for operations the generic rules do not cover.
     adapt: Callable[[dict], dict] | None = field(default=None, compare=False)
@@ -127,14 +127,14 @@ class Entry:
     def parameters(self) -> frozenset[str]:
         return frozenset(inspect.signature(self.native).parameters)
 
-    def arguments(self, decoded: _codec.Decoded, max_tensor_bytes: int | None,
+    def arguments(self, decoded: codec.Decoded, max_tensor_bytes: int | None,
                   reserve: Callable[[int, str], None] | None = None) -> tuple[dict, int]:
         """The native keyword arguments of a request, and the request's format (wire enum).
         `reserve(nbytes, field)` is charged for a tensor copied out of the request."""
         kwargs = native_arguments(self.op, decoded, max_tensor_bytes, self.defaults, reserve=reserve)
         fmt = request_format(self.op, decoded)
         if fmt:
-            kwargs["format"] = _codec.FORMAT_NAMES[fmt]
+            kwargs["format"] = codec.FORMAT_NAMES[fmt]
         if self.adapt is not None:
             kwargs = self.adapt(kwargs)
         return kwargs, fmt
@@ -144,12 +144,7 @@ _TENSOR, _TENSORS, _ENUM, _REPEATED, _OPTIONAL, _PLAIN = range(6)
 
 _DTYPE_ENUM = tensor_pb2.DataType.DESCRIPTOR
 _FORMAT_ENUM = tensor_pb2.Format.DESCRIPTOR
-# Bytes per element of each wire dtype (BF16: the 2 high bytes of the float32).
-ITEMSIZE = {
-    tensor_pb2.DATA_TYPE_FP32: 4, tensor_pb2.DATA_TYPE_BF16: 2, tensor_pb2.DATA_TYPE_FP16: 2,
-    tensor_pb2.DATA_TYPE_UINT8: 1, tensor_pb2.DATA_TYPE_INT8: 1, tensor_pb2.DATA_TYPE_INT32: 4,
-    tensor_pb2.DATA_TYPE_FP64: 8, tensor_pb2.DATA_TYPE_INT64: 8,
-}
+ITEMSIZE = {d.wire: d.itemsize for d in dtypes.DTYPES}  # bytes per element of each wire dtype
 # The largest array NumPy can describe: the product of its non-zero dimensions times the
 # element size fits in a signed 64-bit integer (even when another dimension is 0).
 MAX_DESCRIBED_BYTES = 2**63 - 1
@@ -158,10 +153,10 @@ MAX_DESCRIBED_BYTES = 2**63 - 1
 @lru_cache(maxsize=None)
 def _plan(message_class) -> tuple:
     """How each field of a request message becomes an argument: (name, kind, enum descriptor)."""
-    codec = _codec.MessageCodec(message_class)
+    message_codec = codec.MessageCodec(message_class)
     plan = []
     for f in message_class.DESCRIPTOR.fields:
-        if f.name in codec.numbers:
+        if f.name in message_codec.numbers:
             kind = _TENSORS if f.is_repeated else _TENSOR
         elif f.enum_type is not None:
             kind = _ENUM
@@ -182,20 +177,20 @@ def enum_argument(enum, number: int, name: str, required: bool) -> str | None:
     """The API name of a received enum number; None for UNSPECIFIED when the argument has a
     default. INVALID_ARGUMENT, in the wire's terms, for a number the enum does not define
     and for UNSPECIFIED when the argument is required."""
-    value = _wire.enum_names(enum).get(number)
+    value = wire.enum_names(enum).get(number)
     if value is None and (number or required):
         prefix = "required: " if not number else ""
-        raise errors.invalid(name, f"{prefix}expected one of {_wire.wire_choices(enum)}, "
-                                   f"got {_wire.wire_value(enum, number)}")
+        raise errors.invalid(name, f"{prefix}expected one of {wire.wire_choices(enum)}, "
+                                   f"got {wire.wire_value(enum, number)}")
     return value
 
 
-def tensor_argument(op: _wire.Operation, wire: _codec.WireTensor, name: str, max_tensor_bytes: int | None,
+def tensor_argument(op: wire.Operation, tensor: codec.WireTensor, name: str, max_tensor_bytes: int | None,
                     image: bool, reserve: Callable[[int, str], None] | None = None) -> Any:
     """A received tensor as an array, after the checks whose failures the codec would word
     in NumPy's terms or without the wire's enum numbers."""
-    if wire.format and not image:
-        fmt = _wire.wire_value(_FORMAT_ENUM, wire.format)
+    if tensor.format and not image:
+        fmt = wire.wire_value(_FORMAT_ENUM, tensor.format)
         if op.layout:
             several = len(op.layout) > 1
             reason = (f"only the image tensor{'s' if several else ''} {' and '.join(op.layout)} of {op.rpc} "
@@ -203,25 +198,25 @@ def tensor_argument(op: _wire.Operation, wire: _codec.WireTensor, name: str, max
         else:
             reason = f"{op.rpc} has no layout"
         raise errors.invalid(f"{name}.format", f"{reason}: leave it unset (FORMAT_UNSPECIFIED), got {fmt}")
-    itemsize = ITEMSIZE.get(wire.dtype)
+    itemsize = ITEMSIZE.get(tensor.dtype)
     if itemsize is None:
-        raise errors.invalid(f"{name}.dtype", f"expected one of {_wire.wire_choices(_DTYPE_ENUM)}, "
-                                             f"got {_wire.wire_value(_DTYPE_ENUM, wire.dtype)}")
-    shape = wire.shape
+        raise errors.invalid(f"{name}.dtype", f"expected one of {wire.wire_choices(_DTYPE_ENUM)}, "
+                                             f"got {wire.wire_value(_DTYPE_ENUM, tensor.dtype)}")
+    shape = tensor.shape
     # Without a 0 dimension the payload's length bounds the size; negative dimensions and
     # too many of them are the codec's to name.
-    if 0 in shape and len(shape) <= _codec.MAX_NDIM and min(shape) >= 0:
+    if 0 in shape and len(shape) <= codec.MAX_NDIM and min(shape) >= 0:
         if math.prod(filter(None, shape)) * itemsize > MAX_DESCRIBED_BYTES:
             raise errors.invalid(f"{name}.shape", f"the tensor has too many elements: {list(shape)} of "
-                                 f"{_DTYPE_ENUM.values_by_number[wire.dtype].name} describes more than 2**63 - 1 "
+                                 f"{_DTYPE_ENUM.values_by_number[tensor.dtype].name} describes more than 2**63 - 1 "
                                  "bytes (counting the non-zero dimensions, even when another one is 0)")
     try:
-        return _codec.to_array(wire, name, max_bytes=max_tensor_bytes, reserve=reserve)
-    except _codec.WireError as exc:
+        return codec.to_array(tensor, name, max_bytes=max_tensor_bytes, reserve=reserve)
+    except codec.WireError as exc:
         raise errors.from_wire(exc) from None
 
 
-def native_arguments(op: _wire.Operation, decoded: _codec.Decoded, max_tensor_bytes: int | None,
+def native_arguments(op: wire.Operation, decoded: codec.Decoded, max_tensor_bytes: int | None,
                      defaults: frozenset[str] = frozenset(), skip: tuple[str, ...] = (),
                      reserve: Callable[[int, str], None] | None = None) -> dict:
     """The native keyword arguments of a request. A field left unset whose argument has no
@@ -233,12 +228,12 @@ def native_arguments(op: _wire.Operation, decoded: _codec.Decoded, max_tensor_by
             continue
         required = name not in defaults
         if kind == _TENSOR:
-            wire = tensors.get(name)
-            if wire is None:
+            tensor = tensors.get(name)
+            if tensor is None:
                 if required:
                     raise missing(name, tensor=True)
                 continue
-            value = tensor_argument(op, wire, name, max_tensor_bytes, name in op.layout, reserve)
+            value = tensor_argument(op, tensor, name, max_tensor_bytes, name in op.layout, reserve)
         elif kind == _TENSORS:
             value = [tensor_argument(op, t, f"{name}[{i}]", max_tensor_bytes, name in op.layout, reserve)
                      for i, t in enumerate(tensors[name])]
@@ -260,20 +255,20 @@ def native_arguments(op: _wire.Operation, decoded: _codec.Decoded, max_tensor_by
     return kwargs
 
 
-def request_format(op: _wire.Operation, decoded: _codec.Decoded) -> int:
+def request_format(op: wire.Operation, decoded: codec.Decoded) -> int:
     """The Format shared by the operation's image tensors (UNSPECIFIED ones agree with any)."""
     fmt, source = 0, None
     for name in op.layout:
-        wire = decoded.tensors.get(name)
-        if wire is None or not wire.format:
+        tensor = decoded.tensors.get(name)
+        if tensor is None or not tensor.format:
             continue
-        if wire.format not in _codec.FORMAT_NAMES:
-            raise errors.invalid(f"{name}.format", f"expected one of {_wire.wire_choices(_FORMAT_ENUM, unspecified=True)}, "
-                                                   f"got {_wire.wire_value(_FORMAT_ENUM, wire.format)}")
-        if fmt and wire.format != fmt:
-            raise errors.invalid(f"{name}.format", f"{tensor_pb2.Format.Name(wire.format)} differs from "
+        if tensor.format not in codec.FORMAT_NAMES:
+            raise errors.invalid(f"{name}.format", f"expected one of {wire.wire_choices(_FORMAT_ENUM, unspecified=True)}, "
+                                                   f"got {wire.wire_value(_FORMAT_ENUM, tensor.format)}")
+        if fmt and tensor.format != fmt:
+            raise errors.invalid(f"{name}.format", f"{tensor_pb2.Format.Name(tensor.format)} differs from "
                                  f"{source}.format {tensor_pb2.Format.Name(fmt)}")
-        fmt, source = wire.format, name
+        fmt, source = tensor.format, name
     return fmt
 
 
@@ -289,7 +284,7 @@ def _normalize_arguments(kwargs: dict) -> dict:
 
 def _entry(name: str, native_name: str | None = None, **kwargs) -> Entry | None:
     native = getattr(tensorops_native, native_name or name, None)
-    return None if native is None else Entry(_wire.OPERATIONS[name], native, **kwargs)
+    return None if native is None else Entry(wire.OPERATIONS[name], native, **kwargs)
 
 
 _QIP_BIAS = TensorSpec(("INT32", "INT64", "INT8", "UINT8"), (-1,))

@@ -16,7 +16,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import tensorops_native
-from tensorops import _wire
+from tensorops.protocol import wire
 
 from . import kserve, optable, reflection, shm, tls
 from .auth import Authenticator
@@ -124,12 +124,12 @@ class TensorOpsServer:
                      ("grpc.max_allowed_incoming_connections", self.max_connections),
                      ("grpc.server_handshake_timeout_ms", max(1, round(c.handshake_timeout * 1000))),
                      *connection_age_options(c)])
-        add_handlers(server, _wire.SERVICE_NAME, self.service.handlers())
+        add_handlers(server, wire.SERVICE_NAME, self.service.handlers())
         add_handlers(server, kserve.SERVICE_NAME, self.kserve.handlers())
         self.health = HealthService(c.max_health_watches)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         if c.reflection:
-            reflection.enable((_wire.SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name),
+            reflection.enable((wire.SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name),
                               server, aliases=(kserve.reflection_file(),))
         self.tls = tls.from_config(c)  # TLSConfigError (an OSError) when the files are not usable
         try:
@@ -143,7 +143,7 @@ class TensorOpsServer:
             raise OSError(f"cannot listen on {c.address}: {bind_failure(c.host, c.port)}")
         await server.start()
         self.grpc_server = server
-        for service in ("", _wire.SERVICE_NAME, kserve.SERVICE_NAME):
+        for service in ("", wire.SERVICE_NAME, kserve.SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
 
     async def _stop(self, grace: float, drain_delay: float) -> None:

@@ -6,7 +6,7 @@ whose deadline passed. Where each computation runs (event loop or worker) is dec
 the Executor (see execution.py); session forwards go through the ForwardBatcher.
 
 Requests and responses are bytes: the codec decodes the Tensor payloads in place and
-writes the response payloads with one copy (see tensorops._codec). A request of up to
+writes the response payloads with one copy (see tensorops.protocol.codec). A request of up to
 --inline-bytes is decoded by gRPC's deserializer on the event loop (fast); a larger one is
 decoded on a worker after its call was admitted (`deferred`).
 
@@ -29,7 +29,7 @@ import grpc
 import numpy as np
 
 import tensorops_native
-from tensorops import _codec, _wire
+from tensorops.protocol import codec, wire
 from tensorops.v1 import tensorops_pb2
 
 from . import errors, optable
@@ -50,8 +50,8 @@ log = logging.getLogger(LOGGER)
 class Incoming:
     """A request as the deserializer leaves it: decoded, or the reason it could not be, or
     (`later`) still to be decoded, by calling it, on a worker."""
-    decoded: _codec.Decoded | None
-    error: _codec.WireError | None
+    decoded: codec.Decoded | None
+    error: codec.WireError | None
     nbytes: int
     later: Callable[[], "Incoming"] | None = None
 
@@ -66,15 +66,15 @@ def deferred(decode: Callable[[bytes], Incoming], inline_bytes: int) -> Callable
     return deserialize
 
 
-def deserializer(codec: _codec.MessageCodec) -> Callable[[bytes], Incoming]:
-    name = codec.message_class.DESCRIPTOR.full_name
+def deserializer(message_codec: codec.MessageCodec) -> Callable[[bytes], Incoming]:
+    name = message_codec.message_class.DESCRIPTOR.full_name
 
     def decode(raw: bytes) -> Incoming:
         try:
-            return Incoming(codec.decode(raw), None, len(raw))
-        except _codec.WireError as exc:  # reported by the handler as INVALID_ARGUMENT
+            return Incoming(message_codec.decode(raw), None, len(raw))
+        except codec.WireError as exc:  # reported by the handler as INVALID_ARGUMENT
             if exc.field == "message" and exc.message.startswith("cannot parse"):  # the protobuf runtime's words
-                exc = _codec.WireError("message", f"the request is not a valid {name} message in the "
+                exc = codec.WireError("message", f"the request is not a valid {name} message in the "
                                        "protobuf binary encoding")
             return Incoming(None, exc, len(raw))
     return decode
@@ -95,7 +95,7 @@ class Instrumented:
     """The wrapper around every handler: receives the request (within the admission
     limits), admits the call, runs its behavior and records the outcome."""
 
-    def __init__(self, label: str, behavior: Callable[[_codec.Decoded, CallState, int], Awaitable[bytes]],
+    def __init__(self, label: str, behavior: Callable[[codec.Decoded, CallState, int], Awaitable[bytes]],
                  metrics: Metrics, admission: Admission, auth: Authenticator, max_response_bytes: int):
         self.label = label
         self.behavior = behavior
@@ -248,14 +248,14 @@ class Service:
         return self.metrics.kernel_duration.labels(label)
 
     @staticmethod
-    def _encode(op: _wire.Operation, result, fmt: int) -> bytes:
+    def _encode(op: wire.Operation, result, fmt: int) -> bytes:
         out_fmt = fmt if op.layout and op.image_outputs else 0
         fields = op.response_fields
         if len(fields) == 1 and not isinstance(result, tuple):  # the common case: one array
             name = fields[0]
-            return op.response_codec.encode(None, {name: _codec.encode_tensor(result, name, out_fmt)})
+            return op.response_codec.encode(None, {name: codec.encode_tensor(result, name, out_fmt)})
         results = result if isinstance(result, tuple) else (result,)
-        tensors = {name: _codec.encode_tensor(arr, name, out_fmt) for name, arr in zip(fields, results)}
+        tensors = {name: codec.encode_tensor(arr, name, out_fmt) for name, arr in zip(fields, results)}
         return op.response_codec.encode(None, tensors)
 
     def _session_info(self, session, m: int | None = None) -> tensorops_pb2.SessionInfo:
@@ -281,7 +281,7 @@ class Service:
         always_offload = entry.name == "quantized_inner_product"
         executor = self.executor
 
-        def prepare(decoded: _codec.Decoded, call: CallState, extra: dict | None) -> tuple[dict, int, int]:
+        def prepare(decoded: codec.Decoded, call: CallState, extra: dict | None) -> tuple[dict, int, int]:
             """The native arguments, the format and the result's bytes, charged to the call."""
             kwargs, fmt = entry.arguments(decoded, self.config.max_tensor_bytes, call.reserve)
             if extra:
@@ -297,10 +297,10 @@ class Service:
                 result = self._run(timer, call, entry.native, **kwargs)
             return encode(result, fmt)
 
-        def compute(decoded: _codec.Decoded, call: CallState, extra: dict | None = None) -> bytes:
+        def compute(decoded: codec.Decoded, call: CallState, extra: dict | None = None) -> bytes:
             return run(call, *prepare(decoded, call, extra))
 
-        async def behavior(decoded: _codec.Decoded, call: CallState, nbytes: int, extra: dict | None = None,
+        async def behavior(decoded: codec.Decoded, call: CallState, nbytes: int, extra: dict | None = None,
                            inline: bool | None = None):
             """`extra`: more native arguments (the KServe endpoint's `out` in shared memory);
             `inline`: whether to compute on the event loop (default: by the bytes of the
@@ -327,11 +327,11 @@ class Service:
                          qip_rows_per_block(k, n), result_bytes)
 
     # ---- sessions
-    async def open_session(self, decoded: _codec.Decoded, call: CallState):
+    async def open_session(self, decoded: codec.Decoded, call: CallState):
         """A new session (in the store) from a CreateQuantizedInnerProduct request."""
         if self._qip_class is None:
             raise errors.Failure(grpc.StatusCode.UNIMPLEMENTED, "this build has no quantized inner product")
-        entry = optable.Entry(_wire.CREATE_SESSION, self._qip_class)
+        entry = optable.Entry(wire.CREATE_SESSION, self._qip_class)
         kwargs, _ = entry.arguments(decoded, self.config.max_tensor_bytes, call.reserve)
         qip = await self.executor.offload(call, functools.partial(
             self._run, self._timer("create_quantized_inner_product"), call, self._qip_class, **kwargs))
@@ -341,23 +341,23 @@ class Service:
         log.info("session created", extra=fields(n=shape[0], k=shape[1], bytes=session.nbytes))
         return session
 
-    async def forward(self, session_id: str, decoded: _codec.Decoded, call: CallState):
+    async def forward(self, session_id: str, decoded: codec.Decoded, call: CallState):
         """The session's forward of the request's `a` (a QuantizedInnerProductForward
         request, or any whose tensors hold `a`)."""
         with self.store.use(session_id, call.identity, forward=True) as session:
-            kwargs = optable.native_arguments(_wire.FORWARD_SESSION, decoded, self.config.max_tensor_bytes,
+            kwargs = optable.native_arguments(wire.FORWARD_SESSION, decoded, self.config.max_tensor_bytes,
                                               skip=("session_id",), reserve=call.reserve)
             return await self.batcher.forward(session, kwargs["a"], call)
 
-    async def create_session(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+    async def create_session(self, decoded: codec.Decoded, call: CallState, nbytes: int) -> bytes:
         session = await self.open_session(decoded, call)
         return self._session_info(session, int(getattr(session.context, "max_m", 1))).SerializeToString()
 
-    async def forward_session(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+    async def forward_session(self, decoded: codec.Decoded, call: CallState, nbytes: int) -> bytes:
         result = await self.forward(decoded.message.session_id, decoded, call)
-        return self._encode(_wire.FORWARD_SESSION, result, 0)
+        return self._encode(wire.FORWARD_SESSION, result, 0)
 
-    async def describe_session(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+    async def describe_session(self, decoded: codec.Decoded, call: CallState, nbytes: int) -> bytes:
         request = decoded.message
         with self.store.use(request.session_id, call.identity) as session:
             m = request.m if request.HasField("m") else int(getattr(session.context, "max_m", 1))
@@ -366,20 +366,20 @@ class Service:
             except errors.NATIVE_ERRORS as exc:
                 raise errors.from_native(exc) from None
 
-    async def release_session(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+    async def release_session(self, decoded: codec.Decoded, call: CallState, nbytes: int) -> bytes:
         self.store.release(decoded.message.session_id, call.identity)
         return b""
 
-    async def list_sessions(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+    async def list_sessions(self, decoded: codec.Decoded, call: CallState, nbytes: int) -> bytes:
         sessions = [self._session_info(s) for s in self.store.snapshot(call.identity)]
         return tensorops_pb2.ListSessionsResponse(sessions=sessions).SerializeToString()
 
     # ---- server information
-    async def server_info(self, decoded: _codec.Decoded, call: CallState, nbytes: int) -> bytes:
+    async def server_info(self, decoded: codec.Decoded, call: CallState, nbytes: int) -> bytes:
         native = tensorops_native.info()
         c = self.config
         limits = tensorops_pb2.ServerLimits(
-            max_message_bytes=c.max_message_bytes, max_tensor_bytes=c.max_tensor_bytes, max_ndim=_codec.MAX_NDIM,
+            max_message_bytes=c.max_message_bytes, max_tensor_bytes=c.max_tensor_bytes, max_ndim=codec.MAX_NDIM,
             max_sessions=c.max_sessions, max_session_bytes=c.max_session_bytes, session_ttl_seconds=c.session_ttl)
         return tensorops_pb2.ServerInfo(
             version=native["version"], isa=native["isa"], cpu_features=native["cpu_features"],
@@ -402,10 +402,10 @@ class Service:
         })
         handlers = {}
         for rpc, (label, behavior) in behaviors.items():
-            method = _wire.SERVICE.methods_by_name[rpc]
-            codec = _codec.MessageCodec(_wire.message_class(method.input_type))
+            method = wire.SERVICE.methods_by_name[rpc]
+            message_codec = codec.MessageCodec(wire.message_class(method.input_type))
             instrumented = Instrumented(label, behavior, self.metrics, self.admission, self.auth,
                                         self.config.max_message_bytes)
             handlers[rpc] = grpc.stream_unary_rpc_method_handler(
-                instrumented.handle, request_deserializer=deferred(deserializer(codec), self.config.inline_bytes))
+                instrumented.handle, request_deserializer=deferred(deserializer(message_codec), self.config.inline_bytes))
         return handlers

@@ -6,8 +6,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from tensorops import _codec
-from tensorops._codec import MessageCodec, WireError, encode_tensor, to_array
+from tensorops.protocol import codec
+from tensorops.protocol.codec import MessageCodec, WireError, encode_tensor, to_array
 from tensorops.v1 import tensor_pb2
 from tensorops.v1 import tensorops_pb2 as pb
 
@@ -18,7 +18,7 @@ DTYPES = [np.float32, ml_dtypes.bfloat16, np.float16, np.uint8, np.int8, np.int3
 def path(request, monkeypatch):
     """Both paths of the codec: large messages (payloads used in place) and small ones
     (the protobuf runtime). The threshold decides which one a size takes."""
-    monkeypatch.setattr(_codec, "SMALL_MESSAGE", 0 if request.param == "in-place" else 1 << 30)
+    monkeypatch.setattr(codec, "SMALL_MESSAGE", 0 if request.param == "in-place" else 1 << 30)
     return request.param
 
 
@@ -27,9 +27,9 @@ def path(request, monkeypatch):
 def test_round_trip_is_exact(dtype, shape, path):
     rng = np.random.default_rng(0)
     x = (rng.standard_normal(shape) * 100).astype(dtype)
-    codec = MessageCodec(pb.SoftmaxRequest)
-    raw = codec.encode(pb.SoftmaxRequest(axis=-1), {"x": encode_tensor(x, "x", tensor_pb2.FORMAT_NHWC)})
-    decoded = codec.decode(raw)
+    message_codec = MessageCodec(pb.SoftmaxRequest)
+    raw = message_codec.encode(pb.SoftmaxRequest(axis=-1), {"x": encode_tensor(x, "x", tensor_pb2.FORMAT_NHWC)})
+    decoded = message_codec.decode(raw)
     y = to_array(decoded.tensors["x"], "x")
     assert y.dtype == x.dtype and y.shape == x.shape and y.tobytes() == x.tobytes()
     assert decoded.message.axis == -1 and decoded.tensors["x"].format == tensor_pb2.FORMAT_NHWC
@@ -44,23 +44,23 @@ def test_round_trip_is_exact(dtype, shape, path):
 def test_payloads_start_aligned_whatever_precedes_them(path):
     if path == "protobuf":
         pytest.skip("the protobuf path copies the payload out of the message")
-    codec = MessageCodec(pb.EltwiseRequest)
+    message_codec = MessageCodec(pb.EltwiseRequest)
     for n in range(0, 300, 7):
         inputs = [np.arange(n + i, dtype=np.float32) for i in range(3)]
-        raw = codec.encode(pb.EltwiseRequest(op=n % 5), {"inputs": [encode_tensor(a, "a") for a in inputs]})
-        decoded = codec.decode(raw)
+        raw = message_codec.encode(pb.EltwiseRequest(op=n % 5), {"inputs": [encode_tensor(a, "a") for a in inputs]})
+        decoded = message_codec.decode(raw)
         base = np.frombuffer(raw, np.uint8).ctypes.data
         for t, a in zip(decoded.tensors["inputs"], inputs):
             arr = to_array(t, "inputs")
             assert np.array_equal(arr, a)
             if a.size:
-                assert (arr.ctypes.data - base) % _codec.ALIGNMENT == 0
+                assert (arr.ctypes.data - base) % codec.ALIGNMENT == 0
 
 
 def test_decodes_what_standard_protobuf_writes():
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
-    msg = pb.EltwiseRequest(inputs=[_codec.from_array(x, format=1), _codec.from_array(x * 2)], op=2,
-                            weights=_codec.from_array(np.ones(2, np.float32)))
+    msg = pb.EltwiseRequest(inputs=[codec.from_array(x, format=1), codec.from_array(x * 2)], op=2,
+                            weights=codec.from_array(np.ones(2, np.float32)))
     decoded = MessageCodec(pb.EltwiseRequest).decode(msg.SerializeToString())
     assert decoded.message.op == 2
     arrays = [to_array(t, "x") for t in decoded.tensors["inputs"]]
@@ -82,7 +82,7 @@ def test_unpacked_shape_and_split_messages_merge_like_protobuf():
 
 def test_misaligned_payload_is_copied_not_refused():
     x = np.arange(5, dtype=np.float32)
-    raw = pb.SoftmaxRequest(x=_codec.from_array(x)).SerializeToString()  # standard layout: unaligned
+    raw = pb.SoftmaxRequest(x=codec.from_array(x)).SerializeToString()  # standard layout: unaligned
     copies = []
     arr = to_array(MessageCodec(pb.SoftmaxRequest).decode(raw).tensors["x"], "x",
                    reserve=lambda nbytes, name: copies.append((nbytes, name)))
@@ -93,7 +93,7 @@ def test_misaligned_payload_is_copied_not_refused():
 
 
 def _tensor(**fields):
-    return _codec.WireTensor(**fields)
+    return codec.WireTensor(**fields)
 
 
 @pytest.mark.parametrize("tensor,field,code", [
@@ -121,10 +121,10 @@ def test_limit_applies_to_declared_size():
 
 
 def test_malformed_message_is_a_wire_error():
-    codec = MessageCodec(pb.SoftmaxRequest)
+    message_codec = MessageCodec(pb.SoftmaxRequest)
     for raw in [b"\x0a\x05\x01", b"\x0a", b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", b"\x10\x80"]:
         with pytest.raises(WireError):
-            codec.decode(raw)
+            message_codec.decode(raw)
 
 
 def test_encoding_normalizes_layout_and_byte_order():

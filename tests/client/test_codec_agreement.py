@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tensorops import _codec
-from tensorops._codec import MessageCodec, encode_tensor
+from tensorops.protocol import codec, dtypes
+from tensorops.protocol.codec import MessageCodec, encode_tensor
 from tensorops.v1 import tensorops_pb2 as pb
 from wire_cases import (CASES, CODECS, EGROUP, I32, I64, LEN, MESSAGE_CLASSES, SGROUP, VARINT, check, encode, field,
                         key, varint)
@@ -35,18 +35,18 @@ def test_huge_enum_decodes_as_protobuf_reads_it():
     raw = dict((c[0], c[2]) for c in CASES)["dtype 2**32 + 1 is FP32"]
     decoded = MessageCodec(pb.SoftmaxRequest).decode_in_place(raw)
     assert decoded.tensors["x"].dtype == 1
-    assert _codec.to_array(decoded.tensors["x"], "x").dtype == np.float32
+    assert codec.to_array(decoded.tensors["x"], "x").dtype == np.float32
 
 
 def test_large_messages_take_the_in_place_path():
     """Padded past SMALL_MESSAGE with an unknown field, the hand-written cases still agree,
     and decode() itself takes the in-place path (payloads are views of the message)."""
-    codec = CODECS[pb.SoftmaxRequest]
-    pad = field(99, LEN, bytes(_codec.SMALL_MESSAGE))
+    message_codec = CODECS[pb.SoftmaxRequest]
+    pad = field(99, LEN, bytes(codec.SMALL_MESSAGE))
     for label, cls, raw, accepted in CASES:
         if cls is pb.SoftmaxRequest:
-            assert check(codec, pad + raw) == accepted, label
-            x = codec.decode(pad + raw).tensors.get("x") if accepted else None
+            assert check(message_codec, pad + raw) == accepted, label
+            x = message_codec.decode(pad + raw).tensors.get("x") if accepted else None
             if x is not None and len(x.data):
                 assert isinstance(x.data, memoryview), label
 
@@ -130,7 +130,7 @@ def tensors(draw, broken=False) -> bytes:
     if draw(st.booleans()):
         shape = draw(st.lists(st.integers(0, 3), max_size=3))
         dtype = draw(st.integers(1, 8))
-        nbytes = int(np.prod(shape)) * _codec._WIRE_DTYPES[dtype].itemsize
+        nbytes = int(np.prod(shape)) * dtypes.BY_WIRE[dtype].itemsize
         parts.append(field(1, LEN, b"".join(varint(d) for d in shape)) + field(2, VARINT, dtype)
                      + field(4, LEN, bytes(range(nbytes))))
     for kind in draw(st.lists(st.sampled_from(["packed", "unpacked", "dtype", "format", "data", "other"]), max_size=4)):

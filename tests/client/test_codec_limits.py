@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from tensorops import _codec, _wire
-from tensorops._codec import MAX_FIELDS, MAX_OPERANDS, MessageCodec, WireError
+from tensorops.protocol import codec, wire
+from tensorops.protocol.codec import MAX_FIELDS, MAX_OPERANDS, MessageCodec, WireError
 from tensorops.v1 import tensor_pb2
 from tensorops.v1 import tensorops_pb2 as pb
 
@@ -19,7 +19,7 @@ SOFTMAX = MessageCodec(pb.SoftmaxRequest)
 
 def eltwise(operands: int, values: int = 0) -> bytes:
     """An EltwiseRequest of `operands` FP32 tensors of `values` elements each."""
-    return pb.EltwiseRequest(inputs=[_codec.from_array(np.zeros(values, np.float32))] * operands,
+    return pb.EltwiseRequest(inputs=[codec.from_array(np.zeros(values, np.float32))] * operands,
                              op=pb.ELTWISE_OP_SUM).SerializeToString()
 
 
@@ -45,13 +45,13 @@ def test_millions_of_empty_operands_are_refused_at_once():
 def test_the_client_refuses_operands_beyond_the_limit_before_encoding():
     operands = [np.zeros(1, np.float32)] * (MAX_OPERANDS + 1)
     with pytest.raises(WireError) as info:
-        _wire.build_request(_wire.OPERATIONS["eltwise"], {"inputs": operands, "op": "sum"})
+        wire.build_request(wire.OPERATIONS["eltwise"], {"inputs": operands, "op": "sum"})
     assert info.value.field == "inputs" and info.value.message.endswith(f"got {MAX_OPERANDS + 1}")
-    assert len(_wire.build_request(_wire.OPERATIONS["eltwise"], {"inputs": operands[1:], "op": "sum"}).data)
+    assert len(wire.build_request(wire.OPERATIONS["eltwise"], {"inputs": operands[1:], "op": "sum"}).data)
 
 
 def length_delimited(number: int, body: bytes) -> bytes:
-    return _codec._tag(number, 2) + _codec._varint(len(body)) + body
+    return codec._tag(number, 2) + codec._varint(len(body)) + body
 
 
 @pytest.mark.parametrize("label, raw", [
@@ -76,8 +76,8 @@ def test_fields_within_the_limit_decode_as_protobuf_does():
 
 def test_split_field_keeps_the_other_fields_in_runs():
     raw = b"\x08\x01" + length_delimited(7, b"abc") + b"\x10\x02\x18\x03" + length_delimited(7, b"de") + b"\x20\x04"
-    parts, found = _codec.split_field(raw, 7)
+    parts, found = codec.split_field(raw, 7)
     rest = b"".join(parts)
     assert rest == b"\x08\x01\x10\x02\x18\x03\x20\x04" and [bytes(f) for f in found] == [b"abc", b"de"]
     with pytest.raises(WireError, match="more than"):
-        _codec.split_field(b"\x08\x01" * (MAX_FIELDS + 1), 7)
+        codec.split_field(b"\x08\x01" * (MAX_FIELDS + 1), 7)

@@ -2,17 +2,19 @@
 from __future__ import annotations
 
 import grpc
+import ml_dtypes
 import numpy as np
 import pytest
 
 import tensorops
-from tensorops import _codec, _errors, _wire
+from tensorops import _errors
+from tensorops.protocol import codec, wire
 from tensorops._client import channel_options, default_load_balancing, encode, retry_service_config
 from tensorops.v1 import tensorops_pb2 as pb
 
 
 def test_request_carries_arguments_by_name_and_format_on_the_image_tensors():
-    op = _wire.OPERATIONS["shuffle"]
+    op = wire.OPERATIONS["shuffle"]
     x = np.zeros((1, 2, 2, 4), np.float32)
     request = encode(op, dict(x0=x, x1=x, type="interleave", format="NHWC", channels=(2, 6)))
     msg = pb.ShuffleRequest.FromString(request.data)
@@ -21,24 +23,24 @@ def test_request_carries_arguments_by_name_and_format_on_the_image_tensors():
 
 
 def test_defaults_and_none_leave_fields_unset():
-    op = _wire.OPERATIONS["eltwise"]
+    op = wire.OPERATIONS["eltwise"]
     msg = pb.EltwiseRequest.FromString(encode(op, dict(inputs=[np.zeros(2, np.float32)] * 2, op=1,
                                                         weights=None)).data)
     assert msg.op == pb.ELTWISE_OP_SUM and not msg.HasField("weights") and len(msg.inputs) == 2
-    msg = pb.NormalizeL2Request.FromString(encode(_wire.OPERATIONS["normalize_l2"],
+    msg = pb.NormalizeL2Request.FromString(encode(wire.OPERATIONS["normalize_l2"],
                                                   dict(x=np.zeros((1, 1), np.float32), scale=[1.0], eps=1e-10,
                                                        across_spatial=False, format="nchw")).data)
     assert msg.HasField("eps") and msg.eps == 1e-10 and msg.x.format == 1
 
 
 def test_uint16_inputs_mark_bf16_results_as_bits():
-    op = _wire.OPERATIONS["softmax"]
+    op = wire.OPERATIONS["softmax"]
     assert encode(op, dict(x=np.zeros(3, np.uint16), axis=-1)).bf16_bits
     assert not encode(op, dict(x=np.zeros(3, np.float32), axis=-1)).bf16_bits
-    y = np.arange(4, dtype=np.float32).astype(_codec.ml_dtypes.bfloat16)
-    raw = op.response_codec.encode(None, {"y": _codec.encode_tensor(y, "y")})
-    assert _wire.decode_response(op, raw, True).dtype == np.uint16
-    out = _wire.decode_response(op, raw, False)
+    y = np.arange(4, dtype=np.float32).astype(ml_dtypes.bfloat16)
+    raw = op.response_codec.encode(None, {"y": codec.encode_tensor(y, "y")})
+    assert wire.decode_response(op, raw, True).dtype == np.uint16
+    out = wire.decode_response(op, raw, False)
     assert out.dtype == y.dtype and out.flags.writeable and np.array_equal(out, y)
 
 
@@ -57,18 +59,18 @@ def test_uint16_inputs_mark_bf16_results_as_bits():
 ])
 def test_unencodable_arguments_raise_invalid_argument_naming_them(op, args, field):
     with pytest.raises(tensorops.InvalidArgumentError) as err:
-        encode(_wire.OPERATIONS[op], args)
+        encode(wire.OPERATIONS[op], args)
     assert err.value.field == field and err.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert isinstance(err.value, ValueError)
 
 
 def test_enum_values_follow_the_simd_numbering():
     d = pb.UnaryOp.DESCRIPTOR
-    assert _wire.encode_enum(d, 0, "op") == pb.UNARY_OP_ABS and _wire.encode_enum(d, 16, "op") == pb.UNARY_OP_ZERO
-    assert _wire.encode_enum(d, "TANH", "op") == pb.UNARY_OP_TANH
-    assert _wire.decode_enum(d, pb.UNARY_OP_RSQRT) == "rsqrt"
-    assert _wire.decode_enum(d, 0) is None and _wire.decode_enum(d, 1000) is None
-    assert _wire.encode_format("NCHW") == 1 and _wire.encode_format(1) == 2
+    assert wire.encode_enum(d, 0, "op") == pb.UNARY_OP_ABS and wire.encode_enum(d, 16, "op") == pb.UNARY_OP_ZERO
+    assert wire.encode_enum(d, "TANH", "op") == pb.UNARY_OP_TANH
+    assert wire.decode_enum(d, pb.UNARY_OP_RSQRT) == "rsqrt"
+    assert wire.decode_enum(d, 0) is None and wire.decode_enum(d, 1000) is None
+    assert wire.encode_format("NCHW") == 1 and wire.encode_format(1) == 2
 
 
 def test_channel_options_retry_unavailable_and_match_message_limits():

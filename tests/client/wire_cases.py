@@ -17,8 +17,8 @@ from __future__ import annotations
 import google.protobuf
 from google.protobuf.message import DecodeError
 
-from tensorops import _codec
-from tensorops._codec import MessageCodec, WireError, to_array
+from tensorops.protocol import codec
+from tensorops.protocol.codec import MessageCodec, WireError, to_array
 from tensorops.v1 import tensorops_pb2
 
 _SERVICE = tensorops_pb2.DESCRIPTOR.services_by_name["TensorOps"]
@@ -83,15 +83,15 @@ def tensor(*, shape=(), dtype=None, fmt=None, data=None, packed=True) -> bytes:
     return b"".join(parts)
 
 
-def encode(codec: MessageCodec, message, tensors: dict, *, in_place: bool) -> bytes:
-    """codec.encode with the encoder chosen whatever the size: in place (payloads padded to
+def encode(message_codec: MessageCodec, message, tensors: dict, *, in_place: bool) -> bytes:
+    """message_codec.encode with the encoder chosen whatever the size: in place (payloads padded to
     be aligned, as large messages are written) or through protobuf (as small ones are)."""
-    saved = _codec.SMALL_MESSAGE
-    _codec.SMALL_MESSAGE = -1 if in_place else 1 << 62
+    saved = codec.SMALL_MESSAGE
+    codec.SMALL_MESSAGE = -1 if in_place else 1 << 62
     try:
-        return codec.encode(message, tensors)
+        return message_codec.encode(message, tensors)
     finally:
-        _codec.SMALL_MESSAGE = saved
+        codec.SMALL_MESSAGE = saved
 
 
 def groups(depth: int, number: int = 5) -> bytes:

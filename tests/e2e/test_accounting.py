@@ -14,29 +14,29 @@ import numpy as np
 import pytest
 
 import tensorops
-from tensorops import _wire
+from tensorops.protocol import wire
 from rpc_cases import BF16, qip_params
 from rpc_server import metric_value, resident_bytes
 from test_security import health_latency, layer_norm_case
 
 MiB = 1 << 20
 CAP = 64 * MiB
-CHANNEL_SUM = _wire.OPERATIONS["channel_sum"]
-LAYER_NORM = _wire.OPERATIONS["layer_norm_channels"]
-SOFTMAX = _wire.OPERATIONS["softmax"]
+CHANNEL_SUM = wire.OPERATIONS["channel_sum"]
+LAYER_NORM = wire.OPERATIONS["layer_norm_channels"]
+SOFTMAX = wire.OPERATIONS["softmax"]
 
 
 def channel_sum_request(result_bytes: int) -> bytes:
     """A ChannelSum of a few bytes whose result takes `result_bytes`: x of shape (N, C, 0)
     gives N x C float32 sums."""
-    return _wire.build_request(CHANNEL_SUM, dict(x=np.empty((result_bytes // (4 * 1024), 1024, 0), BF16))).data
+    return wire.build_request(CHANNEL_SUM, dict(x=np.empty((result_bytes // (4 * 1024), 1024, 0), BF16))).data
 
 
 def layer_norm_request(nbytes: int) -> bytes:
     channels = 256
     x = np.ones((1, nbytes // (4 * channels), channels), np.float32)
     scale, shift = np.ones(channels, np.float32), np.zeros(channels, np.float32)
-    return _wire.build_request(LAYER_NORM, dict(x=x, scale=scale, shift=shift, format="nhwc")).data
+    return wire.build_request(LAYER_NORM, dict(x=x, scale=scale, shift=shift, format="nhwc")).data
 
 
 class RawConnection:

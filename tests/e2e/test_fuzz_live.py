@@ -5,7 +5,7 @@ Three families of examples, all against one server process with small limits (so
 example is cheap) that requires a bearer token:
 
 - requests: random arguments of every stateless operation, encoded by the client's
-  `_wire.build_request`, some then mutated field by field through the protobuf descriptors
+  `wire.build_request`, some then mutated field by field through the protobuf descriptors
   (tensor dtypes, shapes, formats and payload lengths, enum numbers, scalars, repeated
   fields, nested messages; known and unknown values, NaN, infinities, huge numbers);
 - sessions: a hypothesis state machine creating, using, describing, listing and
@@ -49,7 +49,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
 import tensorops_native as tn
-from tensorops import _codec, _errors, _wire
+from tensorops import _errors
+from tensorops.protocol import codec, wire
 from tensorops.v1 import tensor_pb2
 from tensorops.v1 import tensorops_pb2 as pb
 from rpc_server import ServerProcess, metric_value, resident_bytes
@@ -140,7 +141,7 @@ class Campaign:
             raise ServerDied(self.death)
         method = self._methods.get(rpc)
         if method is None:
-            method = self._methods[rpc] = self.channel.unary_unary(_wire.method_path(rpc))
+            method = self._methods[rpc] = self.channel.unary_unary(wire.method_path(rpc))
         try:
             metadata = None if auth is None else (("authorization", auth),)
             answer = Answer(OK, "", None, method(raw, timeout=CALL_TIMEOUT, metadata=metadata))
@@ -235,14 +236,14 @@ class Refused(Exception):
         self.expect = expect
 
 
-def tensor_value(op: _wire.Operation, wire, name: str, image: bool):
+def tensor_value(op: wire.Operation, tensor, name: str, image: bool):
     """A received tensor as an array; only image tensors may carry a Format."""
-    if wire.format and not image:
+    if tensor.format and not image:
         raise Refused(Expect(INVALID, f"{name}.format"))
-    return _codec.to_array(wire, name, max_bytes=MAX_TENSOR)
+    return codec.to_array(tensor, name, max_bytes=MAX_TENSOR)
 
 
-def decode_arguments(op: _wire.Operation, raw: bytes, defaults: frozenset[str] = frozenset(),
+def decode_arguments(op: wire.Operation, raw: bytes, defaults: frozenset[str] = frozenset(),
                      skip: tuple[str, ...] = ()) -> tuple[Any, dict]:
     """(message, native keyword arguments) of a request, by the wire contract: tensors
     become arrays (size limit, dtype, shape and payload checked), enums their API names,
@@ -263,11 +264,11 @@ def decode_arguments(op: _wire.Operation, raw: bytes, defaults: frozenset[str] =
                 value = [tensor_value(op, t, f"{f.name}[{i}]", f.name in op.layout)
                          for i, t in enumerate(decoded.tensors[f.name])]
             elif is_tensor(f):
-                wire = decoded.tensors.get(f.name)
-                value = None if wire is None else tensor_value(op, wire, f.name, f.name in op.layout)
+                tensor = decoded.tensors.get(f.name)
+                value = None if tensor is None else tensor_value(op, tensor, f.name, f.name in op.layout)
             elif f.enum_type is not None:
                 number = getattr(message, f.name)
-                value = _wire.decode_enum(f.enum_type, number)
+                value = wire.decode_enum(f.enum_type, number)
                 if value is None and (number or required):  # an unknown number, or a required one unset
                     raise Refused(Expect(INVALID, f.name))
             elif f.is_repeated:
@@ -281,23 +282,23 @@ def decode_arguments(op: _wire.Operation, raw: bytes, defaults: frozenset[str] =
                     raise Refused(Expect(INVALID, f.name))
                 continue
             kwargs[f.name] = value
-    except _codec.WireError as exc:
+    except codec.WireError as exc:
         raise Refused(Expect(getattr(grpc.StatusCode, exc.code), exc.field)) from None
     except Exception as exc:  # noqa: BLE001 - the codec itself failed: the server's answer decides
         raise Refused(Expect(None, crash=f"codec: {type(exc).__name__}: {exc}")) from None
     fmt = 0
     for name in op.layout:  # the image tensors agree on one Format (UNSPECIFIED agrees with any)
-        wire = decoded.tensors.get(name)
-        if wire is None or not wire.format:
+        tensor = decoded.tensors.get(name)
+        if tensor is None or not tensor.format:
             continue
-        if wire.format not in _codec.FORMAT_NAMES or (fmt and wire.format != fmt):
+        if tensor.format not in codec.FORMAT_NAMES or (fmt and tensor.format != fmt):
             raise Refused(Expect(INVALID, f"{name}.format"))
-        fmt = wire.format
+        fmt = tensor.format
     if fmt:
-        kwargs["format"] = _codec.FORMAT_NAMES[fmt]
+        kwargs["format"] = codec.FORMAT_NAMES[fmt]
     activation = kwargs.get("activation")
     if activation is not None:  # normalize(): (name, *parameters); the type is required
-        name = _wire.decode_enum(pb.Activation.DESCRIPTOR, activation.type)
+        name = wire.decode_enum(pb.Activation.DESCRIPTOR, activation.type)
         if name is None:
             raise Refused(Expect(INVALID, "activation.type"))
         kwargs["activation"] = (name, *activation.params)
@@ -324,7 +325,7 @@ def channel_sum_check(kwargs: dict) -> Expect | None:
     return None
 
 
-def predict(op: _wire.Operation, raw: bytes, fn, args: dict | None = None) -> Expect:
+def predict(op: wire.Operation, raw: bytes, fn, args: dict | None = None) -> Expect:
     """What the server must answer to `raw`. With `args` (the Python arguments `raw` was
     built from), the native function runs on those, as a caller in-process would."""
     defaults = defaults_of(fn)
@@ -684,7 +685,7 @@ ARGUMENTS = {
 
 
 def test_every_operation_has_arguments():
-    assert sorted(ARGUMENTS) == sorted(_wire.OPERATIONS)
+    assert sorted(ARGUMENTS) == sorted(wire.OPERATIONS)
 
 
 # ---------------------------------------------------------------------------------------
@@ -834,10 +835,10 @@ def unauthenticated(answer: Answer, auth: str | None) -> bool:
     return True
 
 
-def encode(op: _wire.Operation, args: dict) -> _wire.Request:
+def encode(op: wire.Operation, args: dict) -> wire.Request:
     try:
-        return _wire.build_request(op, args)
-    except _codec.WireError:  # arguments the client refuses to send: nothing to test here
+        return wire.build_request(op, args)
+    except codec.WireError:  # arguments the client refuses to send: nothing to test here
         reject()
 
 
@@ -848,8 +849,8 @@ def test_random_requests_of_every_operation(campaign):
     @fuzz_settings(BUDGET["requests"])
     @given(data=st.data())
     def run(data):
-        name = data.draw(st.sampled_from(sorted(_wire.OPERATIONS)), label="operation")
-        op, fn = _wire.OPERATIONS[name], getattr(tn, name)
+        name = data.draw(st.sampled_from(sorted(wire.OPERATIONS)), label="operation")
+        op, fn = wire.OPERATIONS[name], getattr(tn, name)
         args = data.draw(ARGUMENTS[name], label="arguments")
         request = encode(op, args)
         raw = request.data
@@ -861,16 +862,16 @@ def test_random_requests_of_every_operation(campaign):
         if unauthenticated(answer, auth):
             return
         expect = predict(op, raw, fn, None if mutated else args)
-        check(answer, expect, lambda body: _wire.decode_response(op, body, request.bf16_bits and not mutated))
+        check(answer, expect, lambda body: wire.decode_response(op, body, request.bf16_bits and not mutated))
 
     run()
     seen = campaign.codes("requests")
     print(f"\nrequests: {dict(seen)}; OK / INVALID_ARGUMENT by operation: "
           + ", ".join(f"{op.name} {campaign.by_rpc[op.rpc, 'OK']}/{campaign.by_rpc[op.rpc, 'INVALID_ARGUMENT']}"
-                      for op in _wire.OPERATIONS.values()))
+                      for op in wire.OPERATIONS.values()))
     assert seen["OK"] >= 5 and seen["INVALID_ARGUMENT"] >= 5 and seen["UNAUTHENTICATED"] >= 1, seen
     if BUDGET["requests"] >= 1000:  # enough examples for every operation to succeed and fail
-        for op in _wire.OPERATIONS.values():
+        for op in wire.OPERATIONS.values():
             assert campaign.by_rpc[op.rpc, "OK"] and campaign.by_rpc[op.rpc, "INVALID_ARGUMENT"], \
                 (op.rpc, campaign.by_rpc)
 
@@ -958,7 +959,7 @@ class SessionCalls(RuleBasedStateMachine):
         self._create(data, valid_session_arguments(), False)
 
     def _create(self, data, arguments, may_mutate: bool):
-        op = _wire.CREATE_SESSION
+        op = wire.CREATE_SESSION
         args = data.draw(arguments, label="arguments")
         raw, mutated = encode(op, args).data, False
         if may_mutate:
@@ -985,7 +986,7 @@ class SessionCalls(RuleBasedStateMachine):
             self.forward_once(data, sid)
 
     def forward_once(self, data, sid: str) -> None:
-        op = _wire.FORWARD_SESSION
+        op = wire.FORWARD_SESSION
         local = self.live.get(sid)
         k, n = (local["context"].k, local["context"].n) if local else (data.draw(st.integers(1, 8)), 8)
         a = data.draw(qip_a(k, n), label="a")
@@ -1016,7 +1017,7 @@ class SessionCalls(RuleBasedStateMachine):
         context = local["context"]
         a = kwargs.get("a")
         expect = result_check(kwargs, context.n) or run_native(context.forward, a)
-        check(answer, expect, lambda body: _wire.decode_response(op, body))
+        check(answer, expect, lambda body: wire.decode_response(op, body))
 
     @rule(data=st.data())
     def describe(self, data):
@@ -1066,7 +1067,7 @@ class SessionCalls(RuleBasedStateMachine):
         if rpc == "QuantizedInnerProductForward":
             context = self.live[sid]["context"] if sid in self.live else None
             k = context.k if context is not None else 8
-            raw = encode(_wire.FORWARD_SESSION, {"session_id": sid, "a": np.ones((1, k), np.uint8)}).data
+            raw = encode(wire.FORWARD_SESSION, {"session_id": sid, "a": np.ones((1, k), np.uint8)}).data
         elif rpc == "DescribeSession":
             raw = pb.DescribeSessionRequest(session_id=sid).SerializeToString()
         elif rpc == "ReleaseSession":
@@ -1128,8 +1129,8 @@ def test_random_session_calls(campaign):
 # ---------------------------------------------------------------------------------------
 # 3. Garbage, truncated, flipped, duplicated and spliced bytes for every RPC
 
-RPCS = sorted(_wire.SERVICE.methods_by_name)
-OPERATION_OF_RPC = {op.rpc: op for op in _wire.OPERATIONS.values()}
+RPCS = sorted(wire.SERVICE.methods_by_name)
+OPERATION_OF_RPC = {op.rpc: op for op in wire.OPERATIONS.values()}
 CLASSIC_GARBAGE = [
     b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01",       # a length of 2**64 - 1
     b"\x0a\x80\x80\x80\x80\x10",                            # a length of 4 GiB, no bytes
@@ -1153,9 +1154,9 @@ def valid_request(draw, rpc: str) -> bytes:
         op = OPERATION_OF_RPC[rpc]
         return encode(op, draw(ARGUMENTS[op.name])).data
     if rpc == "CreateQuantizedInnerProduct":
-        return encode(_wire.CREATE_SESSION, draw(session_arguments())).data
+        return encode(wire.CREATE_SESSION, draw(session_arguments())).data
     if rpc == "QuantizedInnerProductForward":
-        return encode(_wire.FORWARD_SESSION, {"session_id": draw(STRINGS), "a": draw(qip_a(8, 8))}).data
+        return encode(wire.FORWARD_SESSION, {"session_id": draw(STRINGS), "a": draw(qip_a(8, 8))}).data
     if rpc == "DescribeSession":
         return pb.DescribeSessionRequest(session_id=draw(STRINGS), m=draw(st.integers(0, 9))).SerializeToString()
     if rpc == "ReleaseSession":
@@ -1204,11 +1205,11 @@ def test_garbage_and_mutated_bytes(campaign):
         if unauthenticated(answer, auth):
             pass
         elif op is not None:
-            check(answer, predict(op, raw, getattr(tn, op.name)), lambda body: _wire.decode_response(op, body))
+            check(answer, predict(op, raw, getattr(tn, op.name)), lambda body: wire.decode_response(op, body))
         elif answer.code is OK:  # an answer the client can read; a session made is released
-            response = _wire.message_class(_wire.SERVICE.methods_by_name[rpc].output_type)
+            response = wire.message_class(wire.SERVICE.methods_by_name[rpc].output_type)
             if rpc == "QuantizedInnerProductForward":
-                _wire.decode_response(_wire.FORWARD_SESSION, answer.data)
+                wire.decode_response(wire.FORWARD_SESSION, answer.data)
             else:
                 parsed = response.FromString(answer.data)
                 if rpc == "CreateQuantizedInnerProduct":

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import tensorops
-from tensorops import _errors, _wire
+from tensorops import _errors
+from tensorops.protocol import wire
 from tensorops.v1 import tensor_pb2
 from tensorops.v1 import tensorops_pb2 as pb
 from rpc_server import LongCall, metric_value
@@ -130,8 +131,8 @@ def test_expired_or_cancelled_call_does_not_start_its_kernel(start_server):
     time.sleep(0.05)
     with tensorops.Client(srv.target, timeout=60) as c:
         with grpc.insecure_channel(srv.target) as channel:  # queued, then cancelled
-            request = _wire.build_request(_wire.OPERATIONS["unary"], dict(x=np.zeros(0, np.float32), op="exp"))
-            future = channel.unary_unary(_wire.OPERATIONS["unary"].path).future(request.data)
+            request = wire.build_request(wire.OPERATIONS["unary"], dict(x=np.zeros(0, np.float32), op="exp"))
+            future = channel.unary_unary(wire.OPERATIONS["unary"].path).future(request.data)
             # cancel() is False only if the call already finished: then it ran, legitimately.
             cancelled = future.cancel()
         with pytest.raises(tensorops.DeadlineExceededError):  # queued, and its deadline passes
@@ -161,7 +162,7 @@ def test_async_client_raises_the_same_errors(server, run_async):
         found = []
         for call in (lambda: c.softmax(np.zeros(3, np.float64)),
                      lambda: c.unary(np.zeros(3, np.float32), "nope"),
-                     lambda: c._invoke(_wire.method_path("ReleaseSession"),
+                     lambda: c._invoke(wire.method_path("ReleaseSession"),
                                        pb.ReleaseSessionRequest(session_id="x").SerializeToString())):
             try:
                 await call()
@@ -221,7 +222,7 @@ def test_every_enum_error_lists_wire_names_and_numbers(server, rpc, message, fie
 def _empty_requests():
     """Every RPC taking tensors, with an empty request: the first required field is named."""
     cases = []
-    for name, op in _wire.OPERATIONS.items():
+    for name, op in wire.OPERATIONS.items():
         if name == "eltwise":  # its inputs are a list: empty is a value, refused as fewer than 2
             continue
         first = next(f.name for f in op.request_class.DESCRIPTOR.fields if f.message_type is not None)
@@ -368,11 +369,11 @@ def test_hostile_requests_get_our_words_only(server):
                 getattr(m, f.name).extend(value() for _ in range(3)) if f.is_repeated else setattr(m, f.name, value())
         return m
 
-    rpcs = [op.rpc for op in _wire.OPERATIONS.values()] + ["CreateQuantizedInnerProduct"]
+    rpcs = [op.rpc for op in wire.OPERATIONS.values()] + ["CreateQuantizedInnerProduct"]
     with grpc.insecure_channel(server.target) as channel:
         for _ in range(400):
             rpc = rng.choice(rpcs)
-            message = random_message(_wire.message_class(_wire.SERVICE.methods_by_name[rpc].input_type))
+            message = random_message(wire.message_class(wire.SERVICE.methods_by_name[rpc].input_type))
             try:
                 channel.unary_unary(f"/tensorops.v1.TensorOps/{rpc}")(message.SerializeToString(), timeout=30)
             except grpc.RpcError as exc:

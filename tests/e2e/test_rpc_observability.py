@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import tensorops
 import tensorops_native as tn
-from tensorops import _wire
+from tensorops.protocol import wire
 from rpc_server import LIST_SERVICES, metric_value, reflection_call
 
 
@@ -78,7 +78,7 @@ def test_reflection_is_off_when_disabled(start_server):
 
 
 def request_size(op: str, **arguments) -> int:
-    return len(_wire.build_request(_wire.OPERATIONS[op], arguments).data)
+    return len(wire.build_request(wire.OPERATIONS[op], arguments).data)
 
 
 def test_metrics_count_the_traffic(start_server):
@@ -92,7 +92,7 @@ def test_metrics_count_the_traffic(start_server):
             with pytest.raises(tensorops.InvalidArgumentError):
                 c.softmax(np.zeros(3, np.float64))
         with pytest.raises(tensorops.NotFoundError):
-            c._invoke(_wire.method_path("DescribeSession"), b"\x0a\x01z")
+            c._invoke(wire.method_path("DescribeSession"), b"\x0a\x01z")
         c.info()
     text = srv.metrics_text()
     count = "tensorops_request_duration_seconds_count"

@@ -18,12 +18,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import tensorops
 import tensorops_native as tn
-from tensorops import _wire
+from tensorops.protocol import wire
 from tensorops.v1 import tensorops_pb2 as pb
 from rpc_cases import BF16, qip_params, same
 from rpc_server import LIST_SERVICES, metric_value, reflection_call, resident_bytes
 
-LAYER_NORM = _wire.OPERATIONS["layer_norm_channels"]
+LAYER_NORM = wire.OPERATIONS["layer_norm_channels"]
 # The scalar kernels make a product of 8192 x 2048 x 2048 take seconds (AMX would take
 # milliseconds): long work without a huge request.
 SLOW_KERNELS = {"TENSOROPS_ISA": "scalar"}
@@ -348,11 +348,11 @@ def test_sessions_are_invisible_to_other_callers(start_server):
         sid = session.session_id
         assert [s["session_id"] for s in ca.list_sessions()] == [sid]
         assert cb.list_sessions() == []
-        forward = _wire.build_request(_wire.FORWARD_SESSION, {"session_id": sid, "a": a}).data
+        forward = wire.build_request(wire.FORWARD_SESSION, {"session_id": sid, "a": a}).data
         describe = pb.DescribeSessionRequest(session_id=sid).SerializeToString()
         release = pb.ReleaseSessionRequest(session_id=sid).SerializeToString()
-        for path, request in ((_wire.FORWARD_SESSION.path, forward), (_wire.method_path("DescribeSession"), describe),
-                              (_wire.method_path("ReleaseSession"), release)):
+        for path, request in ((wire.FORWARD_SESSION.path, forward), (wire.method_path("DescribeSession"), describe),
+                              (wire.method_path("ReleaseSession"), release)):
             with pytest.raises(tensorops.NotFoundError):
                 cb._invoke(path, request)
         with tn.QuantizedInnerProduct(b, **p) as local:

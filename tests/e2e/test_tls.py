@@ -308,9 +308,9 @@ def test_mtls_sessions_belong_to_the_certificate_subject(mtls_server, pki):
         session = first.quantized_inner_product(b, **p)
         assert [s["session_id"] for s in first.list_sessions()] == [session.session_id]
         assert second.list_sessions() == []
-        from tensorops import _wire
-        forward = _wire.build_request(_wire.FORWARD_SESSION, {"session_id": session.session_id,
+        from tensorops.protocol import wire
+        forward = wire.build_request(wire.FORWARD_SESSION, {"session_id": session.session_id,
                                                               "a": np.zeros((1, 16), np.uint8)}).data
         with pytest.raises(tensorops.NotFoundError):
-            second._invoke(_wire.FORWARD_SESSION.path, forward)
+            second._invoke(wire.FORWARD_SESSION.path, forward)
         session.close()

@@ -1,4 +1,4 @@
-"""Coverage-guided fuzz target (atheris, libFuzzer) for the wire decoder: tensorops._codec.
+"""Coverage-guided fuzz target (atheris, libFuzzer) for the wire decoder: tensorops.codec.
 
 An input is one byte choosing the message class (every request and response message of
 tensorops.v1.TensorOps; MessageCodec.decode serves both sides) followed by the bytes of the
@@ -27,7 +27,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "client"
 # The tensorops package is instrumented (the codec's Python code is what the inputs reach
 # and the coverage feedback steers); protobuf's parser is C.
 with atheris.instrument_imports(include=["tensorops"]):
-    from tensorops import _codec
+    from tensorops.protocol import codec
 
 import numpy as np  # noqa: E402
 
@@ -45,12 +45,12 @@ def seeds():
     for _, cls, raw, _ in CASES:
         yield bytes([MESSAGE_CLASSES.index(cls)]) + raw
     for index, cls in enumerate(MESSAGE_CLASSES):
-        codec = CODECS[cls]
-        tensors = {name: _codec.encode_tensor(np.arange(6, dtype=np.float32).reshape(2, 3), name, 1)
-                   for name in codec.numbers}
-        tensors.update({name: [tensors[name]] * 2 for name in codec.repeated})
+        message_codec = CODECS[cls]
+        tensors = {name: codec.encode_tensor(np.arange(6, dtype=np.float32).reshape(2, 3), name, 1)
+                   for name in message_codec.numbers}
+        tensors.update({name: [tensors[name]] * 2 for name in message_codec.repeated})
         for in_place in (False, True):
-            yield bytes([index]) + encode(codec, cls(), tensors, in_place=in_place)
+            yield bytes([index]) + encode(message_codec, cls(), tensors, in_place=in_place)
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ import tritonclient.grpc as tc
 from tritonclient.utils import InferenceServerException
 
 import tensorops_native as tn
-from tensorops import _wire
+from tensorops.protocol import wire
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DATATYPES = {np.dtype(np.float32): "FP32", np.dtype(np.float64): "FP64", np.dtype(np.float16): "FP16",
@@ -48,7 +48,7 @@ def parameter(value):
 def request(op: str, args: tuple, kwargs: dict) -> tuple[list, dict]:
     """(inputs, parameters) of a call of tensorops_native.<op>."""
     bound = inspect.signature(getattr(tn, op)).bind(*args, **kwargs)
-    tensor_fields = _wire.OPERATIONS[op].request_codec.numbers
+    tensor_fields = wire.OPERATIONS[op].request_codec.numbers
     inputs, parameters = [], {}
     for name, value in bound.arguments.items():
         if value is None:

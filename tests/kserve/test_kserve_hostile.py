@@ -20,11 +20,11 @@ import tensorops
 import tensorops_native as tn
 from kserve_calls import PARAMS, infer_input, npy, qip_problem, refused, session_forward
 from rpc_server import ServerProcess, resident_bytes
-from tensorops import _codec, _wire
+from tensorops.protocol import codec, wire
 from tensorops.v1 import tensor_pb2
 
-OPERANDS = _codec.MAX_OPERANDS
-NAME = _wire.MAX_NAME_CHARS
+OPERANDS = codec.MAX_OPERANDS
+NAME = wire.MAX_NAME_CHARS
 # Generous bounds for a shared CI machine; the refusals measured take a few milliseconds.
 REFUSED_WITHIN = 1.0           # seconds
 HEALTH_WITHIN = 0.25           # seconds, worst health check while an attack is refused
@@ -176,7 +176,7 @@ def test_v1_eltwise_operands_up_to_the_cap(target):
 
 
 def length_delimited(number: int, body: bytes) -> bytes:
-    return _codec._tag(number, 2) + _codec._varint(len(body)) + body
+    return codec._tag(number, 2) + codec._varint(len(body)) + body
 
 
 @pytest.mark.parametrize("label, message", [
@@ -189,7 +189,7 @@ def test_v1_messages_of_too_many_fields(target, label, message):
     with Attack(target):
         code, details = call_raw(target, "/tensorops.v1.TensorOps/Softmax", message)
     assert code is grpc.StatusCode.INVALID_ARGUMENT, label
-    assert details == f"message: more than {_codec.MAX_FIELDS} fields and shape dimensions in all (the limit)"
+    assert details == f"message: more than {codec.MAX_FIELDS} fields and shape dimensions in all (the limit)"
 
 
 # ---------------------------------------------------------------------------------------
@@ -416,7 +416,7 @@ def test_load_of_millions_of_parameters(target):
     raw = request.SerializeToString() + (b"\x1a" + bytes([len(entry)]) + entry) * (1 << 20)
     with Attack(target):
         code, details = call_raw(target, LOAD, raw)
-    assert (code, details) == (grpc.StatusCode.INVALID_ARGUMENT, f"message: {_codec.TOO_MANY_FIELDS}")
+    assert (code, details) == (grpc.StatusCode.INVALID_ARGUMENT, f"message: {codec.TOO_MANY_FIELDS}")
 
 
 def test_typed_contents_within_the_limit(target):

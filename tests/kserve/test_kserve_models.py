@@ -11,9 +11,9 @@ import tritonclient.grpc as tc
 
 import tensorops_native as tn
 from kserve_calls import infer_input
-from tensorops import _wire
+from tensorops.protocol import wire
 
-OPERATIONS = [name for name in _wire.OPERATIONS if hasattr(tn, name)]
+OPERATIONS = [name for name in wire.OPERATIONS if hasattr(tn, name)]
 
 
 def tensor_fields(message_class) -> list[str]:
@@ -39,7 +39,7 @@ def test_every_operation_is_a_ready_model(triton):
 
 @pytest.mark.parametrize("name", OPERATIONS)
 def test_metadata_and_config_describe_the_operation(triton, name):
-    op = _wire.OPERATIONS[name]
+    op = wire.OPERATIONS[name]
     inputs = tensor_fields(op.request_class)
     outputs = tensor_fields(op.response_class)
     signature = inspect.signature(getattr(tn, name)).parameters

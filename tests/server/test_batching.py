@@ -13,13 +13,13 @@ import pytest
 
 import tensorops
 import tensorops.aio
-from tensorops import _wire
+from tensorops.protocol import wire
 from tensorops.v1 import tensorops_pb2 as pb
 
 from fake_qip import FakeQuantizedInnerProduct as Fake
 from test_sessions_service import K, N, params, serve  # noqa: F401 - serve is a fixture (real servers with the fake kernel)
 
-FORWARD = _wire.FORWARD_SESSION
+FORWARD = wire.FORWARD_SESSION
 
 
 def batches(srv) -> list[tuple[float, float]]:
@@ -42,9 +42,9 @@ def max_rows_seen(srv) -> float:
 
 async def forward_raw(c: tensorops.aio.Client, session_id: str, a, timeout=30):
     """One Forward without the session object (which would re-create a lost session)."""
-    request = _wire.build_request(FORWARD, {"session_id": session_id, "a": a})
+    request = wire.build_request(FORWARD, {"session_id": session_id, "a": a})
     raw = await c._invoke(FORWARD.path, request.data, timeout=timeout)
-    return _wire.decode_response(FORWARD, raw)
+    return wire.decode_response(FORWARD, raw)
 
 
 def run(target, fn):
@@ -165,7 +165,7 @@ def test_release_fails_the_forwards_still_waiting(serve, rng):
         sid = s.session_id
         waiting = [asyncio.create_task(forward_raw(c, sid, a)) for _ in range(3)]
         await asyncio.sleep(0.05)
-        await c._invoke(_wire.method_path("ReleaseSession"),
+        await c._invoke(wire.method_path("ReleaseSession"),
                         pb.ReleaseSessionRequest(session_id=sid).SerializeToString())
         outcomes = await asyncio.gather(*waiting, return_exceptions=True)
         return outcomes, await c.list_sessions()
@@ -210,7 +210,7 @@ def rng():
 def test_grpc_status_of_unknown_session_forward(serve, rng):
     srv = serve()
     with grpc.insecure_channel(srv.target) as channel:
-        request = _wire.build_request(FORWARD, {"session_id": "nope", "a": np.zeros((1, K), np.uint8)})
+        request = wire.build_request(FORWARD, {"session_id": "nope", "a": np.zeros((1, K), np.uint8)})
         with pytest.raises(grpc.RpcError) as err:
             channel.unary_unary(FORWARD.path)(request.data)
     assert err.value.code() is grpc.StatusCode.NOT_FOUND

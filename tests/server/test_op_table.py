@@ -9,7 +9,7 @@ import pytest
 
 import tensorops
 import tensorops_native as tn
-from tensorops import _codec, _wire
+from tensorops.protocol import codec, wire
 from tensorops._operations import Operations
 from tensorops.v1 import tensorops_pb2 as pb
 from tensorops_server import errors, optable
@@ -21,10 +21,10 @@ NATIVE_ONLY = {"out"}
 
 
 def test_table_serves_every_native_operation_of_the_wire_table():
-    for name, op in _wire.OPERATIONS.items():
+    for name, op in wire.OPERATIONS.items():
         assert (name in TABLE) == hasattr(tn, name), name
     for name in tn.OPERATIONS:
-        assert name in _wire.OPERATIONS or name == "normalize", f"{name} has no RPC"
+        assert name in wire.OPERATIONS or name == "normalize", f"{name} has no RPC"
 
 
 @pytest.mark.parametrize("name", sorted(TABLE))
@@ -40,7 +40,7 @@ def test_request_fields_are_the_native_arguments(name):
         assert tensor in entry.op.request_codec.numbers
 
 
-@pytest.mark.parametrize("name", sorted(_wire.OPERATIONS))
+@pytest.mark.parametrize("name", sorted(wire.OPERATIONS))
 def test_client_methods_have_the_native_signature(name):
     client = inspect.signature(getattr(Operations, name)).parameters
     native = inspect.signature(getattr(tn, name)).parameters
@@ -63,13 +63,13 @@ def test_session_constructor_has_the_native_signature():
 
 
 def test_enums_match_the_native_names_and_values():
-    unary = _wire.enum_names(pb.UnaryOp.DESCRIPTOR)
+    unary = wire.enum_names(pb.UnaryOp.DESCRIPTOR)
     assert [unary[k] for k in sorted(unary)] == sorted(tn.UNARY_OPS, key=tn.UNARY_OPS.get)
-    eltwise = _wire.enum_names(pb.EltwiseOp.DESCRIPTOR)
+    eltwise = wire.enum_names(pb.EltwiseOp.DESCRIPTOR)
     assert [eltwise[k] for k in sorted(eltwise)] == sorted(tn.ELTWISE_OPS, key=tn.ELTWISE_OPS.get)
-    assert _wire.enum_names(pb.ShuffleType.DESCRIPTOR) == {1: "split", 2: "interleave"}
+    assert wire.enum_names(pb.ShuffleType.DESCRIPTOR) == {1: "split", 2: "interleave"}
     for name, value in tn.UNARY_OPS.items():
-        assert _wire.encode_enum(pb.UnaryOp.DESCRIPTOR, name, "op") == _wire.encode_enum(pb.UnaryOp.DESCRIPTOR, value, "op")
+        assert wire.encode_enum(pb.UnaryOp.DESCRIPTOR, name, "op") == wire.encode_enum(pb.UnaryOp.DESCRIPTOR, value, "op")
 
 
 def _decoded(op, message, tensors=None):
@@ -79,12 +79,12 @@ def _decoded(op, message, tensors=None):
 
 def test_unset_fields_take_the_native_defaults():
     entry = TABLE["softmax"]
-    x = _codec.encode_tensor(np.zeros(3, np.float32), "x")
+    x = codec.encode_tensor(np.zeros(3, np.float32), "x")
     kwargs, fmt = entry.arguments(_decoded(entry.op, pb.SoftmaxRequest(), {"x": x}), None)
     assert list(kwargs) == ["x"] and fmt == 0  # axis: the native default
     entry = TABLE["shuffle"]
     decoded = _decoded(entry.op, pb.ShuffleRequest(type=pb.SHUFFLE_TYPE_SPLIT),
-                       {"x0": _codec.encode_tensor([[1.0]], "x0", 2), "x1": _codec.encode_tensor([[1.0]], "x1")})
+                       {"x0": codec.encode_tensor([[1.0]], "x0", 2), "x1": codec.encode_tensor([[1.0]], "x1")})
     kwargs, fmt = entry.arguments(decoded, None)
     assert kwargs["type"] == "split" and "channels" not in kwargs
     assert kwargs["format"] == "nhwc" and fmt == 2
@@ -96,7 +96,7 @@ def _required_fields():
              for f in entry.op.request_class.DESCRIPTOR.fields
              if f.name not in entry.defaults and not (f.is_repeated and f.message_type)]  # eltwise's inputs: []
     if hasattr(tn, "QuantizedInnerProduct"):
-        create = optable.Entry(_wire.CREATE_SESSION, tn.QuantizedInnerProduct)
+        create = optable.Entry(wire.CREATE_SESSION, tn.QuantizedInnerProduct)
         cases += [("session", f.name) for f in create.op.request_class.DESCRIPTOR.fields
                   if f.name not in create.defaults]
     return cases
@@ -106,7 +106,7 @@ def _required_fields():
 def test_every_unset_required_field_is_refused_by_name(name, field):
     """Left unset, a field without a default is INVALID_ARGUMENT naming it, in the wire's
     terms (never the native function's reaction to None)."""
-    entry = TABLE[name] if name != "session" else optable.Entry(_wire.CREATE_SESSION, tn.QuantizedInnerProduct)
+    entry = TABLE[name] if name != "session" else optable.Entry(wire.CREATE_SESSION, tn.QuantizedInnerProduct)
     others = frozenset(f.name for f in entry.op.request_class.DESCRIPTOR.fields) - {field}
     with pytest.raises(errors.Failure) as err:
         optable.native_arguments(entry.op, _decoded(entry.op, entry.op.request_class()), None, defaults=others)
@@ -133,8 +133,8 @@ def test_unknown_enum_numbers_are_refused_in_wire_terms(enum, number):
 
 def test_layout_tensors_must_agree_on_the_format():
     entry = TABLE["shuffle"]
-    decoded = _decoded(entry.op, pb.ShuffleRequest(type=1), {"x0": _codec.encode_tensor([[1.0]], "x0", 1),
-                                                       "x1": _codec.encode_tensor([[1.0]], "x1", 2)})
+    decoded = _decoded(entry.op, pb.ShuffleRequest(type=1), {"x0": codec.encode_tensor([[1.0]], "x0", 1),
+                                                       "x1": codec.encode_tensor([[1.0]], "x1", 2)})
     with pytest.raises(Exception) as err:
         entry.arguments(decoded, None)
     assert err.value.field == "x1.format"

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tensorops_server import config, logs
-from tensorops._wire import DEFAULT_MAX_MESSAGE_BYTES
+from tensorops.protocol.wire import DEFAULT_MAX_MESSAGE_BYTES
 
 
 def test_defaults_suit_localhost():

@@ -15,9 +15,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import _codec
-from ._codec import WireError
-from .v1 import tensor_pb2, tensorops_pb2
+from . import codec
+from .codec import WireError
+from ..v1 import tensor_pb2, tensorops_pb2
 
 TENSOR, TENSORS, ENUM, SCALAR, REPEATED, MESSAGE = range(6)  # kinds of request fields
 
@@ -64,20 +64,20 @@ class Operation:
         return message_class(self.method.output_type)
 
     @cached_property
-    def request_codec(self) -> _codec.MessageCodec:
-        return _codec.MessageCodec(self.request_class)
+    def request_codec(self) -> codec.MessageCodec:
+        return codec.MessageCodec(self.request_class)
 
     @cached_property
-    def response_codec(self) -> _codec.MessageCodec:
-        return _codec.MessageCodec(self.response_class)
+    def response_codec(self) -> codec.MessageCodec:
+        return codec.MessageCodec(self.response_class)
 
     @cached_property
     def request_plan(self) -> dict[str, tuple[int, Any]]:
         """How each argument is encoded: name -> (kind, detail), computed once."""
         plan = {}
-        codec = self.request_codec
+        message_codec = self.request_codec
         for f in self.request_class.DESCRIPTOR.fields:
-            if f.name in codec.numbers:
+            if f.name in message_codec.numbers:
                 plan[f.name] = (TENSORS if f.is_repeated else TENSOR, f.name in self.layout)
             elif f.enum_type is not None:
                 plan[f.name] = (ENUM, f.enum_type)
@@ -213,8 +213,8 @@ def wire_value(enum_descriptor, number: int) -> str:
 
 
 def encode_format(value) -> int:
-    if isinstance(value, str) and value.lower() in _codec.FORMATS:
-        return _codec.FORMATS[value.lower()]
+    if isinstance(value, str) and value.lower() in codec.FORMATS:
+        return codec.FORMATS[value.lower()]
     if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)) and int(value) in (0, 1):
         return (tensor_pb2.FORMAT_NCHW, tensor_pb2.FORMAT_NHWC)[int(value)]
     raise WireError("format", f"expected one of 'nchw' (0), 'nhwc' (1), got {value!r}")
@@ -253,14 +253,14 @@ def build_request(op: Operation, arguments: dict[str, Any]) -> Request:
             continue
         kind, detail = plan[name]
         if kind == TENSOR:
-            arr, code = _codec.wire_array(value, name)
+            arr, code = codec.wire_array(value, name)
             tensors[name] = (arr, code, fmt if detail else 0)
             bits = bits or _is_bits(value)
         elif kind == TENSORS:
             items = _sequence(value, name)
-            if len(items) > _codec.MAX_OPERANDS:  # the server would refuse them: said before encoding
-                raise _codec.too_many_operands(name, len(items))
-            tensors[name] = [_codec.encode_tensor(v, f"{name}[{i}]", fmt if detail else 0)
+            if len(items) > codec.MAX_OPERANDS:  # the server would refuse them: said before encoding
+                raise codec.too_many_operands(name, len(items))
+            tensors[name] = [codec.encode_tensor(v, f"{name}[{i}]", fmt if detail else 0)
                              for i, v in enumerate(items)]
             bits = bits or any(_is_bits(v) for v in items)
         elif kind == ENUM:
@@ -302,11 +302,11 @@ def decode_response(op: Operation, raw: bytes, bf16_bits: bool = False):
     decoded = op.response_codec.decode(raw)
     results = []
     for name in op.response_fields:
-        wire = decoded.tensors.get(name)
-        if wire is None:
+        tensor = decoded.tensors.get(name)
+        if tensor is None:
             raise WireError(name, "missing from the response")
-        arr = _codec.to_array(wire, name).copy()
-        if bf16_bits and wire.dtype == tensor_pb2.DATA_TYPE_BF16:
+        arr = codec.to_array(tensor, name).copy()
+        if bf16_bits and tensor.dtype == tensor_pb2.DATA_TYPE_BF16:
             arr = arr.view(np.uint16)
         results.append(arr)
     return results[0] if len(results) == 1 else tuple(results)

@@ -25,10 +25,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import ml_dtypes
 import numpy as np
 
-from .v1 import tensor_pb2
+from ..v1 import tensor_pb2
+from . import dtypes
 
 MAX_NDIM = 32
 # Most tensors in a repeated Tensor field (eltwise's operands), whichever path decodes the
@@ -44,22 +44,7 @@ ALIGNMENT = 16
 # above it, its copies of the payload cost more.
 SMALL_MESSAGE = 32 * 1024
 
-# Wire dtype <-> NumPy dtype. uint16 arrays travel as BF16 (a uint16 array holds BF16 bits; docs/protocol.md).
-_WIRE_DTYPES = {
-    tensor_pb2.DATA_TYPE_FP32: np.dtype(np.float32),
-    tensor_pb2.DATA_TYPE_BF16: np.dtype(ml_dtypes.bfloat16),
-    tensor_pb2.DATA_TYPE_FP16: np.dtype(np.float16),
-    tensor_pb2.DATA_TYPE_UINT8: np.dtype(np.uint8),
-    tensor_pb2.DATA_TYPE_INT8: np.dtype(np.int8),
-    tensor_pb2.DATA_TYPE_INT32: np.dtype(np.int32),
-    tensor_pb2.DATA_TYPE_FP64: np.dtype(np.float64),
-    tensor_pb2.DATA_TYPE_INT64: np.dtype(np.int64),
-}
-_DTYPE_TO_WIRE = {dt: code for code, dt in _WIRE_DTYPES.items()}
-_DTYPE_TO_WIRE[np.dtype(np.uint16)] = tensor_pb2.DATA_TYPE_BF16
-
-FORMAT_NAMES = {tensor_pb2.FORMAT_NCHW: "nchw", tensor_pb2.FORMAT_NHWC: "nhwc"}
-FORMATS = {name: code for code, name in FORMAT_NAMES.items()}
+FORMATS, FORMAT_NAMES = dtypes.FORMATS, dtypes.FORMAT_NAMES
 
 INVALID_ARGUMENT = "INVALID_ARGUMENT"
 RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
@@ -85,7 +70,7 @@ class TooManyFields(WireError):
 
 
 def wire_dtype_names() -> list[str]:
-    return [tensor_pb2.DataType.Name(code)[len("DATA_TYPE_"):].lower() for code in _WIRE_DTYPES]
+    return [tensor_pb2.DataType.Name(code)[len("DATA_TYPE_"):].lower() for code in dtypes.BY_WIRE]
 
 
 # ---------------------------------------------------------------------------------------
@@ -105,10 +90,11 @@ def to_array(t: WireTensor, name: str, *, max_bytes: int | None = None,
     """Validate a received tensor and view it as an array (read-only, no copy unless the
     payload is misaligned for its element type; `reserve(nbytes, name)` is told of such a
     copy before it is made)."""
-    dtype = _WIRE_DTYPES.get(t.dtype)
-    if dtype is None:
-        allowed = ", ".join(tensor_pb2.DataType.Name(c) for c in _WIRE_DTYPES)
+    row = dtypes.BY_WIRE.get(t.dtype)
+    if row is None:
+        allowed = ", ".join(tensor_pb2.DataType.Name(c) for c in dtypes.BY_WIRE)
         raise WireError(f"{name}.dtype", f"expected one of {allowed}, got {t.dtype}")
+    dtype = row.numpy
     shape = t.shape
     if len(shape) > MAX_NDIM:
         raise WireError(f"{name}.shape", f"at most {MAX_NDIM} dimensions, got {len(shape)}")
@@ -139,7 +125,7 @@ def wire_array(value, name: str) -> tuple[np.ndarray, int]:
     if dtype.byteorder == ">":
         dtype = dtype.newbyteorder("<")
         arr = arr.astype(dtype)
-    code = _DTYPE_TO_WIRE.get(dtype)
+    code = dtypes.WIRE_OF_NUMPY.get(dtype)
     if code is None:
         raise WireError(name, f"dtype {arr.dtype} cannot be sent; supported: {', '.join(wire_dtype_names())} "
                         "(and uint16 holding BF16 bits)")
