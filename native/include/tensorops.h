@@ -93,6 +93,11 @@ typedef enum {
 int TnActiveIsa(void);
 /* Best level this CPU and OS could run, ignoring TENSOROPS_ISA. */
 int TnSupportedIsa(void);
+/* For tests only: re-resolve every kernel at `level` (TnIsaLevel), which the CPU must
+ * support; TnActiveIsa() reports it afterwards. Returns 0, or -1 (nothing changed) for a
+ * level outside scalar..TnSupportedIsa(). Call it only while no kernel runs in any thread.
+ * A QuantizedInnerProduct context keeps the implementation chosen when it was made. */
+int TnSetIsaForTesting(int level);
 /* Detected CPU features, a bitwise OR of TnCpuFeature values. */
 uint64_t TnCpuFeatures(void);
 /* The dispatch table: kernel names and the ISA level each one resolved to. */

@@ -1,7 +1,8 @@
 /*
  * Run-time dispatch: detect the CPU once at load, cap the level with TENSOROPS_ISA, and
  * resolve every kernel of TN_KERNEL_LIST into a table of function pointers. The table is
- * written once, before any kernel can run, and only read afterwards.
+ * written before any kernel can run, and only read afterwards (except by
+ * TnSetIsaForTesting, which the test suite calls between tests).
  */
 #include <cpuid.h>
 #include <stdlib.h>
@@ -98,20 +99,36 @@ static int requested_cap(void)
     return TnIsaAvx512;
 }
 
+/* Point every kernel at the best variant up to `level`, and record which one it got. */
+static void resolve_kernels(int level)
+{
+    size_t i = 0;
+#define TN_RESOLVE(Name, params, args) \
+    if (level >= TnIsaAvx512 && tn_avx512_##Name) { g_table.Name = tn_avx512_##Name; g_report[i].isa = TnIsaAvx512; } \
+    else if (level >= TnIsaAvx2 && tn_avx2_##Name) { g_table.Name = tn_avx2_##Name; g_report[i].isa = TnIsaAvx2; } \
+    else { g_table.Name = tn_scalar_##Name; g_report[i].isa = tn_scalar_##Name ? TnIsaScalar : -1; } \
+    g_report[i++].name = #Name;
+    TN_KERNEL_LIST(TN_RESOLVE)
+#undef TN_RESOLVE
+    g_active = level;
+}
+
 __attribute__((constructor)) static void tn_dispatch_init(void)
 {
     g_features = detect_features();
     g_supported = supported_level(g_features);
     int cap = requested_cap();
-    g_active = g_supported < cap ? g_supported : cap;
-    size_t i = 0;
-#define TN_RESOLVE(Name, params, args) \
-    if (g_active >= TnIsaAvx512 && tn_avx512_##Name) { g_table.Name = tn_avx512_##Name; g_report[i].isa = TnIsaAvx512; } \
-    else if (g_active >= TnIsaAvx2 && tn_avx2_##Name) { g_table.Name = tn_avx2_##Name; g_report[i].isa = TnIsaAvx2; } \
-    else { g_table.Name = tn_scalar_##Name; g_report[i].isa = tn_scalar_##Name ? TnIsaScalar : -1; } \
-    g_report[i++].name = #Name;
-    TN_KERNEL_LIST(TN_RESOLVE)
-#undef TN_RESOLVE
+    resolve_kernels(g_supported < cap ? g_supported : cap);
+}
+
+/* For the test suite only: it runs every level in one process instead of one process per
+ * TENSOROPS_ISA value. The table is rewritten in place, so no kernel may be running. */
+int TnSetIsaForTesting(int level)
+{
+    if (level < TnIsaScalar || level > g_supported)
+        return -1;
+    resolve_kernels(level);
+    return 0;
 }
 
 int TnActiveIsa(void) { return g_active; }

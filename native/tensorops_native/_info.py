@@ -40,3 +40,19 @@ def kernels() -> dict[str, str]:
         level = lib.TnKernelIsa(i)
         report[ffi.string(lib.TnKernelName(i)).decode()] = ISA_NAMES[level] if level >= 0 else "missing"
     return report
+
+
+def set_isa_for_testing(level: str) -> str:
+    """For the test suite only: re-resolve every kernel at `level` in this process (as
+    TENSOROPS_ISA would at import) and return the level that was active. Refuses a level
+    this CPU cannot run. Not for use while any kernel runs in another thread; a
+    QuantizedInnerProduct keeps the implementation chosen when it was made."""
+    if level not in ISA_NAMES:
+        raise ValueError(f"level: expected one of {', '.join(ISA_NAMES)}, got {level!r}")
+    supported = lib.TnSupportedIsa()
+    if ISA_NAMES.index(level) > supported:
+        raise ValueError(f"level: this CPU cannot run {level!r} (best: {ISA_NAMES[supported]})")
+    previous = isa()
+    if lib.TnSetIsaForTesting(ISA_NAMES.index(level)) != 0:  # pragma: no cover - checked above
+        raise RuntimeError(f"the dispatcher refused level {level!r}")
+    return previous

@@ -6,6 +6,8 @@ import sys
 import pytest
 
 import tensorops_native as tn
+from tensorops_native._info import set_isa_for_testing
+from tensorops_native._native import lib
 
 
 def test_isa_is_one_of_three_words():
@@ -48,3 +50,25 @@ def test_unknown_isa_value_is_refused():
     proc = subprocess.run([sys.executable, "-c", "import tensorops_native"], env=env, capture_output=True, text=True)
     assert proc.returncode != 0
     assert "TENSOROPS_ISA" in proc.stderr and "sse9" in proc.stderr
+
+
+def test_the_testing_switch_re_resolves_every_kernel_and_refuses_what_the_cpu_lacks():
+    order = ("scalar", "avx2", "avx512")
+    supported = order[lib.TnSupportedIsa()]
+    start = tn.isa()
+    try:
+        for level in order[:order.index(supported) + 1]:
+            set_isa_for_testing(level)
+            assert tn.isa() == level
+            assert set(tn.kernels().values()) == {level}
+        for level in order[order.index(supported) + 1:]:
+            with pytest.raises(ValueError, match=f"cannot run '{level}'"):
+                set_isa_for_testing(level)
+            assert tn.isa() == supported
+        with pytest.raises(ValueError, match="level: expected one of scalar, avx2, avx512, got 'sse9'"):
+            set_isa_for_testing("sse9")
+        # below the C layer's range and above it: refused there too, nothing changed
+        assert lib.TnSetIsaForTesting(-1) == -1 and lib.TnSetIsaForTesting(lib.TnSupportedIsa() + 1) == -1
+        assert tn.isa() == supported
+    finally:
+        set_isa_for_testing(start)
