@@ -1,0 +1,437 @@
+"""KServe requests and responses <-> what the operations take and give: the parameters
+and inputs of a ModelInferRequest as the tensorops.v1 request of the model's operation
+(raw contents used in place, typed contents, shared-memory regions), the results as a
+ModelInferResponse (each written once, into the message or its region), and the tensors of
+a RepositoryModelLoad as .npy files."""
+from __future__ import annotations
+
+import io
+import math
+import re
+from typing import Any, Callable
+
+import numpy as np
+
+from tensorops.kserve import BYTE_SIZE as _BYTE_SIZE
+from tensorops.kserve import DATATYPES
+from tensorops.kserve import OFFSET as _OFFSET
+from tensorops.kserve import REGION as _REGION
+from tensorops.kserve.v2 import inference_pb2 as pb
+from tensorops.protocol import codec, wire
+from tensorops.protocol.codec import WireError
+from tensorops.v1 import tensor_pb2
+
+from .. import errors
+from ..execution import CallState
+from .models import FORMAT_PARAMETER, Model
+
+# Request parameters Triton's clients set on their own (sequences, priority, queue
+# timeout, HTTP options): accepted and ignored, as a server without those features does.
+IGNORED_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "headers",
+                                "binary_data_output"})
+
+_DATATYPE_OF = {dtype: name for name, (_, dtype) in DATATYPES.items()}
+_WIRE_DTYPES = {code: dtype for code, dtype in DATATYPES.values()}
+# Typed contents: the field of InferTensorContents each datatype reads (16-bit floats: raw only).
+_CONTENTS = {"FP32": "fp32_contents", "FP64": "fp64_contents", "INT8": "int_contents", "INT32": "int_contents",
+             "INT64": "int64_contents", "UINT8": "uint_contents"}
+
+_RAW_OUTPUTS = pb.ModelInferResponse.DESCRIPTOR.fields_by_name["raw_output_contents"].number
+_REGION_PARAMETERS = frozenset((_REGION, _BYTE_SIZE, _OFFSET))
+
+
+def parameter_value(name: str, p) -> Any:
+    choice = p.WhichOneof("parameter_choice")
+    if choice is None:
+        raise errors.invalid(name, f"parameter `{name}` has no value")
+    return getattr(p, choice)
+
+
+def choice_name(value) -> str:
+    return {bool: "bool_param", int: "int64_param", float: "double_param", str: "string_param",
+            bytes: "bytes_param"}.get(type(value), type(value).__name__)
+
+
+_ACTIVATION = re.compile(r"^\s*([A-Za-z_]+)\s*(?:\((.*)\))?\s*$")
+
+
+def _argument(op: wire.Operation, name: str, value) -> Any:
+    """An InferParameter's value (or a JSON value of a load config) as the Python API's
+    argument, refused in the protocol's terms when its type cannot be the argument's."""
+    kind, detail = op.request_plan[name]
+
+    def wrong(expected: str):
+        return errors.invalid(name, f"expected {expected}, got {choice_name(value)} {value!r}")
+    integer = isinstance(value, int) and not isinstance(value, bool)
+    if kind == wire.ENUM:
+        if not (isinstance(value, str) or integer):
+            raise wrong("a string_param (the name)")
+        return value
+    if kind == wire.MESSAGE:  # normalize's activation: "name" or "name(p1, p2)"
+        match = _ACTIVATION.match(value) if isinstance(value, str) else None
+        if match is None:
+            raise wrong("a string_param: a name, or name(p1, p2, ...)")
+        try:
+            params = [float(p) for p in match.group(2).split(",") if p.strip()] if match.group(2) else []
+        except ValueError:
+            raise errors.invalid(name, f"the parameters of {value!r} must be numbers") from None
+        return (match.group(1), *params)
+    if kind == wire.REPEATED:
+        if integer:
+            return value  # normalize's axes as a bitmask; elsewhere refused by the operation
+        if not isinstance(value, str):
+            raise wrong("a string_param of comma-separated integers")
+        try:
+            return [int(v) for v in value.split(",") if v.strip()]
+        except ValueError:
+            raise errors.invalid(name, f"expected comma-separated integers, got {value!r}") from None
+    f = detail
+    if f.type == f.TYPE_DOUBLE:
+        if not (integer or isinstance(value, float)):
+            raise wrong("a double_param")
+        return float(value)
+    if f.type == f.TYPE_INT64:
+        if not integer:
+            raise wrong("an int64_param")
+        return value
+    if f.type == f.TYPE_BOOL:
+        if not isinstance(value, bool):
+            raise wrong("a bool_param")
+        return value
+    if not isinstance(value, str):
+        raise wrong("a string_param")
+    return value
+
+
+def _check_parameter_name(model: Model, name: str) -> None:
+    """Refuse a name that is none of the model's parameters."""
+    kind = model.op.request_plan.get(name)
+    if kind is None or kind[0] in (wire.TENSOR, wire.TENSORS) or name == "session_id":
+        errors.check_length("parameters.name", name)
+        known = ", ".join(model.parameters) or "none"
+        raise errors.invalid(name, f"model {model.name} has no parameter `{name}` (its parameters: {known})")
+
+
+def request_message(model: Model, arguments: dict[str, Any]):
+    """The tensorops.v1 request message (without tensors) holding the arguments, encoded
+    as a tensorops client would encode them (so that they are checked in one place)."""
+    op = model.op
+    converted = {}
+    for name, value in arguments.items():
+        _check_parameter_name(model, name)
+        converted[name] = _argument(op, name, value)
+    try:
+        return op.request_class.FromString(wire.build_request(op, converted).data)
+    except WireError as exc:
+        raise errors.from_wire(exc) from None
+
+
+def _typed_contents(name: str, datatype: str, contents, count: int) -> bytes:
+    field_name = _CONTENTS.get(datatype)
+    if field_name is None:
+        raise errors.invalid(f"{name}.contents", f"{datatype} travels only as raw contents (raw_input_contents)")
+    values = getattr(contents, field_name)
+    if len(values) != count:
+        raise errors.invalid(f"{name}.contents", f"expected {count} elements in {field_name}, got {len(values)}")
+    dtype = DATATYPES[datatype][1]
+    arr = np.asarray(values, dtype=np.float64 if dtype.kind == "f" else np.int64)
+    if dtype.kind in "iu" and arr.size:
+        info = np.iinfo(dtype)
+        if arr.min() < info.min or arr.max() > info.max:
+            raise errors.invalid(f"{name}.contents", f"a value of {field_name} is outside the range of {datatype}")
+    return arr.astype(dtype).astype(dtype.newbyteorder("<"), copy=False).tobytes()
+
+
+# Opens a part of a registered region for the call: (region, offset, byte_size, field) ->
+# a view (shm.CallRegions.view).
+Regions = Callable[[str, int, int, str], memoryview]
+
+
+def region_parameters(where: str, parameters) -> tuple[str, int, int] | None:
+    """(region, offset, byte_size) of an input or output placed in shared memory, or None.
+    Other tensor parameters are refused (binary_data_size, an HTTP one, is ignored)."""
+    if not parameters:
+        return None
+    values = {}
+    for key, p in parameters.items():
+        if key not in _REGION_PARAMETERS:
+            if key == "binary_data_size":
+                continue
+            errors.check_length(f"{where}.parameters.name", key)
+            raise errors.invalid(f"{where}.{key}", f"unknown tensor parameter `{key}`")
+        choice = p.WhichOneof("parameter_choice")
+        if choice is None:
+            raise errors.invalid(f"{where}.{key}", f"parameter `{key}` has no value")
+        values[key] = getattr(p, choice)
+    if not values:
+        return None
+    if _REGION not in values or _BYTE_SIZE not in values:
+        missing = _REGION if _REGION not in values else _BYTE_SIZE
+        raise errors.invalid(f"{where}.{missing}", f"required with {', '.join(values)}")
+    region, size, offset = values[_REGION], values[_BYTE_SIZE], values.get(_OFFSET, 0)
+    if not isinstance(region, str):
+        raise errors.invalid(f"{where}.{_REGION}", f"expected a string_param, got {choice_name(region)}")
+    errors.check_length(f"{where}.{_REGION}", region)
+    for key, value in ((_BYTE_SIZE, size), (_OFFSET, offset)):
+        if type(value) is not int or value < 0:  # noqa: E721 - bool (a bool_param) is refused too
+            raise errors.invalid(f"{where}.{key}", f"expected a non-negative int64_param, got {value!r}")
+    return region, offset, size
+
+
+def input_tensors(model: Model, request, raws: list, fmt: int, regions: Regions | None) -> dict[str, Any]:
+    """The inputs of a ModelInferRequest as the tensorops.v1 codec's WireTensors: from raw
+    contents (one buffer per input not in shared memory, in order), typed contents or a
+    shared-memory region."""
+    inputs = request.inputs
+    input_names = model.input_names
+    given = set()
+    for tensor in inputs:  # every input is the model's, once: their count is bounded by the model's
+        name = tensor.name
+        if name not in input_names:
+            errors.check_length("inputs.name", name)
+            known = ", ".join(t.name for t in model.inputs)
+            raise errors.invalid(name, f"model {model.name} has no input `{name}` (its inputs: {known})")
+        if name in given:
+            raise errors.invalid(name, f"input `{name}` is given twice")
+        given.add(name)
+    placed = [region_parameters(t.name, t.parameters) for t in inputs]
+    in_messages = placed.count(None)
+    if raws and len(raws) != in_messages:
+        raise errors.invalid("raw_input_contents", f"expected one buffer per input not in shared memory "
+                                                   f"({in_messages}), got {len(raws)}")
+    j = 0  # the next raw buffer
+    layout = model.op.layout
+    repeated = model.op.request_codec.repeated
+    tensors: dict[str, Any] = {name: [] for name in repeated}  # as the tensorops.v1 codec leaves them
+    for tensor, where in zip(inputs, placed):
+        name = tensor.name
+        datatype = tensor.datatype
+        found = DATATYPES.get(datatype)
+        if found is None:
+            errors.check_length(f"{name}.datatype", datatype)
+            raise errors.invalid(f"{name}.datatype", f"expected one of {', '.join(DATATYPES)}, got {datatype!r}")
+        code, dtype = found
+        if len(tensor.shape) > codec.MAX_NDIM:  # before the dimensions are copied out of the message
+            raise errors.invalid(f"{name}.shape", f"at most {codec.MAX_NDIM} dimensions, got {len(tensor.shape)}")
+        shape = tensor.shape[:]  # a list, built faster than list(shape) by the protobuf runtime
+        count = (math.prod(shape) if min(shape) >= 0 else -1) if shape else 1
+        if where is not None:
+            if tensor.HasField("contents"):
+                raise errors.invalid(f"{name}.contents", "the input is in shared memory: no contents")
+            region, offset, size = where
+            if regions is None:
+                raise errors.invalid(f"{name}.{_REGION}", "shared memory is not available to this call")
+            data = regions(region, offset, size, f"{name}.{_REGION}")
+        elif raws:
+            if tensor.HasField("contents"):
+                raise errors.invalid(f"{name}.contents", "raw_input_contents is used: no input may have contents")
+            data = raws[j]
+            j += 1
+        else:
+            if count < 0:
+                raise errors.invalid(f"{name}.shape", f"dimensions must be non-negative, got {shape}")
+            data = _typed_contents(name, datatype, tensor.contents, count)
+        if count >= 0 and len(data) != count * dtype.itemsize:
+            if where is not None:
+                source = f"{_BYTE_SIZE} is {where[2]}"
+            elif raws:
+                source = f"raw_input_contents[{j - 1}] holds {len(data)} bytes"
+            else:
+                source = ""
+            raise errors.invalid(name, f"{source}; {shape} of {datatype} takes {count * dtype.itemsize}")
+        image = fmt if name in layout else 0
+        if name in repeated:  # the operands stacked along the first dimension
+            if not shape or count < 0:
+                raise errors.invalid(f"{name}.shape", "expected the operands stacked along a first dimension, "
+                                                      f"got shape {shape}")
+            if shape[0] > codec.MAX_OPERANDS:  # each costs objects of its own, even when empty
+                raise errors.invalid(f"{name}.shape", f"at most {codec.MAX_OPERANDS} operands (the first "
+                                                      f"dimension, the limit), got {shape[0]}")
+            size = len(data) // shape[0] if shape[0] else 0
+            view = memoryview(data)
+            tensors[name] = [codec.WireTensor(shape[1:], code, image, view[k * size:(k + 1) * size])
+                             for k in range(shape[0])]
+        else:
+            tensors[name] = codec.WireTensor(shape, code, image, data)
+    return tensors
+
+
+# Conversions of request parameters kept per model (the same few recur call after call);
+# beyond this many, new ones are converted on every call. An entry holds at most one value
+# of MAX_NAME_CHARS per parameter of the model.
+ARGUMENTS_CACHE_SIZE = 64
+
+
+def request_arguments(model: Model, parameters) -> tuple[Any, int]:
+    """The tensorops.v1 request message (without tensors) holding a request's parameters,
+    and the format of its image tensors (wire enum). Parameters seen before, with values of
+    the same types, reuse their conversion (read only, like every decoded message): they
+    were converted then, and conversion depends on nothing else. Names and value sizes are
+    checked first, so that only the model's parameters, with short values, are converted
+    or kept."""
+    received = []
+    for name, p in parameters.items():
+        ignored = name in IGNORED_PARAMETERS
+        if not ignored and (name != FORMAT_PARAMETER or not model.op.layout):
+            _check_parameter_name(model, name)
+        choice = p.WhichOneof("parameter_choice")
+        if choice is None:
+            raise errors.invalid(name, f"parameter `{name}` has no value")
+        value = getattr(p, choice)
+        if isinstance(value, (str, bytes)):
+            errors.check_length(name, value)
+        if not ignored:
+            received.append((name, choice, value))
+    key = tuple(received)
+    cache = model.arguments_cache
+    converted = cache.get(key)
+    if converted is None:
+        arguments = {}
+        fmt = 0
+        for name, _, value in received:
+            if name == FORMAT_PARAMETER and model.op.layout:
+                try:
+                    fmt = wire.encode_format(value)
+                except WireError as exc:
+                    raise errors.from_wire(exc) from None
+                continue
+            arguments[name] = value
+        converted = request_message(model, arguments), fmt
+        if len(cache) < ARGUMENTS_CACHE_SIZE:
+            cache[key] = converted
+    return converted
+
+
+def infer_request(model: Model, request, raws: list, regions: Regions | None = None) -> codec.Decoded:
+    """A ModelInferRequest as the tensorops.v1 request of the model's operation."""
+    message, fmt = request_arguments(model, request.parameters)
+    return codec.Decoded(message, input_tensors(model, request, raws, fmt, regions))
+
+
+def requested_outputs(model: Model, request) -> tuple[tuple[str, tuple | None], ...]:
+    """The outputs to answer with, in order, each with its shared-memory placement (or None)."""
+    if not request.outputs:
+        return model.all_outputs
+    names = model.output_names
+    wanted = {}
+    for o in request.outputs:  # each of the model's outputs at most once: as many as it has
+        name = o.name
+        if name not in names:
+            errors.check_length("outputs.name", name)
+            raise errors.invalid(f"outputs.{name}", f"model {model.name} has no output `{name}` "
+                                                    f"(its outputs: {', '.join(names)})")
+        if name in wanted:
+            raise errors.invalid(f"outputs.{name}", f"output `{name}` is listed twice")
+        wanted[name] = None
+    return tuple((o.name, region_parameters(f"outputs.{o.name}", o.parameters)) for o in request.outputs)
+
+
+_ID = pb.ModelInferResponse.DESCRIPTOR.fields_by_name["id"].number
+_OUTPUTS = pb.ModelInferResponse.DESCRIPTOR.fields_by_name["outputs"].number
+_EMPTY_RAW_OUTPUT = b"".join(codec.bytes_field(_RAW_OUTPUTS, memoryview(b"")))
+
+
+def _message_field(number: int, data: bytes) -> bytes:
+    return b"".join(codec.bytes_field(number, memoryview(data)))
+
+
+def infer_response(model: Model, request, outputs: tuple, result, limit: int, regions: Regions | None = None,
+                   written: np.ndarray | None = None, wrap: int | None = None) -> bytes:
+    """The ModelInferResponse: output descriptions, then the results as raw contents, each
+    copied once into the message, or into its shared-memory region (its raw contents then
+    empty, so that every output keeps its index among the raw contents). `written`: a
+    result the kernel wrote into its region already. The message is assembled from its
+    fields (the model's head, id, outputs, raw contents), which protobuf reads as the
+    message serialized at once, once its size is checked against `limit`. (Each result was
+    charged to the call with its copy in a response before it was computed, and a request
+    names each output at most once.) `wrap`: the message is the field of that number of
+    an enclosing message (ModelStreamInferResponse), written in the same one copy."""
+    results = result if isinstance(result, tuple) else (result,)
+    names = model.output_names
+    parts = [model.response_head]
+    if request.id:
+        parts.append(_message_field(_ID, request.id.encode()))
+    payloads = []
+    for name, placed in outputs:
+        value = results[names.index(name)]
+        arr, _ = codec.wire_array(value, name)
+        out = pb.ModelInferResponse.InferOutputTensor(name=name, datatype=_DATATYPE_OF[arr.dtype], shape=arr.shape)
+        if placed is not None:
+            region, offset, size = placed
+            nbytes = arr.nbytes
+            if nbytes > size:
+                raise errors.invalid(f"outputs.{name}.{_BYTE_SIZE}", f"the result takes {nbytes} bytes, "
+                                                                     f"more than the {size} given")
+            if value is not written:
+                regions(region, offset, nbytes, f"outputs.{name}.{_REGION}")[:] = codec.array_bytes(arr)
+            out.parameters[_REGION].string_param = region
+            out.parameters[_BYTE_SIZE].int64_param = nbytes
+            if offset:
+                out.parameters[_OFFSET].int64_param = offset
+            payloads.append(_EMPTY_RAW_OUTPUT)
+        else:
+            payloads += codec.bytes_field(_RAW_OUTPUTS, codec.array_bytes(arr))
+        parts.append(_message_field(_OUTPUTS, out.SerializeToString()))
+    nbytes = sum(len(p) for p in parts) + sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in payloads)
+    if wrap is not None:
+        parts.insert(0, codec.field_header(wrap, nbytes))
+        nbytes += len(parts[0])
+    if nbytes > limit:
+        raise errors.exhausted(f"the response would take {nbytes} bytes, beyond the limit of {limit} bytes per "
+                               "message", field="outputs")
+    return b"".join(parts + payloads)
+
+
+def npy_tensor(key: str, data: bytes, call: CallState) -> codec.WireTensor:
+    """A .npy file's array as a WireTensor over its bytes, without trusting its header
+    (the size is checked against the bytes there are, later, by the codec). An array of
+    the other byte order is swapped into a copy (charged to the call)."""
+    stream = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(stream)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+            np.lib.format.read_array_header_2_0
+        shape, fortran_order, dtype = read_header(stream)
+    except Exception:  # ValueError and the like, in NumPy's words
+        raise errors.invalid(key, "expected the bytes of a .npy file (numpy.save)") from None
+    if fortran_order and len(shape) > 1:
+        raise errors.invalid(key, "expected an array in C order (numpy.save of a C-contiguous array)")
+    try:
+        _, code = codec.wire_array(np.empty(0, dtype), key)
+    except WireError as exc:
+        raise errors.from_wire(exc) from None
+    payload = memoryview(data)[stream.tell():]
+    if not dtype.isnative and len(payload) == math.prod(shape) * dtype.itemsize:  # else the codec names it
+        call.reserve(len(payload), key)
+        payload = memoryview(np.frombuffer(payload, dtype).astype(dtype.newbyteorder("=")).view(np.uint8))
+    return codec.WireTensor(list(shape), code, 0, payload)
+
+
+def output_in_region(model: Model, decoded: codec.Decoded, outputs: tuple, regions: Regions):
+    """The array in its shared-memory region that the kernel writes the result into
+    (tensorops_native's `out=`), when the operation takes one, its one result's shape
+    follows from its first input (that input's shape and dtype; channel_sum: (batch,
+    channels) float32), and the request places that output there; None otherwise (the
+    result is then copied into the region)."""
+    entry = model.entry
+    if entry is None or "out" not in entry.parameters or len(model.outputs) != 1 or outputs[0][1] is None:
+        return None
+    first = decoded.tensors.get(model.inputs[0].name)
+    if isinstance(first, list):  # eltwise's operands
+        first = first[0] if first else None
+    dtype = _WIRE_DTYPES.get(first.dtype) if first is not None else None
+    if dtype is None or min(first.shape, default=0) < 0:
+        return None  # the operation refuses the input, naming it
+    shape = tuple(first.shape)
+    if model.name == "channel_sum":
+        if len(shape) < 2:
+            return None
+        shape, dtype = (shape[0], shape[-1] if first.format == tensor_pb2.FORMAT_NHWC else shape[1]), \
+            np.dtype(np.float32)
+    nbytes = math.prod(shape) * dtype.itemsize
+    region, offset, size = outputs[0][1]
+    if nbytes > size:
+        return None  # refused after the call, with the result's size
+    out = np.frombuffer(regions(region, offset, nbytes, f"outputs.{outputs[0][0]}.{_REGION}"), dtype)
+    return out.reshape(shape) if out.flags.aligned else None
+
