@@ -1,28 +1,28 @@
-"""The operations as RPCs: which method serves each Python function, and how call arguments
-become a request message (and a response message becomes the result).
+"""Arguments of the Python API <-> tensorops.v1 messages, for every operation of the table
+(tensorops.protocol.table), shared by the client and the server.
 
-Shared by the client and the server. The mapping is generic: a request field has the name
-of the Python argument it carries. Tensor fields hold arrays; enum fields hold the names
-of the Python API ("exp", "sum", "split"); optional scalar fields left unset mean the argument's
-default; the `format` argument travels as the Format of the operation's image tensors.
+The mapping is generic: a request field has the name of the Python argument it carries.
+Tensor fields hold arrays; enum fields hold the names of the Python API ("exp", "sum",
+"split"); optional scalar fields left unset mean the argument's default; the `format`
+argument travels as the Format of the operation's image tensors. `attribute_value` is the
+one place that checks and canonicalizes a non-tensor argument, for the client's encoder and
+for the KServe endpoint's parameters alike.
 """
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from ..v1 import tensor_pb2
 from . import codec
 from .codec import WireError
-from ..v1 import tensor_pb2, tensorops_pb2
+from .table import (CREATE_SESSION, FORWARD_SESSION, OPERATIONS, SERVICE, SERVICE_NAME, Field, Kind,  # noqa: F401
+                    Operation, message_class, method_path)
 
-TENSOR, TENSORS, ENUM, SCALAR, REPEATED, MESSAGE = range(6)  # kinds of request fields
-
-SERVICE = tensorops_pb2.DESCRIPTOR.services_by_name["TensorOps"]
-SERVICE_NAME = SERVICE.full_name
+TENSOR, TENSORS, ENUM, MESSAGE, REPEATED, SCALAR = Kind  # the kinds of request fields
 
 # Both sides default to the same message size limit, so what one sends the other accepts.
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -30,130 +30,6 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # request ids) and longest string value of a request parameter: the server keeps some of them
 # and echoes them in its replies.
 MAX_NAME_CHARS = 256
-
-
-def method_path(rpc: str) -> str:
-    return f"/{SERVICE_NAME}/{rpc}"
-
-
-def message_class(descriptor):
-    return getattr(tensorops_pb2, descriptor.name)
-
-
-@dataclass(frozen=True)
-class Operation:
-    """One operation of tensorops_native as an RPC of tensorops.v1.TensorOps."""
-
-    name: str                         # the Python function (tensorops_native.<name>)
-    rpc: str                          # the method of the service
-    layout: tuple[str, ...] = ()      # image tensors whose Format is the `format` argument
-    image_outputs: bool = True        # outputs carry the input layout (else no format)
-    # Client side: arguments the generic rules do not cover, turned into their wire form.
-    adapt: Callable[[dict], dict] | None = field(default=None, compare=False)
-
-    @cached_property
-    def method(self):
-        return SERVICE.methods_by_name[self.rpc]
-
-    @cached_property
-    def request_class(self):
-        return message_class(self.method.input_type)
-
-    @cached_property
-    def response_class(self):
-        return message_class(self.method.output_type)
-
-    @cached_property
-    def request_codec(self) -> codec.MessageCodec:
-        return codec.MessageCodec(self.request_class)
-
-    @cached_property
-    def response_codec(self) -> codec.MessageCodec:
-        return codec.MessageCodec(self.response_class)
-
-    @cached_property
-    def request_plan(self) -> dict[str, tuple[int, Any]]:
-        """How each argument is encoded: name -> (kind, detail), computed once."""
-        plan = {}
-        message_codec = self.request_codec
-        for f in self.request_class.DESCRIPTOR.fields:
-            if f.name in message_codec.numbers:
-                plan[f.name] = (TENSORS if f.is_repeated else TENSOR, f.name in self.layout)
-            elif f.enum_type is not None:
-                plan[f.name] = (ENUM, f.enum_type)
-            elif f.message_type is not None:
-                plan[f.name] = (MESSAGE, f)
-            else:
-                plan[f.name] = (REPEATED if f.is_repeated else SCALAR, f)
-        return plan
-
-    @cached_property
-    def response_fields(self) -> tuple[str, ...]:
-        return tuple(f.name for f in self.response_class.DESCRIPTOR.fields)
-
-    @property
-    def path(self) -> str:
-        return method_path(self.rpc)
-
-
-def _normalize_arguments(arguments: dict) -> dict:
-    """normalize(): a TensorRT bitmask int travels as the indices of its bits, the activation
-    (None, a name or (name, *parameters)) as a FusedActivation message, compute_dtype as the
-    dtype's name."""
-    args = dict(arguments)
-    axes = args.get("axes")
-    if isinstance(axes, numbers.Integral) and not isinstance(axes, (bool, np.bool_)):
-        mask = int(axes)
-        if mask < 0:
-            raise WireError("axes", f"a bitmask must be non-negative, got {mask}")
-        args["axes"] = [i for i in range(mask.bit_length()) if mask >> i & 1]
-    if args.get("axes") is not None and not isinstance(args["axes"], (str, bytes)) and \
-            hasattr(args["axes"], "__len__") and len(args["axes"]) == 0:
-        raise WireError("axes", "the set of axes is empty")
-    activation = args.get("activation")
-    if activation is not None:
-        if isinstance(activation, str):
-            name, params = activation, []
-        elif isinstance(activation, (tuple, list)) and activation and isinstance(activation[0], str):
-            name, params = activation[0], list(activation[1:])
-        else:
-            raise WireError("activation", f"expected None, a name or (name, *parameters), got {activation!r}")
-        message = tensorops_pb2.FusedActivation(
-            type=encode_enum(tensorops_pb2.Activation.DESCRIPTOR, name, "activation"))
-        for p in params:
-            if isinstance(p, (bool, np.bool_)) or not isinstance(p, numbers.Real):
-                raise WireError("activation", f"parameters must be real numbers, got {p!r}")
-            message.params.append(float(p))
-        args["activation"] = message
-    dtype = args.get("compute_dtype")
-    if dtype is not None and not isinstance(dtype, str):
-        try:
-            args["compute_dtype"] = np.dtype(dtype).name
-        except TypeError:
-            raise WireError("compute_dtype", f"expected a dtype or its name, got {dtype!r}") from None
-    return args
-
-
-# The stateless operations, in the order of the README's table.
-OPERATIONS = {op.name: op for op in (
-    Operation("normalize_l2", "NormalizeL2", layout=("x",)),
-    Operation("layer_norm_channels", "LayerNormChannels", layout=("x",)),
-    Operation("layer_norm_spatial", "LayerNormSpatial", layout=("x",)),
-    Operation("channel_norm", "ChannelNorm", layout=("x",)),
-    Operation("channel_sum", "ChannelSum", layout=("x",), image_outputs=False),
-    Operation("eltwise", "Eltwise"),
-    Operation("lrn_cross_channels", "LrnCrossChannels", layout=("x",)),
-    Operation("shuffle", "Shuffle", layout=("x0", "x1")),
-    Operation("softmax", "Softmax"),
-    Operation("tiled_scale_2d", "TiledScale2D", layout=("x",)),
-    Operation("unary", "Unary"),
-    Operation("normalize", "Normalize", adapt=_normalize_arguments),
-    Operation("quantized_inner_product", "QuantizedInnerProduct"),
-)}
-
-# The quantized inner-product session RPCs take the arguments of its constructor and forward().
-CREATE_SESSION = Operation("QuantizedInnerProduct", "CreateQuantizedInnerProduct")
-FORWARD_SESSION = Operation("QuantizedInnerProduct.forward", "QuantizedInnerProductForward")
 
 
 # ---------------------------------------------------------------------------------------
@@ -238,11 +114,61 @@ def _sequence(value, name: str) -> list:
         raise WireError(name, f"expected a sequence, got {type(value).__name__}") from None
 
 
+def _activation(value: Any, enum_descriptor) -> tuple:
+    """normalize's activation: a name or (name, *parameters), as (api name, *floats)."""
+    if isinstance(value, str):
+        name, params = value, []
+    elif isinstance(value, (tuple, list)) and value and isinstance(value[0], str):
+        name, params = value[0], list(value[1:])
+    else:
+        raise WireError("activation", f"expected None, a name or (name, *parameters), got {value!r}")
+    api_name = enum_names(enum_descriptor)[encode_enum(enum_descriptor, name, "activation")]
+    for p in params:
+        if isinstance(p, (bool, np.bool_)) or not isinstance(p, numbers.Real):
+            raise WireError("activation", f"parameters must be real numbers, got {p!r}")
+    return (api_name, *(float(p) for p in params))
+
+
+def attribute_value(op: Operation, name: str, value: Any) -> Any:
+    """A non-tensor argument as the native function takes it, checked against its field:
+    an enum as its API name, a structured value as its tuple, a repeated field as a list,
+    a number of the field's type. WireError names the argument when it cannot be one."""
+    return set_attribute(op.request_class(), op, name, value)
+
+
+def set_attribute(message, op: Operation, name: str, value: Any) -> Any:
+    """attribute_value's check and canonical value, also set into the request `message`
+    (protobuf's setters do the range and type checks)."""
+    f = op.field(name)
+    if name in op.canonical:
+        value = op.canonical[name](value)
+    if f.kind is Kind.ENUM:
+        number = encode_enum(f.enum, value, name)
+        setattr(message, name, number)
+        return enum_names(f.enum)[number]
+    if f.kind is Kind.MESSAGE:
+        sub = getattr(message, name)
+        enum = sub.DESCRIPTOR.fields_by_name["type"].enum_type
+        canonical = _activation(value, enum)
+        sub.type = encode_enum(enum, canonical[0], name)
+        sub.params.extend(canonical[1:])
+        return canonical
+    d = f.descriptor
+    values = _sequence(value, name) if f.kind is Kind.REPEATED else [value]
+    if d.type != d.TYPE_BOOL and any(isinstance(v, (bool, np.bool_)) for v in values):
+        raise WireError(name, f"expected {_type_name(d)}, got a bool")  # as the operation would say
+    try:
+        if f.kind is Kind.REPEATED:
+            getattr(message, name).extend(values)
+            return list(getattr(message, name))
+        setattr(message, name, value)
+        return getattr(message, name)
+    except (TypeError, ValueError) as exc:
+        raise WireError(name, f"cannot be sent as {_type_name(d)}: {exc}") from None
+
+
 def build_request(op: Operation, arguments: dict[str, Any]) -> Request:
     """Encode call arguments (None = the default) as the request of `op`."""
-    if op.adapt is not None:
-        arguments = op.adapt(arguments)
-    plan = op.request_plan
     fmt_value = arguments.get("format")
     fmt = encode_format(fmt_value) if fmt_value is not None else 0
     message = op.request_class()
@@ -251,33 +177,20 @@ def build_request(op: Operation, arguments: dict[str, Any]) -> Request:
     for name, value in arguments.items():
         if value is None or name == "format":
             continue
-        kind, detail = plan[name]
-        if kind == TENSOR:
+        f = op.field(name)
+        if f.kind is Kind.TENSOR:
             arr, code = codec.wire_array(value, name)
-            tensors[name] = (arr, code, fmt if detail else 0)
+            tensors[name] = (arr, code, fmt if f.image else 0)
             bits = bits or _is_bits(value)
-        elif kind == TENSORS:
+        elif f.kind is Kind.TENSORS:
             items = _sequence(value, name)
             if len(items) > codec.MAX_OPERANDS:  # the server would refuse them: said before encoding
                 raise codec.too_many_operands(name, len(items))
-            tensors[name] = [codec.encode_tensor(v, f"{name}[{i}]", fmt if detail else 0)
+            tensors[name] = [codec.encode_tensor(v, f"{name}[{i}]", fmt if f.image else 0)
                              for i, v in enumerate(items)]
             bits = bits or any(_is_bits(v) for v in items)
-        elif kind == ENUM:
-            setattr(message, name, encode_enum(detail, value, name))
-        elif kind == MESSAGE:
-            getattr(message, name).CopyFrom(value)
         else:
-            values = _sequence(value, name) if kind == REPEATED else (value,)
-            if detail.type != detail.TYPE_BOOL and any(isinstance(v, (bool, np.bool_)) for v in values):
-                raise WireError(name, f"expected {_type_name(detail)}, got a bool")  # as the operation would say
-            try:
-                if kind == REPEATED:
-                    getattr(message, name).extend(values)
-                else:
-                    setattr(message, name, value)
-            except (TypeError, ValueError) as exc:
-                raise WireError(name, f"cannot be sent as {_type_name(detail)}: {exc}") from None
+            set_attribute(message, op, name, value)
     return Request(op.request_codec.encode(message, tensors), bits)
 
 

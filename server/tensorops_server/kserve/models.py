@@ -2,15 +2,12 @@
 self-description (ModelMetadata, ModelConfig)."""
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Callable
 
-from tensorops.kserve import DATATYPES
 from tensorops.kserve.v2 import inference_pb2 as pb
-from tensorops.protocol import wire
+from tensorops.protocol import dtypes, table, wire
 
 from .. import optable
 
@@ -18,14 +15,15 @@ PLATFORM = "tensorops"
 VERSION = "1"  # every model has this one version
 FORMAT_PARAMETER = "format"  # the layout of an operation's image tensors
 
-_CONFIG_TYPES = {name: pb.DataType.Value(f"TYPE_{name}") for name in DATATYPES}  # ModelConfig's enum
+_CONFIG_TYPES = {d.kserve: pb.DataType.Value(f"TYPE_{d.kserve}") for d in dtypes.DTYPES}  # ModelConfig's enum
 
 
 @dataclass(frozen=True)
 class TensorInfo:
     name: str
-    spec: optable.TensorSpec
+    spec: table.TensorSpec
     optional: bool = False
+    stacked: bool = False  # a list of operands (eltwise's), stacked along a new first dimension
 
 
 @dataclass
@@ -33,10 +31,10 @@ class Model:
     """What a model takes and gives, for inference and for its self-description."""
 
     name: str
-    op: wire.Operation              # the tensorops.v1 request/response its requests become
+    op: table.Operation             # the operation (its row of the table) its requests run
     inputs: tuple[TensorInfo, ...]
     outputs: tuple[TensorInfo, ...]
-    parameters: dict[str, str]       # name -> description
+    parameters: dict[str, str]       # name -> description: the request parameters it takes
     entry: optable.Entry | None = None   # a stateless operation
     session_id: str | None = None        # a session
     stats: "Statistics" = field(default_factory=lambda: Statistics())
@@ -59,11 +57,6 @@ class Model:
     def response_head(self) -> bytes:
         """The fields every response of the model starts with (model_name, model_version)."""
         return pb.ModelInferResponse(model_name=self.name, model_version=VERSION).SerializeToString()
-
-    @cached_property
-    def arguments_cache(self) -> dict:
-        """Request parameters (as received) -> their conversion (see infer_request)."""
-        return {}
 
 
 @dataclass
@@ -96,17 +89,12 @@ def _field_kind(f) -> str:
     return {f.TYPE_DOUBLE: "double", f.TYPE_INT64: "int64", f.TYPE_BOOL: "bool", f.TYPE_STRING: "string"}[f.type]
 
 
-def _describe_parameters(op: wire.Operation, native: Callable) -> dict[str, str]:
-    signature = inspect.signature(native).parameters
+def _describe_parameters(op: table.Operation) -> dict[str, str]:
     out = {}
-    for name, (kind, detail) in op.request_plan.items():
-        if kind in (wire.TENSOR, wire.TENSORS):
-            continue
-        f = op.request_class.DESCRIPTOR.fields_by_name[name]
-        default = signature[name].default if name in signature else None
-        needed = "required" if default is inspect.Parameter.empty else f"optional, default {default!r}"
-        extra = " (or an int64 bitmask of the axes)" if op.name == "normalize" and name == "axes" else ""
-        out[name] = f"{_field_kind(f)}{extra}; {needed}"
+    for attribute in op.attributes:
+        needed = "required" if attribute.required else f"optional, default {attribute.default!r}"
+        extra = f" ({op.notes[attribute.name]})" if attribute.name in op.notes else ""
+        out[attribute.name] = f"{_field_kind(attribute.descriptor)}{extra}; {needed}"
     if op.layout:
         out[FORMAT_PARAMETER] = f"string, nchw or nhwc: the layout of {' and '.join(op.layout)}; optional, default 'nchw'"
     return out
@@ -114,17 +102,18 @@ def _describe_parameters(op: wire.Operation, native: Callable) -> dict[str, str]
 
 def operation_model(entry: optable.Entry) -> Model:
     op = entry.op
-    message_codec = op.request_codec
-    inputs = tuple(TensorInfo(name, entry.spec(name), name in entry.defaults) for name in message_codec.numbers)
-    outputs = tuple(TensorInfo(name, entry.spec(name)) for name in op.response_fields)
-    return Model(entry.name, op, inputs, outputs, _describe_parameters(op, entry.native), entry=entry)
+    inputs = tuple(TensorInfo(f.name, op.spec(f.name), not f.required, f.kind is table.Kind.TENSORS)
+                   for f in op.inputs)
+    outputs = tuple(TensorInfo(name, op.spec(name)) for name in op.outputs)
+    return Model(op.name, op, inputs, outputs, _describe_parameters(op), entry=entry)
 
 
 def session_model(name: str, session_id: str, n: int, k: int) -> Model:
-    qip = optable.QIP_TENSORS
-    inputs = (TensorInfo("a", optable.TensorSpec(qip["a"].datatypes, (-1, k))),)
-    outputs = (TensorInfo("c", optable.TensorSpec(qip["c"].datatypes, (-1, n))),)
-    return Model(name, wire.FORWARD_SESSION, inputs, outputs, {}, session_id=session_id)
+    """A loaded session: its forward's `a` (M, K) gives `c` (M, N); no parameters."""
+    op = table.FORWARD_SESSION
+    inputs = (TensorInfo("a", table.TensorSpec(op.spec("a").datatypes, (-1, k))),)
+    outputs = (TensorInfo("c", table.TensorSpec(op.spec("c").datatypes, (-1, n))),)
+    return Model(name, op, inputs, outputs, {}, session_id=session_id)
 
 
 # ---------------------------------------------------------------------------------------
@@ -133,41 +122,38 @@ def session_model(name: str, session_id: str, n: int, k: int) -> Model:
 def metadata(model: Model) -> pb.ModelMetadataResponse:
     Tensor = pb.ModelMetadataResponse.TensorMetadata
 
-    def describe(t: TensorInfo, stacked: bool = False):
-        dims = (-1,) if t.spec.dims is None else t.spec.dims
-        return Tensor(name=t.name, datatype=t.spec.datatypes[0], shape=((-1,) + dims) if stacked else dims)
-    message_codec = model.op.request_codec
-    return pb.ModelMetadataResponse(
-        name=model.name, versions=[VERSION], platform=PLATFORM,
-        inputs=[describe(t, t.name in message_codec.repeated) for t in model.inputs],
-        outputs=[describe(t) for t in model.outputs])
+    def describe(t: TensorInfo):
+        return Tensor(name=t.name, datatype=t.spec.datatypes[0], shape=_dims(t))
+    return pb.ModelMetadataResponse(name=model.name, versions=[VERSION], platform=PLATFORM,
+                                    inputs=[describe(t) for t in model.inputs],
+                                    outputs=[describe(t) for t in model.outputs])
 
 
 def config(model: Model) -> pb.ModelConfig:
-    message_codec = model.op.request_codec
     config = pb.ModelConfig(name=model.name, platform=PLATFORM, backend=PLATFORM, max_batch_size=0)
     for t in model.inputs:
-        dims = (-1,) if t.spec.dims is None else t.spec.dims
-        if t.name in message_codec.repeated:
-            dims = (-1,) + dims
-        layout = pb.ModelInput.FORMAT_NONE
-        config.input.add(name=t.name, data_type=_CONFIG_TYPES[t.spec.datatypes[0]], format=layout, dims=dims,
-                         optional=t.optional)
-        config.parameters[f"input {t.name}"].string_value = _tensor_words(t, t.name in message_codec.repeated)
+        config.input.add(name=t.name, data_type=_CONFIG_TYPES[t.spec.datatypes[0]], format=pb.ModelInput.FORMAT_NONE,
+                         dims=_dims(t), optional=t.optional)
+        config.parameters[f"input {t.name}"].string_value = _tensor_words(t)
     for t in model.outputs:
-        dims = (-1,) if t.spec.dims is None else t.spec.dims
-        config.output.add(name=t.name, data_type=_CONFIG_TYPES[t.spec.datatypes[0]], dims=dims)
+        config.output.add(name=t.name, data_type=_CONFIG_TYPES[t.spec.datatypes[0]], dims=_dims(t))
         config.parameters[f"output {t.name}"].string_value = _tensor_words(t)
     for name, words in model.parameters.items():
         config.parameters[name].string_value = words
     return config
 
 
-def _tensor_words(t: TensorInfo, stacked: bool = False) -> str:
+def _dims(t: TensorInfo) -> tuple[int, ...]:
+    """The dimensions as KServe says them: -1 for any size, and for any number of them."""
+    dims = (-1,) if t.spec.dims is None else t.spec.dims
+    return (-1,) + dims if t.stacked else dims
+
+
+def _tensor_words(t: TensorInfo) -> str:
     dims = t.spec.dims
     rank = "any number of dimensions" if dims is None else f"{len(dims)} dimension{'s' * (len(dims) != 1)}"
     words = f"{' or '.join(t.spec.datatypes)}; {rank}"
-    if stacked:
+    if t.stacked:
         words += "; the operands stacked along a new first dimension"
     return words + ("; optional" if t.optional else "")
 
