@@ -14,8 +14,8 @@ void TnSynetChannelSum16bBatch(const uint16_t * src, size_t batch, size_t channe
         TnSynetChannelSum16b(src + b * size, channels, spatial, format, sum + b * channels);
 }
 
-void TnSynetLrnLayerCrossChannelsBatch(const float * src, size_t batch, size_t half, size_t channels,
-                                       size_t spatial, const float * k, float * dst, int format)
+void TnSynetLrnLayerCrossChannelsBatch(const float * src, size_t batch, size_t half, size_t channels, size_t spatial,
+                                       const float * k, float * dst, int format)
 {
     size_t size = channels * spatial;
     for (size_t b = 0; b < batch; ++b)
@@ -23,8 +23,7 @@ void TnSynetLrnLayerCrossChannelsBatch(const float * src, size_t batch, size_t h
 }
 
 void TnSynetShuffleLayerForwardBatch(const float * src0, const float * src1, size_t batch, size_t channels0,
-                                     size_t channels1, size_t spatial, float * dst0, float * dst1, int format,
-                                     int type)
+                                     size_t channels1, size_t spatial, float * dst0, float * dst1, int format, int type)
 {
     if (type != 0 && type != 1)
         return;  /* like the per-item function: an unknown type writes nothing */

@@ -17,55 +17,48 @@
 /* K(Name, (parameters), (arguments)) */
 #define TN_KERNEL_LIST(K) \
     K(SynetNormalizeLayerForward, \
-      (const float * src, size_t batch, size_t channels, size_t spatial, const float * scale, \
-       const float * eps, int acrossSpatial, int format, float * buf, float * dst), \
+      (const float * src, size_t batch, size_t channels, size_t spatial, const float * scale, const float * eps, \
+       int acrossSpatial, int format, float * buf, float * dst), \
       (src, batch, channels, spatial, scale, eps, acrossSpatial, format, buf, dst)) \
     K(SynetNormalizeLayerForwardV2, \
-      (const float * src, size_t batch, size_t channels, size_t spatial, const float * scale, \
-       const float * shift, const float * eps, int format, float * buf, float * dst), \
+      (const float * src, size_t batch, size_t channels, size_t spatial, const float * scale, const float * shift, \
+       const float * eps, int format, float * buf, float * dst), \
       (src, batch, channels, spatial, scale, shift, eps, format, buf, dst)) \
     K(SynetNormalizeLayerForwardV3, \
-      (const float * src, size_t batch, size_t channels, size_t spatial, const float * scale, \
-       const float * shift, const float * eps, int format, float * buf, float * dst), \
+      (const float * src, size_t batch, size_t channels, size_t spatial, const float * scale, const float * shift, \
+       const float * eps, int format, float * buf, float * dst), \
       (src, batch, channels, spatial, scale, shift, eps, format, buf, dst)) \
     K(SynetNormalizeLayerForwardV4, \
-      (const float * src, size_t batch, size_t channels, size_t spatial, const float * scale, \
-       const float * shift, const float * eps, int format, float * buf, float * dst), \
+      (const float * src, size_t batch, size_t channels, size_t spatial, const float * scale, const float * shift, \
+       const float * eps, int format, float * buf, float * dst), \
       (src, batch, channels, spatial, scale, shift, eps, format, buf, dst)) \
     K(SynetNormalizeLayerForward16bV2, \
-      (const uint16_t * src, size_t batch, size_t channels, size_t spatial, const float * scale, \
-       const float * shift, const float * eps, int format, float * buf, uint16_t * dst), \
+      (const uint16_t * src, size_t batch, size_t channels, size_t spatial, const float * scale, const float * shift, \
+       const float * eps, int format, float * buf, uint16_t * dst), \
       (src, batch, channels, spatial, scale, shift, eps, format, buf, dst)) \
-    K(SynetChannelSum16b, \
-      (const uint16_t * src, size_t channels, size_t spatial, int format, float * sum), \
+    K(SynetChannelSum16b, (const uint16_t * src, size_t channels, size_t spatial, int format, float * sum), \
       (src, channels, spatial, format, sum)) \
     K(SynetEltwiseLayerForward, \
       (float const * const * src, const float * weight, size_t count, size_t size, int type, float * dst), \
       (src, weight, count, size, type, dst)) \
     K(SynetLrnLayerCrossChannels, \
-      (const float * src, size_t half, size_t channels, size_t spatial, const float * k, float * dst, \
-       int format), \
+      (const float * src, size_t half, size_t channels, size_t spatial, const float * k, float * dst, int format), \
       (src, half, channels, spatial, k, dst, format)) \
     K(SynetShuffleLayerForward, \
-      (const float * src0, const float * src1, size_t channels0, size_t channels1, size_t spatial, \
-       float * dst0, float * dst1, int format, int type), \
+      (const float * src0, const float * src1, size_t channels0, size_t channels1, size_t spatial, float * dst0, \
+       float * dst1, int format, int type), \
       (src0, src1, channels0, channels1, spatial, dst0, dst1, format, type)) \
-    K(SynetSoftmax32f, \
-      (const float * src, size_t outer, size_t count, size_t inner, float * dst), \
+    K(SynetSoftmax32f, (const float * src, size_t outer, size_t count, size_t inner, float * dst), \
       (src, outer, count, inner, dst)) \
-    K(SynetSoftmax16b, \
-      (const uint16_t * src, size_t outer, size_t count, size_t inner, uint16_t * dst), \
+    K(SynetSoftmax16b, (const uint16_t * src, size_t outer, size_t count, size_t inner, uint16_t * dst), \
       (src, outer, count, inner, dst)) \
     K(SynetTiledScale2D32f, \
       (const float * src, size_t channels, size_t height, size_t width, int format, const float * ver, \
        const float * hor, float * dst), \
       (src, channels, height, width, format, ver, hor, dst)) \
-    K(SynetUnaryOperation32f, \
-      (const float * src, size_t size, int type, float * dst), \
-      (src, size, type, dst)) \
+    K(SynetUnaryOperation32f, (const float * src, size_t size, int type, float * dst), (src, size, type, dst)) \
     K(NormalizationRows, \
-      (const void * src, size_t outer, size_t segments, size_t segmentSize, const TnNormalization * norm, \
-       void * dst), \
+      (const void * src, size_t outer, size_t segments, size_t segmentSize, const TnNormalization * norm, void * dst), \
       (src, outer, segments, segmentSize, norm, dst)) \
     K(NormalizationColumns, \
       (const void * src, size_t outer, size_t count, size_t inner, const TnNormalization * norm, void * dst), \

@@ -12,8 +12,18 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline uint32_t tn_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static inline float tn_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t tn_f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static inline float tn_bits_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 
 /* BF16 -> FP32 is exact. */
 static inline float tn_bf16_to_f32(uint16_t b) { return tn_bits_f32((uint32_t)b << 16); }
@@ -90,6 +100,8 @@ static inline float tn_exp_f32(float x)
  * log(x < 0) = NaN, denormals scaled by 2^23 first (exact). */
 #define TN_LOG_OFF 0x3f32aaabu
 #define TN_LN2 0.693147180559945309f
+/* Sixteen values (one vector), eight a line: kept as written. */
+/* clang-format off */
 static const float TN_LOG_C[16] = {
     1.401430011e+00f, 1.342685342e+00f, 1.288599133e+00f, 1.238685966e+00f, 1.192577124e+00f, 1.149671078e+00f, 1.109807611e+00f, 1.072608471e+00f,
     1.037816882e+00f, 1.000000000e+00f, 9.504835606e-01f, 8.971964717e-01f, 8.495576382e-01f, 8.067233562e-01f, 7.680038214e-01f, 7.328100801e-01f,
@@ -98,6 +110,7 @@ static const float TN_LOG_L[16] = { /* -log(TN_LOG_C[i]) */
     -3.374931514e-01f, -2.946715951e-01f, -2.535556853e-01f, -2.140511125e-01f, -1.761166155e-01f, -1.394758821e-01f, -1.041866764e-01f, -7.009350508e-02f,
     -3.711935505e-02f, 0.0f, 5.078441277e-02f, 1.084804088e-01f, 1.630394906e-01f, 2.147744745e-01f, 2.639605701e-01f, 3.108687103e-01f,
 };
+/* clang-format on */
 #define TN_LOG_Q0 (-4.999999702e-01f)
 #define TN_LOG_Q1 3.334794641e-01f
 #define TN_LOG_Q2 (-2.501562834e-01f)
@@ -162,6 +175,8 @@ static inline float tn_abs_f32(float x) { return tn_bits_f32(tn_f32_bits(x) & 0x
  * in [0, 1] for every float of their domain (checked exhaustively), so no final clamp. */
 #define TN_TANH_MAXARG 9.1f
 static const float TN_TANH_MID[8] = {0.0f, 0.1875f, 0.375f, 0.75f, 1.5f, 3.0f, 6.0f, 8.5f};
+/* One line per polynomial term, one column per interval: kept as written. */
+/* clang-format off */
 static const float TN_TANH_C[9][8] = {
     {0.000000000e+00, 1.853332072e-01, 3.583573997e-01, 6.351489425e-01, 9.051482677e-01, 9.950547814e-01, 9.999877214e-01, 9.999999404e-01},
     {1.000000000e+00, 9.656516314e-01, 8.715800047e-01, 5.965858102e-01, 1.807066053e-01, 9.866146371e-03, 2.435725219e-05, 1.655974700e-07},
@@ -173,6 +188,7 @@ static const float TN_TANH_C[9][8] = {
     {-5.609592423e-02, -2.958391979e-02, 1.253132522e-02, 2.134902962e-02, -3.820426995e-03, 8.229516243e-05, 5.062785817e-07, 2.172978686e-09},
     {1.062851027e-02, 2.804559283e-02, 2.296861820e-02, -9.579054080e-03, 7.630899199e-04, -6.759702046e-06, -1.249420620e-07, -4.935007403e-10},
 };
+/* clang-format on */
 
 static inline float tn_tanh_f32(float x)
 {
@@ -196,6 +212,8 @@ static inline float tn_tanh_f32(float x)
  * (checked over every float). */
 #define TN_ERF_MAXARG 3.74999976f
 #define TN_ERF_SHIFT 12582912.0f /* 1.5 * 2^23 */
+/* One line per polynomial term, as for tanh: kept as written. */
+/* clang-format off */
 static const float TN_ERF_C[6][8] = {
     {0.000000000e+00f, 5.204995275e-01f, 8.427008390e-01f, 9.661052823e-01f, 9.953222871e-01f, 9.995930195e-01f, 9.999778867e-01f, 9.999993443e-01f},
     {1.128379107e+00f, 8.787828088e-01f, 4.151081145e-01f, 1.189300790e-01f, 2.066684887e-02f, 2.178307623e-03f, 1.392710255e-04f, 5.402187981e-06f},
@@ -204,6 +222,7 @@ static const float TN_ERF_C[6][8] = {
     {2.020223765e-03f, 1.784584224e-01f, 6.957469136e-02f, -4.280392081e-02f, -3.439354524e-02f, -8.882846683e-03f, -1.114491373e-03f, -7.524093962e-05f},
     {1.059560776e-01f, 7.974995300e-03f, -6.735238433e-02f, -1.544031966e-02f, 1.267653517e-02f, 6.182382349e-03f, 1.065525343e-03f, 8.956461534e-05f},
 };
+/* clang-format on */
 
 static inline float tn_erf_f32(float x)
 {
@@ -258,8 +277,8 @@ static inline float tn_pio2_reduce_big(float a, int32_t * q)
     uint32_t m = (u & 0x007fffffu) | 0x00800000u;
     int s = (int)(u >> 23) - 150 + 30; /* table bit of 2/pi bit e-1; >= 0 for a >= 2^-7 */
     const uint32_t * t = TN_2_OVER_PI_BITS + (s >> 5);
-    unsigned __int128 w = ((unsigned __int128)t[0] << 96) | ((unsigned __int128)t[1] << 64) |
-                          ((unsigned __int128)t[2] << 32) | t[3];
+    unsigned __int128 w =
+        ((unsigned __int128)t[0] << 96) | ((unsigned __int128)t[1] << 64) | ((unsigned __int128)t[2] << 32) | t[3];
     w = (w << (s & 31)) >> 32; /* the 96-bit window */
     unsigned __int128 p = w * m;
     uint64_t top = (uint64_t)(p >> 32); /* product bits 32..95: quadrant, fraction */
@@ -308,13 +327,19 @@ static inline float tn_cos_f32(float x) { return tn_sincos_f32(x, 1); }
  * anyway. */
 #define TN_POW_MAX_EXP 3000.0f
 #define TN_EXP2T_SHIFT 1572864.0f /* 1.5 * 2^20: ulp 1/8 */
+/* One table per line (eight intervals each): kept as written. */
+/* clang-format off */
 static const float TN_LOG2T_C[8] = {9.411764741e-01f, 8.421052694e-01f, 7.619047761e-01f, 6.956521869e-01f, 6.399999857e-01f, 5.925925970e-01f, 5.517241359e-01f, 5.161290169e-01f};
 static const float TN_LOG2T_T[8] = {8.746283501e-02f, 2.479275018e-01f, 3.923173845e-01f, 5.235619545e-01f, 6.438562274e-01f, 7.548874617e-01f, 8.579810262e-01f, 9.541963339e-01f};
+/* clang-format on */
 #define TN_LOG2T_P0 1.442694f
 #define TN_LOG2T_P1 (-0.72134566f)
 #define TN_LOG2T_P2 0.482144f
 #define TN_LOG2T_P3 (-0.36204576f)
+/* Eight values, one line, like the tables above. */
+/* clang-format off */
 static const float TN_EXP2T_T[8] = {1.000000000e+00f, 1.090507746e+00f, 1.189207077e+00f, 1.296839595e+00f, 1.414213538e+00f, 1.542210817e+00f, 1.681792855e+00f, 1.834008098e+00f};
+/* clang-format on */
 #define TN_EXP2T_P1 0.69314724f
 #define TN_EXP2T_P2 0.24025764f
 #define TN_EXP2T_P3 0.05549622f
@@ -367,10 +392,7 @@ static inline float tn_pow_f32(float b, float e)
 /* The number of leading values whose mean centers one-pass statistics (gnorm, the BF16
  * layer norm): the largest power of two <= min(n, 16), so their sum in the 16-lane tree and
  * its product by 1 / count are exact for a constant row. */
-static inline size_t tn_lead_count(size_t n)
-{
-    return n >= 16 ? 16 : n >= 8 ? 8 : n >= 4 ? 4 : n >= 2 ? 2 : 1;
-}
+static inline size_t tn_lead_count(size_t n) { return n >= 16 ? 16 : n >= 8 ? 8 : n >= 4 ? 4 : n >= 2 ? 2 : 1; }
 
 /* The sum of 16 lanes in v_hsum's fixed tree: (l + l+8), (l + l+4), then (0+2) + (1+3). */
 static inline float tn_sum16(const float * a)

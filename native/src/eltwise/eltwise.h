@@ -46,7 +46,9 @@ static inline __attribute__((always_inline)) void eltwise_forward(float const * 
                                                                   size_t head)
 {
     switch (count < 2 ? -1 : type) {
-    case TnSynetEltwiseOperationProduct: eltwise_run(OP_PRODUCT, OP_PRODUCT, src, weight, count, size, dst, head); return;
+    case TnSynetEltwiseOperationProduct:
+        eltwise_run(OP_PRODUCT, OP_PRODUCT, src, weight, count, size, dst, head);
+        return;
     case TnSynetEltwiseOperationSum:
         if (weight == NULL)
             break;

@@ -7,10 +7,7 @@
 #include "eltwise.h"
 
 /* Floats from p to the next 64-byte boundary. */
-static inline size_t gap(const float * p)
-{
-    return ((0 - (uintptr_t)p) & 63) / sizeof(float);
-}
+static inline size_t gap(const float * p) { return ((0 - (uintptr_t)p) & 63) / sizeof(float); }
 
 static inline __attribute__((always_inline)) vfloat combine(int op, vfloat a, vfloat b, vfloat wa, vfloat wb)
 {

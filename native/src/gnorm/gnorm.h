@@ -127,10 +127,7 @@ static inline const float * tn_gn_row(const TnNormalizationParam * p, size_t o)
     return p->data + (o % p->period) * p->outerStride;
 }
 
-static inline size_t tn_gn_size(int type)
-{
-    return type == TnTensorData32f ? 4 : 2;
-}
+static inline size_t tn_gn_size(int type) { return type == TnTensorData32f ? 4 : 2; }
 
 /* ---- Statistics of one row (or column position): the steps every level takes ------------ */
 

@@ -44,10 +44,7 @@ INLINE vfloat ldn(const void * p, size_t i, size_t n, int type)
     return v_load_f16_n((const uint16_t *)p + i, n);
 }
 
-INLINE vfloat canonical_nan(vfloat v)
-{
-    return v_select(v_isnan(v), vi_as_float(vi_set1((int32_t)TN_GN_QNAN)), v);
-}
+INLINE vfloat canonical_nan(vfloat v) { return v_select(v_isnan(v), vi_as_float(vi_set1((int32_t)TN_GN_QNAN)), v); }
 
 INLINE void stn(void * p, size_t i, size_t n, vfloat v, int type)
 {
@@ -134,42 +131,26 @@ static vfloat activate(vfloat y, int type, const float * prm)
 {
     const vfloat a = v_set1(prm[0]), b = v_set1(prm[1]), zero = v_zero(), one = v_set1(1.0f);
     switch (type) {
-    case TnActivationLinear:
-        return v_fma(a, y, b);
-    case TnActivationRelu:
-        return v_max(zero, y);
-    case TnActivationLeakyRelu:
-        return v_select(v_ge(y, zero), y, v_mul(a, y));
-    case TnActivationParametricSoftplus:
-        return v_mul(a, softplus_core_v(v_mul(b, y)));
-    case TnActivationElu:
-        return v_select(v_ge(y, zero), y, v_mul(a, expm1_v(y)));
-    case TnActivationCelu:
-        return v_add(v_max(zero, y), v_min(zero, v_mul(a, expm1_v(v_div(y, a)))));
-    case TnActivationScaledElu:
-        return v_select(v_gt(y, zero), v_mul(b, y), v_mul(b, v_mul(a, expm1_v(y))));
-    case TnActivationSigmoid:
-        return v_div(one, v_add(one, v_exp(v_neg(y))));
-    case TnActivationHardSigmoid:
-        return v_max(zero, v_min(one, v_fma(a, y, b)));
-    case TnActivationTanh:
-        return v_tanh(y);
-    case TnActivationScaledTanh:
-        return v_mul(a, v_tanh(v_mul(b, y)));
-    case TnActivationSoftplus:
-        return v_div(softplus_core_v(v_mul(a, y)), a);
-    case TnActivationSoftsign:
-        return v_div(y, v_add(one, v_abs(y)));
-    case TnActivationThresholdedRelu:
-        return v_keep(v_gt(y, a), y);
+    case TnActivationLinear: return v_fma(a, y, b);
+    case TnActivationRelu: return v_max(zero, y);
+    case TnActivationLeakyRelu: return v_select(v_ge(y, zero), y, v_mul(a, y));
+    case TnActivationParametricSoftplus: return v_mul(a, softplus_core_v(v_mul(b, y)));
+    case TnActivationElu: return v_select(v_ge(y, zero), y, v_mul(a, expm1_v(y)));
+    case TnActivationCelu: return v_add(v_max(zero, y), v_min(zero, v_mul(a, expm1_v(v_div(y, a)))));
+    case TnActivationScaledElu: return v_select(v_gt(y, zero), v_mul(b, y), v_mul(b, v_mul(a, expm1_v(y))));
+    case TnActivationSigmoid: return v_div(one, v_add(one, v_exp(v_neg(y))));
+    case TnActivationHardSigmoid: return v_max(zero, v_min(one, v_fma(a, y, b)));
+    case TnActivationTanh: return v_tanh(y);
+    case TnActivationScaledTanh: return v_mul(a, v_tanh(v_mul(b, y)));
+    case TnActivationSoftplus: return v_div(softplus_core_v(v_mul(a, y)), a);
+    case TnActivationSoftsign: return v_div(y, v_add(one, v_abs(y)));
+    case TnActivationThresholdedRelu: return v_keep(v_gt(y, a), y);
     case TnActivationShrink: {
         vfloat r = v_keep(v_lt(y, v_neg(b)), v_add(y, a));
         return v_select(v_gt(y, b), v_sub(y, a), r);
     }
-    case TnActivationGelu:
-        return gelu_v(y);
-    default:
-        return y;
+    case TnActivationGelu: return gelu_v(y);
+    default: return y;
     }
 }
 
@@ -182,8 +163,8 @@ typedef struct {
 } Norm;
 
 /* n (<= F) values from element i; s, b: this vector's parameters (given: sstep, bstep). */
-INLINE vfloat norm_vec(const void * src, size_t i, size_t n, Norm nm, int scaled, const float * s, int sstep,
-                       vfloat s0, const float * b, int bstep, vfloat b0, const TnNormalization * norm, int act, int type)
+INLINE vfloat norm_vec(const void * src, size_t i, size_t n, Norm nm, int scaled, const float * s, int sstep, vfloat s0,
+                       const float * b, int bstep, vfloat b0, const TnNormalization * norm, int act, int type)
 {
     vfloat x = n >= F ? ld(src, i, type) : ldn(src, i, n, type);
     if (scaled)
@@ -200,9 +181,16 @@ INLINE vfloat norm_vec(const void * src, size_t i, size_t n, Norm nm, int scaled
 /* `call` compiled once per dtype, TN_GN_TYPE a constant in each (the loads and stores fold). */
 #define TN_GN_TYPED(call) \
     do { \
-        if (norm->type == TnTensorData32f) { enum { TN_GN_TYPE = TnTensorData32f }; call; } \
-        else if (norm->type == TnTensorData16b) { enum { TN_GN_TYPE = TnTensorData16b }; call; } \
-        else { enum { TN_GN_TYPE = TnTensorData16f }; call; } \
+        if (norm->type == TnTensorData32f) { \
+            enum { TN_GN_TYPE = TnTensorData32f }; \
+            call; \
+        } else if (norm->type == TnTensorData16b) { \
+            enum { TN_GN_TYPE = TnTensorData16b }; \
+            call; \
+        } else { \
+            enum { TN_GN_TYPE = TnTensorData16f }; \
+            call; \
+        } \
     } while (0)
 
 /* Full vectors of one segment from position e while e + F <= size; returns the next e. */
@@ -226,14 +214,15 @@ INLINE void output_range(const void * src, void * dst, size_t at, size_t e0, siz
                          v_cursor * pf, const TnNormalization * norm, int type, int stream)
 {
     size_t e = norm->activation != TnActivationIdentity
-        ? (stream ? output_body(src, dst, at, e0, e1, nm, s, sstep, s0, b, bstep, b0, pf, norm, type, 1, 1)
-                  : output_body(src, dst, at, e0, e1, nm, s, sstep, s0, b, bstep, b0, pf, norm, type, 1, 0))
-        : (stream ? output_body(src, dst, at, e0, e1, nm, s, sstep, s0, b, bstep, b0, pf, norm, type, 0, 1)
-                  : output_body(src, dst, at, e0, e1, nm, s, sstep, s0, b, bstep, b0, pf, norm, type, 0, 0));
+                   ? (stream ? output_body(src, dst, at, e0, e1, nm, s, sstep, s0, b, bstep, b0, pf, norm, type, 1, 1)
+                             : output_body(src, dst, at, e0, e1, nm, s, sstep, s0, b, bstep, b0, pf, norm, type, 1, 0))
+                   : (stream ? output_body(src, dst, at, e0, e1, nm, s, sstep, s0, b, bstep, b0, pf, norm, type, 0, 1)
+                             : output_body(src, dst, at, e0, e1, nm, s, sstep, s0, b, bstep, b0, pf, norm, type, 0, 0));
     if (e < e1)
         stn(dst, at + e, e1 - e,
-            norm_vec(src, at + e, e1 - e, *nm, 0, s + e, sstep != 0, s0, b + e, bstep != 0, b0, norm,
-                     norm->activation, type), type);
+            norm_vec(src, at + e, e1 - e, *nm, 0, s + e, sstep != 0, s0, b + e, bstep != 0, b0, norm, norm->activation,
+                     type),
+            type);
 }
 
 /* Output of one row, segment by segment, while the input further on is prefetched.
@@ -247,7 +236,7 @@ INLINE void output_row(const void * src, void * dst, size_t base, v_cursor * pf,
 {
     const size_t es = tn_gn_size(type);
     for (size_t j = 0; j < segments; ++j) {
-        const float * s = sp + j * sc->stride, * b = bp + j * bi->stride;
+        const float *s = sp + j * sc->stride, *b = bp + j * bi->stride;
         const size_t at = base + j * size;
         const vfloat s0 = v_set1(s[0]), b0 = v_set1(b[0]);
         size_t e = 0;
@@ -269,27 +258,25 @@ INLINE void output_row(const void * src, void * dst, size_t base, v_cursor * pf,
 static __attribute__((noinline)) void output_row_scaled(const void * src, void * dst, size_t base, size_t segments,
                                                         size_t size, const Norm * nm, const float * sp,
                                                         const TnNormalizationParam * sc, const float * bp,
-                                                        const TnNormalizationParam * bi,
-                                                        const TnNormalization * norm, int type)
+                                                        const TnNormalizationParam * bi, const TnNormalization * norm,
+                                                        int type)
 {
     for (size_t j = 0; j < segments; ++j) {
-        const float * s = sp + j * sc->stride, * b = bp + j * bi->stride;
+        const float *s = sp + j * sc->stride, *b = bp + j * bi->stride;
         const size_t at = base + j * size;
         const vfloat s0 = v_set1(s[0]), b0 = v_set1(b[0]);
         for (size_t e = 0; e < size; e += F) {
             const size_t n = size - e < F ? size - e : F;
             stn(dst, at + e, n,
                 norm_vec(src, at + e, n, *nm, 1, s + e, sc->step != 0, s0, b + e, bi->step != 0, b0, norm,
-                         norm->activation, type), type);
+                         norm->activation, type),
+                type);
         }
     }
 }
 
 /* y = x * p - c (x * p when scaled) in the first n lanes, +0 in the others. */
-INLINE vfloat shifted(vfloat x, vfloat vp, vfloat vc, int scaled)
-{
-    return v_sub(scaled ? v_mul(x, vp) : x, vc);
-}
+INLINE vfloat shifted(vfloat x, vfloat vp, vfloat vc, int scaled) { return v_sub(scaled ? v_mul(x, vp) : x, vc); }
 
 /* Sums of y = x * p - c and of y^2 over the n values from element `at` in the canonical
  * 64-lane order (gnorm.h): element i goes to accumulator (i / 16) % 4, lane i % 16, block by
@@ -315,12 +302,15 @@ INLINE void row_sums(const void * src, size_t at, size_t n, float c, float p, in
         }
         /* The last (< 64) values: partial vectors into accumulators 0, 1, 2, 3 in turn. */
 #define TN_GN_PART(a, e, j) \
-        if (i + (j) * F < bn) { \
-            const size_t k = bn - i - (j) * F; \
-            vfloat y = v_keep(m_first(k), shifted(ldn(src, bat + i + (j) * F, k, type), vp, vc, scaled)); \
-            a = v_add(a, y), e = v_fma(y, y, e); \
-        }
-        TN_GN_PART(a0, e0, 0) TN_GN_PART(a1, e1, 1) TN_GN_PART(a2, e2, 2) TN_GN_PART(a3, e3, 3)
+    if (i + (j) * F < bn) { \
+        const size_t k = bn - i - (j) * F; \
+        vfloat y = v_keep(m_first(k), shifted(ldn(src, bat + i + (j) * F, k, type), vp, vc, scaled)); \
+        a = v_add(a, y), e = v_fma(y, y, e); \
+    }
+        TN_GN_PART(a0, e0, 0)
+        TN_GN_PART(a1, e1, 1)
+        TN_GN_PART(a2, e2, 2)
+        TN_GN_PART(a3, e3, 3)
 #undef TN_GN_PART
         t0 = v_add(t0, a0), t1 = v_add(t1, a1), t2 = v_add(t2, a2), t3 = v_add(t3, a3);
         q0 = v_add(q0, e0), q1 = v_add(q1, e1), q2 = v_add(q2, e2), q3 = v_add(q3, e3);
@@ -376,7 +366,7 @@ INLINE void rows_typed(const void * src, size_t outer, size_t segments, size_t s
                        (uintptr_t)dst % es == 0;
     const int hw = v_hw_bf16();
     TnGnStats cur, next;
-    const char * const bytes = (const char *)src, * const last = bytes + total * es;
+    const char *const bytes = (const char *)src, *const last = bytes + total * es;
     v_cursor pf = {bytes + (ahead < total ? ahead : total) * es, bytes};
     pf.end = bytes + (ahead + n < total ? ahead + n : total) * es;
     row_stats(src, 0, n, norm, type, &cur, &pf);
@@ -388,8 +378,8 @@ INLINE void rows_typed(const void * src, size_t outer, size_t segments, size_t s
             row_stats(src, at + n, n, norm, type, &next, &pf);
         const Norm nm = {v_set1(cur.mean), v_set1(cur.k), v_set1(cur.p), hw};
         if (cur.scaled)
-            output_row_scaled(src, dst, at, segments, size, &nm, tn_gn_row(&sc, o), &sc, tn_gn_row(&bi, o), &bi,
-                              norm, type);
+            output_row_scaled(src, dst, at, segments, size, &nm, tn_gn_row(&sc, o), &sc, tn_gn_row(&bi, o), &bi, norm,
+                              type);
         else
             output_row(src, dst, at, &pf, segments, size, &nm, tn_gn_row(&sc, o), &sc, tn_gn_row(&bi, o), &bi, norm,
                        type, stream);
@@ -425,7 +415,7 @@ INLINE void columns_sums(const void * src, size_t base, size_t count, size_t inn
                          int scaled, int type)
 {
     for (size_t r = 0; r < count; ++r) {
-        float * a = ch->l1[r % 16], * e = ch->l2[r % 16];
+        float *a = ch->l1[r % 16], *e = ch->l2[r % 16];
         const size_t at = base + r * inner + p0;
         for (size_t p = 0; p < w; p += F) {
             const size_t n = w - p;
@@ -460,8 +450,7 @@ INLINE void columns_stats(const void * src, size_t base, size_t count, size_t in
     for (size_t p = 0; p < w; p += F)
         v_store_aligned(ch->p + p, v_set1(1.0f));
     for (size_t p = 0; p < w; ++p)
-        tn_gn_begin(&ch->st[p], ch->l1[0][p] * (1.0f / (float)k), ch->c[p], count, norm->eps,
-                    norm->normalizeVariance);
+        tn_gn_begin(&ch->st[p], ch->l1[0][p] * (1.0f / (float)k), ch->c[p], count, norm->eps, norm->normalizeVariance);
     for (size_t p = 0; p < w; ++p)
         ch->c[p] = ch->st[p].c;
     int scaled = 0;
@@ -513,7 +502,7 @@ INLINE void columns_typed(const void * src, size_t outer, size_t count, size_t i
     Chunk ch;
     for (size_t o = 0; o < outer; ++o) {
         const size_t base = o * count * inner;
-        const float * sp = tn_gn_row(&sc, o), * bp = tn_gn_row(&bi, o);
+        const float *sp = tn_gn_row(&sc, o), *bp = tn_gn_row(&bi, o);
         for (size_t p0 = 0; p0 < inner; p0 += chunk) {
             const size_t w = inner - p0 < chunk ? inner - p0 : chunk;
             columns_stats(src, base, count, inner, p0, w, &ch, norm, type);
@@ -521,15 +510,17 @@ INLINE void columns_typed(const void * src, size_t outer, size_t count, size_t i
             for (size_t p = 0; p < w; ++p)
                 scaled |= ch.st[p].scaled;
             for (size_t r = 0; r < count; ++r) {
-                const float * s = sp + r * sc.stride + p0 * sc.step, * b = bp + r * bi.stride + p0 * bi.step;
+                const float *s = sp + r * sc.stride + p0 * sc.step, *b = bp + r * bi.stride + p0 * bi.step;
                 const vfloat s0 = v_set1(s[0]), b0 = v_set1(b[0]);
                 const size_t at = base + r * inner + p0;
                 for (size_t p = 0; p < w; p += F) {
                     const size_t n = w - p < F ? w - p : F;
-                    const Norm nm = {v_load_aligned(ch.mean + p), v_load_aligned(ch.k + p), v_load_aligned(ch.p + p), 0};
-                    vfloat y = scaled
-                        ? norm_vec(src, at + p, n, nm, 1, s + p, sc.step != 0, s0, b + p, bi.step != 0, b0, norm, act, type)
-                        : norm_vec(src, at + p, n, nm, 0, s + p, sc.step != 0, s0, b + p, bi.step != 0, b0, norm, act, type);
+                    const Norm nm = {v_load_aligned(ch.mean + p), v_load_aligned(ch.k + p), v_load_aligned(ch.p + p),
+                                     0};
+                    vfloat y = scaled ? norm_vec(src, at + p, n, nm, 1, s + p, sc.step != 0, s0, b + p, bi.step != 0,
+                                                 b0, norm, act, type)
+                                      : norm_vec(src, at + p, n, nm, 0, s + p, sc.step != 0, s0, b + p, bi.step != 0,
+                                                 b0, norm, act, type);
                     stn(dst, at + p, n, y, type);
                 }
             }

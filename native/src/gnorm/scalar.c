@@ -131,40 +131,23 @@ static float gelu_f32(float y)
 static float activate(float y, int type, const float * p)
 {
     switch (type) {
-    case TnActivationLinear:
-        return fmaf(p[0], y, p[1]);
-    case TnActivationRelu:
-        return vmax(0.0f, y);
-    case TnActivationLeakyRelu:
-        return y >= 0.0f ? y : p[0] * y;
-    case TnActivationParametricSoftplus:
-        return p[0] * softplus_core(p[1] * y);
-    case TnActivationElu:
-        return y >= 0.0f ? y : p[0] * expm1_f32(y);
-    case TnActivationCelu:
-        return vmax(0.0f, y) + vmin(0.0f, p[0] * expm1_f32(y / p[0]));
-    case TnActivationScaledElu:
-        return y > 0.0f ? p[1] * y : p[1] * (p[0] * expm1_f32(y));
-    case TnActivationSigmoid:
-        return 1.0f / (1.0f + tn_exp_f32(-y));
-    case TnActivationHardSigmoid:
-        return vmax(0.0f, vmin(1.0f, fmaf(p[0], y, p[1])));
-    case TnActivationTanh:
-        return tn_tanh_f32(y);
-    case TnActivationScaledTanh:
-        return p[0] * tn_tanh_f32(p[1] * y);
-    case TnActivationSoftplus:
-        return softplus_core(p[0] * y) / p[0];
-    case TnActivationSoftsign:
-        return y / (1.0f + fabsf(y));
-    case TnActivationThresholdedRelu:
-        return y > p[0] ? y : 0.0f;
-    case TnActivationShrink:
-        return y > p[1] ? y - p[0] : (y < -p[1] ? y + p[0] : 0.0f);
-    case TnActivationGelu:
-        return gelu_f32(y);
-    default:
-        return y;
+    case TnActivationLinear: return fmaf(p[0], y, p[1]);
+    case TnActivationRelu: return vmax(0.0f, y);
+    case TnActivationLeakyRelu: return y >= 0.0f ? y : p[0] * y;
+    case TnActivationParametricSoftplus: return p[0] * softplus_core(p[1] * y);
+    case TnActivationElu: return y >= 0.0f ? y : p[0] * expm1_f32(y);
+    case TnActivationCelu: return vmax(0.0f, y) + vmin(0.0f, p[0] * expm1_f32(y / p[0]));
+    case TnActivationScaledElu: return y > 0.0f ? p[1] * y : p[1] * (p[0] * expm1_f32(y));
+    case TnActivationSigmoid: return 1.0f / (1.0f + tn_exp_f32(-y));
+    case TnActivationHardSigmoid: return vmax(0.0f, vmin(1.0f, fmaf(p[0], y, p[1])));
+    case TnActivationTanh: return tn_tanh_f32(y);
+    case TnActivationScaledTanh: return p[0] * tn_tanh_f32(p[1] * y);
+    case TnActivationSoftplus: return softplus_core(p[0] * y) / p[0];
+    case TnActivationSoftsign: return y / (1.0f + fabsf(y));
+    case TnActivationThresholdedRelu: return y > p[0] ? y : 0.0f;
+    case TnActivationShrink: return y > p[1] ? y - p[0] : (y < -p[1] ? y + p[0] : 0.0f);
+    case TnActivationGelu: return gelu_f32(y);
+    default: return y;
     }
 }
 
@@ -238,9 +221,9 @@ void tn_scalar_NormalizationRows(const void * src, size_t outer, size_t segments
                 tn_gn_sums(&st, s1, s2);
             }
         }
-        const float * sp = tn_gn_row(&sc, o), * bp = tn_gn_row(&bi, o);
+        const float *sp = tn_gn_row(&sc, o), *bp = tn_gn_row(&bi, o);
         for (size_t j = 0; j < segments; ++j) {
-            const float * s = sp + j * sc.stride, * b = bp + j * bi.stride;
+            const float *s = sp + j * sc.stride, *b = bp + j * bi.stride;
             for (size_t e = 0; e < segmentSize; ++e) {
                 size_t i = base + j * segmentSize + e;
                 float x = load1(src, i, type);
@@ -312,12 +295,12 @@ void tn_scalar_NormalizationColumns(const void * src, size_t outer, size_t count
         return;
     for (size_t o = 0; o < outer; ++o) {
         const size_t base = o * count * inner;
-        const float * sp = tn_gn_row(&sc, o), * bp = tn_gn_row(&bi, o);
+        const float *sp = tn_gn_row(&sc, o), *bp = tn_gn_row(&bi, o);
         for (size_t p0 = 0; p0 < inner; p0 += TN_GN_CHUNK) {
             const size_t w = inner - p0 < TN_GN_CHUNK ? inner - p0 : TN_GN_CHUNK;
             columns_stats(src, base, count, inner, p0, w, norm, type, st);
             for (size_t r = 0; r < count; ++r) {
-                const float * s = sp + r * sc.stride + p0 * sc.step, * b = bp + r * bi.stride + p0 * bi.step;
+                const float *s = sp + r * sc.stride + p0 * sc.step, *b = bp + r * bi.stride + p0 * bi.step;
                 for (size_t p = 0; p < w; ++p) {
                     size_t i = base + r * inner + p0 + p;
                     float x = load1(src, i, type);

@@ -54,8 +54,7 @@ V_INLINE vfloat lrn_series(vfloat r, vfloat g, vfloat a0, vfloat a1, vfloat a2, 
 }
 
 /* b^k2 for bases that all have exponent pw.K: r and g from the per-exponent tables. */
-V_INLINE vfloat lrn_pow_k(vfloat b, const float * ck, const float * G, vfloat a0, vfloat a1, vfloat a2,
-                          vfloat a3)
+V_INLINE vfloat lrn_pow_k(vfloat b, const float * ck, const float * G, vfloat a0, vfloat a1, vfloat a2, vfloat a3)
 {
     vint j = vi_srl(v_as_int(b), 20); /* v_lut8 uses the low 3 bits of j */
     vfloat r = v_fma(b, v_lut8(ck, j), v_set1(-1.0f));
@@ -202,8 +201,7 @@ V_INLINE void lrn_direct_h(const float * src, size_t stride, ptrdiff_t C, int H,
         lrn_column(src + i, stride, C, H, 0, n - i, k, dst + i);
 }
 
-static void lrn_direct(const float * src, size_t stride, ptrdiff_t C, ptrdiff_t h, size_t n, LrnK * k,
-                       float * dst)
+static void lrn_direct(const float * src, size_t stride, ptrdiff_t C, ptrdiff_t h, size_t n, LrnK * k, float * dst)
 {
     switch (h) {
     case 0: lrn_direct_h(src, stride, C, 0, n, k, dst); break;
@@ -216,8 +214,8 @@ static void lrn_direct(const float * src, size_t stride, ptrdiff_t C, ptrdiff_t 
 
 /* Wide windows (h > TN_LRN_DIRECT_HALF): n <= W lanes; suf holds 2h rows of W floats,
  * pre one row; W is a multiple of 16. */
-static void lrn_blocks(const float * src, size_t stride, ptrdiff_t C, ptrdiff_t h, size_t n, size_t W,
-                       LrnK * k, float * dst, float * suf, float * pre)
+static void lrn_blocks(const float * src, size_t stride, ptrdiff_t C, ptrdiff_t h, size_t n, size_t W, LrnK * k,
+                       float * dst, float * suf, float * pre)
 {
     ptrdiff_t B = 2 * h;
     for (ptrdiff_t kb = 0; kb < C; kb += B) {
@@ -310,7 +308,7 @@ void TN_ISA(SynetLrnLayerCrossChannels)(const float * src, size_t half, size_t c
         if (direct) {
             lrn_direct(src, spatial, C, h, spatial, &kv, dst);
         } else {
-            float * suf = work, * pre = work + (size_t)(2 * h) * W;
+            float *suf = work, *pre = work + (size_t)(2 * h) * W;
             for (size_t s = 0; s < spatial; s += W)
                 lrn_blocks(src + s, spatial, C, h, spatial - s < W ? spatial - s : W, W, &kv, dst + s, suf, pre);
         }
@@ -333,7 +331,7 @@ void TN_ISA(SynetLrnLayerCrossChannels)(const float * src, size_t half, size_t c
         }
     } else {
         /* 16 pixels at a time, transposed: lane l of tile row c is channel c of pixel l */
-        float * suf = work, * pre = suf + (size_t)(2 * h) * 16, * tin = pre + 16, * tout = tin + channels * 16;
+        float *suf = work, *pre = suf + (size_t)(2 * h) * 16, *tin = pre + 16, *tout = tin + channels * 16;
         for (size_t s = 0; s < spatial; s += 16) {
             size_t n = spatial - s < 16 ? spatial - s : 16;
             const float * x = src + s * channels;

@@ -105,8 +105,8 @@ static inline float lrn_value(float x, float s, const float * k, const LrnPow * 
 }
 
 /* One lane: channel c at x[c * stride]; suf holds 2*half floats (wide windows only). */
-static void lrn_lane(const float * x, size_t stride, size_t channels, size_t half, const float * k,
-                     const LrnPow * pw, float * y, float * suf)
+static void lrn_lane(const float * x, size_t stride, size_t channels, size_t half, const float * k, const LrnPow * pw,
+                     float * y, float * suf)
 {
     ptrdiff_t C = (ptrdiff_t)channels, h = (ptrdiff_t)half;
     if (h <= TN_LRN_DIRECT_HALF) {
@@ -154,7 +154,7 @@ void tn_scalar_SynetLrnLayerCrossChannels(const float * src, size_t half, size_t
             return;
         }
     }
-    LrnPow pow_tables, * pw = NULL;
+    LrnPow pow_tables, *pw = NULL;
     if (fabsf(k[2]) <= LRN_POW_MAX_EXP) {
         tn_lrn_pow_init(&pow_tables, k[2]);
         pw = &pow_tables;

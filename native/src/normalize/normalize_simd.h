@@ -194,7 +194,8 @@ V_INLINE void column_sum_squares(const float * x, size_t rows, size_t stride, si
                 v_prefetch_l2(q + 6 * stride + p);
                 v_prefetch_l2(q + 7 * stride + p);
             }
-            vfloat x0 = ld(q + p, n), x1 = ld(q + stride + p, n), x2 = ld(q + 2 * stride + p, n), x3 = ld(q + 3 * stride + p, n);
+            vfloat x0 = ld(q + p, n), x1 = ld(q + stride + p, n), x2 = ld(q + 2 * stride + p, n),
+                   x3 = ld(q + 3 * stride + p, n);
             vfloat v = v_fma(x3, x3, v_fma(x2, x2, v_fma(x1, x1, v_mul(x0, x0))));
             st(acc + p, r ? v_add(ld(acc + p, n), v) : v, n);
         }
@@ -222,7 +223,7 @@ static void l2_across(const float * x, size_t C, size_t S, const float * scale, 
      * 1.41-1.51x against 1.54-1.58x without them (builds alternated, order rotating). */
     for (size_t s0 = 0, w = S; s0 < S; s0 += w) {
         const float * xs = x + s0;
-        float * ks = k + s0, * ys = y + s0;
+        float *ks = k + s0, *ys = y + s0;
         unsigned slow = 0;
         column_sum_squares(xs, C, S, w, ks);
         for (size_t s = 0; s < w; s += F) {
@@ -268,7 +269,7 @@ V_INLINE void layer_norm_across(const float * x, size_t rows, size_t count, size
     for (size_t p0 = 0; p0 < count; p0 += TN_NORM_CHUNK) {
         const size_t w = count - p0 < TN_NORM_CHUNK ? count - p0 : TN_NORM_CHUNK;
         const float * xs = x + p0;
-        float * ys = y + p0, * ms = mean + p0;
+        float *ys = y + p0, *ms = mean + p0;
         /* Pass 1: means, x0 + sum(x - x0) / rows. */
         column_deviation_sums(xs, rows, stride, w, ms);
         for (size_t p = 0; p < w; p += F)
@@ -324,10 +325,12 @@ V_INLINE void layer_norm_across(const float * x, size_t rows, size_t count, size
                 float * o = ys + r * stride;
                 size_t p = 0;
                 for (; p + F <= w; p += F)
-                    v_store(o + p, v_fma(v_sub(v_load(q + p), v_load(ms + p)), v_load_aligned(norm + p), v_load(sh + p)));
+                    v_store(o + p,
+                            v_fma(v_sub(v_load(q + p), v_load(ms + p)), v_load_aligned(norm + p), v_load(sh + p)));
                 if (p < w) {
                     size_t j = tail_at(p, w);
-                    st(o + j, v_fma(v_sub(ld(q + j, w - j), ld(ms + j, w - j)), ld(norm + j, w - j), ld(sh + j, w - j)), w - j);
+                    st(o + j, v_fma(v_sub(ld(q + j, w - j), ld(ms + j, w - j)), ld(norm + j, w - j), ld(sh + j, w - j)),
+                       w - j);
                 }
             }
         }
@@ -473,7 +476,8 @@ V_INLINE void layer_norm_rows(const float * x, size_t R, size_t n, const float *
             v_store(o + i, v_fma(v_mul(v_sub(v_load(q + i), m[r]), k[r]), v_load(scale + i), v_load(shift + i)));
         if (i < n) {
             size_t j = tail_at(i, n);
-            st(o + j, v_fma(v_mul(v_sub(ld(q + j, n - j), m[r]), k[r]), ld(scale + j, n - j), ld(shift + j, n - j)), n - j);
+            st(o + j, v_fma(v_mul(v_sub(ld(q + j, n - j), m[r]), k[r]), ld(scale + j, n - j), ld(shift + j, n - j)),
+               n - j);
         }
     }
 }
@@ -592,7 +596,8 @@ void TN_ISA(SynetNormalizeLayerForwardV3)(const float * src, size_t batch, size_
         return;
     if (format != TnTensorFormatNhwc || channels == 1) {
         for (size_t i = 0; i < batch * channels; ++i)
-            layer_norm_row1(src + i * spatial, spatial, scale + i % channels, shift + i % channels, e, dst + i * spatial);
+            layer_norm_row1(src + i * spatial, spatial, scale + i % channels, shift + i % channels, e,
+                            dst + i * spatial);
     } else {
         layer_norm_across_batch(src, batch, spatial, channels, scale, shift, 0, e, buf, dst);
     }
@@ -709,7 +714,8 @@ V_INLINE void bf16_pair_sums(const uint16_t * x, size_t R, size_t n, const vfloa
     for (size_t j = 0; j < body; j += F)
         for (size_t r = 0; r < R; ++r) {
             vint v = vi_load((const int32_t *)(x + r * n) + j);
-            bf16_pair_add(v_fma(vi_as_float(vi_sll(v, 16)), one, nc[r]), v_fma(vi_as_float(vi_and(v, hi)), one, nc[r]), s + r, q + r);
+            bf16_pair_add(v_fma(vi_as_float(vi_sll(v, 16)), one, nc[r]), v_fma(vi_as_float(vi_and(v, hi)), one, nc[r]),
+                          s + r, q + r);
         }
     if (tail + odd)
         for (size_t r = 0; r < R; ++r) {
@@ -793,8 +799,8 @@ static void across_pair_sums(const uint16_t * xs, size_t C, size_t S, size_t w, 
 {
     const size_t half = (C + 1) / 2, L = half < 16 ? half : 16;
     for (size_t j = 0; j < half; ++j) {
-        const uint16_t * xe = xs + 2 * j * S, * xo = xe + S;
-        float * a = ls[j % 16], * b = lq[j % 16];
+        const uint16_t *xe = xs + 2 * j * S, *xo = xe + S;
+        float *a = ls[j % 16], *b = lq[j % 16];
         const int paired = 2 * j + 1 < C, first = j < 16;
         /* Two rows read side by side are no stream the prefetchers follow well from DRAM
          * (25% slower than one row after the other): prefetch the pair 16 ahead. */
@@ -897,8 +903,8 @@ static void layer_norm_across_bf16(const uint16_t * x, size_t C, size_t S, const
 }
 
 void TN_ISA(SynetNormalizeLayerForward16bV2)(const uint16_t * src, size_t batch, size_t channels, size_t spatial,
-                                             const float * scale, const float * shift, const float * eps,
-                                             int format, float * buf, uint16_t * dst)
+                                             const float * scale, const float * shift, const float * eps, int format,
+                                             float * buf, uint16_t * dst)
 {
     const size_t size = channels * spatial;
     const float e = eps[0];

@@ -189,8 +189,8 @@ void tn_scalar_SynetNormalizeLayerForward(const float * src, size_t batch, size_
 
 /* One contiguous row of n values; scale and shift advance with the row (step 1) or are one
  * value for the whole row (step 0). */
-static void layer_norm_row(const float * x, size_t n, const float * scale, const float * shift, size_t step,
-                           float eps, float * y)
+static void layer_norm_row(const float * x, size_t n, const float * scale, const float * shift, size_t step, float eps,
+                           float * y)
 {
     const float inv = 1.0f / (float)n;
     float mean = x[0] + sum_from(x, n, x[0]) * inv;
@@ -216,7 +216,7 @@ static void layer_norm_across(const float * x, size_t rows, size_t count, size_t
     for (size_t p0 = 0; p0 < count; p0 += W) {
         size_t w = count - p0 < W ? count - p0 : W;
         const float * xs = x + p0;
-        float * ys = y + p0, * m = mean + p0;
+        float *ys = y + p0, *m = mean + p0;
         for (size_t p = 0; p < w; ++p)
             m[p] = 0.0f;
         /* Deviations from row 0, four rows at a time: shorter running sums, smaller error. */
@@ -224,7 +224,8 @@ static void layer_norm_across(const float * x, size_t rows, size_t count, size_t
         for (; r + 4 <= rows; r += 4) {
             const float * q = xs + r * stride;
             for (size_t p = 0; p < w; ++p)
-                m[p] += ((q[p] - xs[p]) + (q[stride + p] - xs[p])) + ((q[2 * stride + p] - xs[p]) + (q[3 * stride + p] - xs[p]));
+                m[p] += ((q[p] - xs[p]) + (q[stride + p] - xs[p])) +
+                        ((q[2 * stride + p] - xs[p]) + (q[3 * stride + p] - xs[p]));
         }
         for (; r < rows; ++r)
             for (size_t p = 0; p < w; ++p)
@@ -261,8 +262,8 @@ static void layer_norm_across(const float * x, size_t rows, size_t count, size_t
         }
         for (size_t p = 0; slow && p < w; ++p)
             if (norm[p] < 0.0f)
-                tn_norm_slow_layer(xs + p, rows, stride, perRow ? scale : scale + p0 + p, perRow ? shift : shift + p0 + p,
-                                   perRow ? 1 : 0, eps, ys + p);
+                tn_norm_slow_layer(xs + p, rows, stride, perRow ? scale : scale + p0 + p,
+                                   perRow ? shift : shift + p0 + p, perRow ? 1 : 0, eps, ys + p);
     }
 }
 
@@ -416,8 +417,8 @@ static void layer_norm_bf16(const uint16_t * x, size_t n, size_t stride, const f
 }
 
 void tn_scalar_SynetNormalizeLayerForward16bV2(const uint16_t * src, size_t batch, size_t channels, size_t spatial,
-                                               const float * scale, const float * shift, const float * eps,
-                                               int format, float * buf, uint16_t * dst)
+                                               const float * scale, const float * shift, const float * eps, int format,
+                                               float * buf, uint16_t * dst)
 {
     const size_t size = channels * spatial;
     const float e = eps[0];
@@ -435,7 +436,6 @@ void tn_scalar_SynetNormalizeLayerForward16bV2(const uint16_t * src, size_t batc
                 layer_norm_bf16(x + s, channels, spatial, scale, shift, e, y + s);
     }
 }
-
 
 /* ---- Slow paths of every level (normalize.h): double precision ------------------- */
 
@@ -477,7 +477,8 @@ void tn_norm_slow_layer_bf16(const uint16_t * x, size_t n, size_t stride, const 
     double mean, norm;
     slow_stats(x, 1, n, stride, eps, &mean, &norm);
     for (size_t i = 0; i < n; ++i)
-        y[i * stride] = tn_f32_to_bf16((float)((elem(x, 1, i * stride) - mean) * norm * scale[i * pstep] + shift[i * pstep]));
+        y[i * stride] =
+            tn_f32_to_bf16((float)((elem(x, 1, i * stride) - mean) * norm * scale[i * pstep] + shift[i * pstep]));
 }
 
 static double slow_sum_squares(const float * x, size_t n, size_t stride)

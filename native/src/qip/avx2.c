@@ -50,7 +50,7 @@ static inline int64_t load_i64(const int16_t * p)
 
 /* Requantize 8 columns and store the first n (1..8) bytes. */
 TN_INLINE void requant_store8(__m256i acc, const int32_t * biasq, const float * norm, __m256i cz, uint8_t * dst,
-    size_t n)
+                              size_t n)
 {
     __m256i s = _mm256_add_epi32(acc, _mm256_loadu_si256((const __m256i *)biasq));
     __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_loadu_ps(norm));
@@ -79,7 +79,10 @@ TN_INLINE void requant_store8(__m256i acc, const int32_t * biasq, const float * 
         x0_##i##_0 = _mm256_add_epi32(x0_##i##_0, x##u##_##i##_0); \
         x0_##i##_1 = _mm256_add_epi32(x0_##i##_1, x##u##_##i##_1); \
     }
-#define TN_COMBINE(i) if (MR > i) { TN_COMBINE_SET(1, i) TN_COMBINE_SET(2, i) TN_COMBINE_SET(3, i) }
+#define TN_COMBINE(i) \
+    if (MR > i) { \
+        TN_COMBINE_SET(1, i) TN_COMBINE_SET(2, i) TN_COMBINE_SET(3, i) \
+    }
 
 /* The sums of a tile over its quads, for both kinds of tile: the accumulators (partial
  * sums resumed when this is not the first K block), then U quads per round (one
@@ -159,8 +162,11 @@ TN_INLINE void wide_tile(const int MR, const int U, const Tile * t)
 }
 
 #define TN_SETS(MR) ((MR) == 1 ? 4 : ((MR) <= 3 ? 2 : 1))
-#define TN_WIDE_TILE(MR) static void wide_tile_##MR(const Tile * t) { wide_tile(MR, TN_SETS(MR), t); }
+#define TN_WIDE_TILE(MR) \
+    static void wide_tile_##MR(const Tile * t) { wide_tile(MR, TN_SETS(MR), t); }
+/* clang-format off */
 TN_WIDE_TILE(1) TN_WIDE_TILE(2) TN_WIDE_TILE(3) TN_WIDE_TILE(4) TN_WIDE_TILE(5) TN_WIDE_TILE(6)
+/* clang-format on */
 #undef TN_WIDE_TILE
 
 /* Only the AVX-VNNI tiles are compiled for AVX-VNNI, so that no other code of this file (the
@@ -215,8 +221,11 @@ TN_INLINE void vnni_tile(const int MR, const int U, const Tile * t)
     TN_ROWS(TN_V_REQUANT)
 }
 
-#define TN_VNNI_TILE(MR) static void vnni_tile_##MR(const Tile * t) { vnni_tile(MR, TN_SETS(MR), t); }
+#define TN_VNNI_TILE(MR) \
+    static void vnni_tile_##MR(const Tile * t) { vnni_tile(MR, TN_SETS(MR), t); }
+/* clang-format off */
 TN_VNNI_TILE(1) TN_VNNI_TILE(2) TN_VNNI_TILE(3) TN_VNNI_TILE(4) TN_VNNI_TILE(5) TN_VNNI_TILE(6)
+/* clang-format on */
 #undef TN_VNNI_TILE
 
 #pragma GCC pop_options
@@ -295,8 +304,8 @@ static void pack_columns(const int8_t * B, size_t N, size_t K, size_t j0, size_t
     }
 }
 
-void tn_qip_pack_panel(const int8_t * B, size_t N, size_t K, int transB, size_t j0, size_t kqp,
-    int8_t * dst, int32_t * colsum)
+void tn_qip_pack_panel(const int8_t * B, size_t N, size_t K, int transB, size_t j0, size_t kqp, int8_t * dst,
+                       int32_t * colsum)
 {
     const size_t kq = (K + 3) / 4;
     memset(dst + kq * TN_QIP_ROW_BYTES, 0, (kqp - kq) * TN_QIP_ROW_BYTES);
@@ -340,7 +349,7 @@ static void widen_rows(const uint8_t * A, size_t rows, size_t K, size_t kqp, int
 
 /* Rows [0, mb) of a block times one panel, all K blocks. */
 static void panel_tiles(const TnQip * q, size_t mb, const uint8_t * A, const int16_t * a16, const int8_t * bp,
-    const int32_t * biasq, const float * norm, size_t ncols, int32_t * part, uint8_t * C)
+                        const int32_t * biasq, const float * norm, size_t ncols, int32_t * part, uint8_t * C)
 {
     const int wide = q->algo == TN_QIP_AVX2;
     const size_t K = q->K, kfull = K / 4, tail = K % 4;

@@ -64,7 +64,8 @@ TN_INLINE void requant_store(__m512i acc, __m512i bq, __m512 norm, __m512i cz, u
  * rather than an array: GCC then keeps every accumulator in a register. Rows and sets
  * beyond MR and U are compiled out. */
 #define TN_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
-#define TN_ROWS_U(X, u) X(u, 0) X(u, 1) X(u, 2) X(u, 3) X(u, 4) X(u, 5) X(u, 6) X(u, 7) X(u, 8) X(u, 9) X(u, 10) X(u, 11)
+#define TN_ROWS_U(X, u) \
+    X(u, 0) X(u, 1) X(u, 2) X(u, 3) X(u, 4) X(u, 5) X(u, 6) X(u, 7) X(u, 8) X(u, 9) X(u, 10) X(u, 11)
 
 #define TN_DECL_SET(u, i) __m512i x##u##_##i##_0 = _mm512_setzero_si512(), x##u##_##i##_1 = _mm512_setzero_si512();
 #define TN_DECL(i) TN_DECL_SET(0, i) TN_DECL_SET(1, i) TN_DECL_SET(2, i) TN_DECL_SET(3, i)
@@ -86,7 +87,10 @@ TN_INLINE void requant_store(__m512i acc, __m512i bq, __m512 norm, __m512i cz, u
         x0_##i##_0 = _mm512_add_epi32(x0_##i##_0, x##u##_##i##_0); \
         x0_##i##_1 = _mm512_add_epi32(x0_##i##_1, x##u##_##i##_1); \
     }
-#define TN_COMBINE(i) if (MR > i) { TN_COMBINE_SET(1, i) TN_COMBINE_SET(2, i) TN_COMBINE_SET(3, i) }
+#define TN_COMBINE(i) \
+    if (MR > i) { \
+        TN_COMBINE_SET(1, i) TN_COMBINE_SET(2, i) TN_COMBINE_SET(3, i) \
+    }
 #define TN_STORE_PART(i) \
     if (MR > i) { \
         _mm512_storeu_si512(t->part + i * 32, x0_##i##_0); \
@@ -161,23 +165,22 @@ TN_INLINE void vnni_tile(const int MR, const int U, const Tile * t)
 #define TN_VNNI_SETS(MR) ((MR) == 1 ? 4 : ((MR) <= 4 ? 2 : 1))
 #define TN_VNNI_TILE(MR) \
     static void vnni_tile_##MR(const Tile * t) { vnni_tile(MR, TN_VNNI_SETS(MR), t); }
+/* clang-format off */
 TN_VNNI_TILE(1) TN_VNNI_TILE(2) TN_VNNI_TILE(3) TN_VNNI_TILE(4) TN_VNNI_TILE(5) TN_VNNI_TILE(6)
 TN_VNNI_TILE(7) TN_VNNI_TILE(8) TN_VNNI_TILE(9) TN_VNNI_TILE(10) TN_VNNI_TILE(11) TN_VNNI_TILE(12)
+/* clang-format on */
 #undef TN_VNNI_TILE
 
 static void (*const vnni_tiles[TN_VNNI_MR + 1])(const Tile *) = {
-    NULL, vnni_tile_1, vnni_tile_2, vnni_tile_3, vnni_tile_4, vnni_tile_5, vnni_tile_6,
+    NULL,        vnni_tile_1, vnni_tile_2, vnni_tile_3,  vnni_tile_4,  vnni_tile_5,  vnni_tile_6,
     vnni_tile_7, vnni_tile_8, vnni_tile_9, vnni_tile_10, vnni_tile_11, vnni_tile_12,
 };
 
-static __mmask16 cols_mask(size_t n)
-{
-    return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u);
-}
+static __mmask16 cols_mask(size_t n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u); }
 
 /* Rows [0, mb) of a block times one panel (32 columns), all K blocks. */
 static void vnni_panel(const TnQip * q, size_t mb, const uint8_t * A, const int8_t * bp, const int8_t * next,
-    const int32_t * biasq, const float * norm, size_t ncols, int32_t * part, uint8_t * C)
+                       const int32_t * biasq, const float * norm, size_t ncols, int32_t * part, uint8_t * C)
 {
     const size_t K = q->K, kfull = K / 4, tail = K % 4;
     const size_t tiles = (mb + TN_VNNI_MR - 1) / TN_VNNI_MR;
@@ -288,7 +291,7 @@ typedef struct {
 } Pending;
 
 static void pending_set(Pending * e, const TnQip * q, const int32_t * part, size_t rows, const int32_t * biasq,
-    size_t j0, uint8_t * C)
+                        size_t j0, uint8_t * C)
 {
     const size_t ncols = q->N - j0 < TN_QIP_PANEL ? q->N - j0 : TN_QIP_PANEL;
     e->part = part;
@@ -341,7 +344,7 @@ TN_INLINE void prefetch_step(const Prefetch * f, const int8_t * b)
  * step), a + a_next those of the next 16; part: 32 rows of 32 int32, loaded unless
  * `first`, stored at the end (after the pending rows, which may be the same ones). */
 static void amx_block32(const uint8_t * a, size_t a_next, const int8_t * b, size_t steps, int first, int32_t * part,
-    Pending * e, Prefetch f)
+                        Pending * e, Prefetch f)
 {
     if (first) {
         _tile_zero(0);
@@ -378,7 +381,7 @@ static void amx_block32(const uint8_t * a, size_t a_next, const int8_t * b, size
 /* 16 rows x 32 columns: sums in tmm0-1, A in tmm2 / tmm3 and B in tmm4-5 / tmm6-7 on
  * alternate steps. */
 static void amx_block16(const uint8_t * a, const int8_t * b, size_t steps, int first, int32_t * part, Pending * e,
-    Prefetch f)
+                        Prefetch f)
 {
     if (first) {
         _tile_zero(0);

@@ -125,18 +125,12 @@ static int algorithm_allowed(int algo)
     int isa = TnActiveIsa();
     uint64_t f = TnCpuFeatures();
     switch (algo) {
-    case TN_QIP_SCALAR:
-        return 1;
-    case TN_QIP_AVX2:
-        return isa >= TnIsaAvx2;
-    case TN_QIP_AVX2_VNNI:
-        return isa >= TnIsaAvx2 && (f & TnCpuAvxVnni);
-    case TN_QIP_AVX512_VNNI:
-        return isa >= TnIsaAvx512 && (f & TnCpuAvx512vnni);
-    case TN_QIP_AMX:
-        return isa >= TnIsaAvx512 && (f & TnCpuAvx512vnni) && tn_qip_amx_usable();
-    default:
-        return 0;
+    case TN_QIP_SCALAR: return 1;
+    case TN_QIP_AVX2: return isa >= TnIsaAvx2;
+    case TN_QIP_AVX2_VNNI: return isa >= TnIsaAvx2 && (f & TnCpuAvxVnni);
+    case TN_QIP_AVX512_VNNI: return isa >= TnIsaAvx512 && (f & TnCpuAvx512vnni);
+    case TN_QIP_AMX: return isa >= TnIsaAvx512 && (f & TnCpuAvx512vnni) && tn_qip_amx_usable();
+    default: return 0;
     }
 }
 
@@ -155,7 +149,7 @@ static void describe(TnQip * q)
     switch (q->algo) {
     case TN_QIP_SCALAR:
         snprintf(q->info, sizeof(q->info), "scalar: reference loops, int32 accumulation%s",
-            q->constB ? ", B stored transposed" : "");
+                 q->constB ? ", B stored transposed" : "");
         break;
     case TN_QIP_AVX2:
     case TN_QIP_AVX2_VNNI:
@@ -166,20 +160,21 @@ static void describe(TnQip * q)
             [TN_QIP_AVX512_VNNI] = "avx512-vnni: vpdpbusd zmm, 12x32",
         };
         snprintf(q->info, sizeof(q->info), "%s register tiles, M block %zu, K block %zu, %s", tiles[q->algo], q->mc,
-            4 * q->kc, b);
+                 4 * q->kc, b);
         break;
     }
     case TN_QIP_AMX:
         snprintf(q->info, sizeof(q->info),
-            "avx512-amx: AMX-INT8 tdpbusd, 32x32 tile blocks, K block %zu, for M >= %zu; avx512-vnni vpdpbusd "
-            "12x32 register tiles for smaller M and a last M %% 16 < %zu rows; M block %zu, %s",
-            4 * q->amx_kc, q->amx_min_m, q->amx_min_m, q->mc, b);
+                 "avx512-amx: AMX-INT8 tdpbusd, 32x32 tile blocks, K block %zu, for M >= %zu; avx512-vnni vpdpbusd "
+                 "12x32 register tiles for smaller M and a last M %% 16 < %zu rows; M block %zu, %s",
+                 4 * q->amx_kc, q->amx_min_m, q->amx_min_m, q->mc, b);
         break;
     }
 }
 
 void * TnSynetQuantizedInnerProductInitAlgorithm(size_t M, size_t N, size_t K, TnTensorDataType typeA,
-    TnTensorDataType typeB, TnTensorDataType typeC, int transB, int constB, int bias, int algorithm)
+                                                 TnTensorDataType typeB, TnTensorDataType typeC, int transB, int constB,
+                                                 int bias, int algorithm)
 {
     if (typeA != TnTensorData8u || typeB != TnTensorData8i || typeC != TnTensorData8u)
         return NULL;
@@ -251,11 +246,11 @@ void * TnSynetQuantizedInnerProductInitAlgorithm(size_t M, size_t N, size_t K, T
     return q;
 }
 
-void * TnSynetQuantizedInnerProductInit(size_t M, size_t N, size_t K, TnTensorDataType typeA,
-    TnTensorDataType typeB, TnTensorDataType typeC, int transB, int constB, int bias)
+void * TnSynetQuantizedInnerProductInit(size_t M, size_t N, size_t K, TnTensorDataType typeA, TnTensorDataType typeB,
+                                        TnTensorDataType typeC, int transB, int constB, int bias)
 {
     return TnSynetQuantizedInnerProductInitAlgorithm(M, N, K, typeA, typeB, typeC, transB, constB, bias,
-        TnQipAlgorithmAuto);
+                                                     TnQipAlgorithmAuto);
 }
 
 size_t TnSynetQuantizedInnerProductInternalBufferSize(const void * context)
@@ -283,7 +278,8 @@ const char * TnSynetQuantizedInnerProductInfo(const void * context)
 }
 
 void TnSynetQuantizedInnerProductSetParams(void * context, const float * aScale, const uint8_t * aZero,
-    const int8_t * b, const float * bScale, const int32_t * bias, const float * cScale, const uint8_t * cZero)
+                                           const int8_t * b, const float * bScale, const int32_t * bias,
+                                           const float * cScale, const uint8_t * cZero)
 {
     TnQip * q = (TnQip *)context;
     if (q == NULL)
@@ -313,8 +309,8 @@ void TnSynetQuantizedInnerProductSetParams(void * context, const float * aScale,
         } else {
             for (size_t p = 0; p < q->panels; ++p) {
                 size_t j0 = p * TN_QIP_PANEL;
-                tn_qip_pack_panel(b, q->N, q->K, q->transB, j0, q->kqp,
-                    q->packed + p * q->kqp * TN_QIP_ROW_BYTES, colsum);
+                tn_qip_pack_panel(b, q->N, q->K, q->transB, j0, q->kqp, q->packed + p * q->kqp * TN_QIP_ROW_BYTES,
+                                  colsum);
                 tn_qip_panel_bias(q, j0, colsum, q->biasq + j0);
             }
         }
@@ -325,7 +321,7 @@ void TnSynetQuantizedInnerProductSetParams(void * context, const float * aScale,
 }
 
 void TnSynetQuantizedInnerProductForwardRows(void * context, size_t M, const uint8_t * A, const uint8_t * B,
-    uint8_t * buf, uint8_t * C)
+                                             uint8_t * buf, uint8_t * C)
 {
     const TnQip * q = (const TnQip *)context;
     if (q == NULL || M == 0)
@@ -348,22 +344,16 @@ void TnSynetQuantizedInnerProductForwardRows(void * context, size_t M, const uin
     }
     const int8_t * b = (const int8_t *)B;
     switch (q->algo) {
-    case TN_QIP_SCALAR:
-        tn_qip_scalar_forward(q, M, A, b, buf, C);
-        break;
+    case TN_QIP_SCALAR: tn_qip_scalar_forward(q, M, A, b, buf, C); break;
     case TN_QIP_AVX2:
-    case TN_QIP_AVX2_VNNI:
-        tn_qip_avx2_forward(q, M, A, b, buf, C);
-        break;
-    default:
-        tn_qip_avx512_forward(q, M, A, b, buf, C);
-        break;
+    case TN_QIP_AVX2_VNNI: tn_qip_avx2_forward(q, M, A, b, buf, C); break;
+    default: tn_qip_avx512_forward(q, M, A, b, buf, C); break;
     }
     free(own);
 }
 
 void TnSynetQuantizedInnerProductForward(void * context, const uint8_t * A, const uint8_t * B, uint8_t * buf,
-    uint8_t * C)
+                                         uint8_t * C)
 {
     if (context != NULL)
         TnSynetQuantizedInnerProductForwardRows(context, ((const TnQip *)context)->M, A, B, buf, C);

@@ -87,8 +87,8 @@ void tn_qip_scratch_layout(const TnQip * q, size_t M, TnQipScratch * s);
 /* One panel of B (columns j0 .. j0+31) packed as described above, plus each column's sum
  * over k (0 for columns >= N). Defined in avx2.c: call it only when the CPU has AVX2
  * (every algorithm but scalar). */
-void tn_qip_pack_panel(const int8_t * B, size_t N, size_t K, int transB, size_t j0, size_t kqp,
-    int8_t * dst, int32_t * colsum);
+void tn_qip_pack_panel(const int8_t * B, size_t N, size_t K, int transB, size_t j0, size_t kqp, int8_t * dst,
+                       int32_t * colsum);
 
 /* bias'[c] for the 32 columns of panel starting at j0, from their column sums. */
 static inline void tn_qip_panel_bias(const TnQip * q, size_t j0, const int32_t * colsum, int32_t * dst)
@@ -136,8 +136,8 @@ static inline size_t tn_qip_row_block(const TnQip * q, size_t M)
 
 /* Panel p of B and the bias' of its columns: the ones packed at SetParams (constB), or B
  * packed now into panel and pbias (scratch). */
-static inline const int8_t * tn_qip_panel(const TnQip * q, size_t p, const int8_t * B, int8_t * panel,
-    int32_t * pbias, const int32_t ** biasq)
+static inline const int8_t * tn_qip_panel(const TnQip * q, size_t p, const int8_t * B, int8_t * panel, int32_t * pbias,
+                                          const int32_t ** biasq)
 {
     const size_t j0 = p * TN_QIP_PANEL;
     if (q->constB) {

@@ -25,11 +25,11 @@
 /* d[j] = s[j], j < n. */
 static void copy_row(const float * s, float * d, size_t n);
 /* NHWC with even channel counts: the deinterleaves (type 0) or interleaves (type 1). */
-static void shuffle_nhwc(const float * src0, const float * src1, size_t channels0, size_t channels1,
-                         size_t spatial, float * dst0, float * dst1, int type);
+static void shuffle_nhwc(const float * src0, const float * src1, size_t channels0, size_t channels1, size_t spatial,
+                         float * dst0, float * dst1, int type);
 
-static void copy_rows_nchw(const float * src0, const float * src1, size_t channels0, size_t channels1,
-                           size_t spatial, float * dst0, float * dst1, int type)
+static void copy_rows_nchw(const float * src0, const float * src1, size_t channels0, size_t channels1, size_t spatial,
+                           float * dst0, float * dst1, int type)
 {
     size_t half = (channels0 + channels1) / 2;
     if (type == 0) {
@@ -46,17 +46,17 @@ static void copy_rows_nchw(const float * src0, const float * src1, size_t channe
 }
 
 /* Element-by-element NHWC, valid for any channel counts. */
-static void generic_nhwc(const float * src0, const float * src1, size_t channels0, size_t channels1,
-                         size_t spatial, float * dst0, float * dst1, int type)
+static void generic_nhwc(const float * src0, const float * src1, size_t channels0, size_t channels1, size_t spatial,
+                         float * dst0, float * dst1, int type)
 {
     size_t half = (channels0 + channels1) / 2;
     for (size_t p = 0; p < spatial; ++p) {
         if (type == 0) {
-            const float * s0 = src0 + p * channels0, * s1 = src1 + p * channels1;
+            const float *s0 = src0 + p * channels0, *s1 = src1 + p * channels1;
             for (size_t j = 0; j < 2 * half; ++j)
                 (j & 1 ? dst1 : dst0)[p * half + j / 2] = j < channels0 ? s0[j] : s1[j - channels0];
         } else {
-            const float * s0 = src0 + p * half, * s1 = src1 + p * half;
+            const float *s0 = src0 + p * half, *s1 = src1 + p * half;
             for (size_t j = 0; j < 2 * half; ++j) {
                 float v = (j & 1 ? s1 : s0)[j / 2];
                 if (j < channels0)
@@ -68,8 +68,8 @@ static void generic_nhwc(const float * src0, const float * src1, size_t channels
     }
 }
 
-static void shuffle_forward(const float * src0, const float * src1, size_t channels0, size_t channels1,
-                            size_t spatial, float * dst0, float * dst1, int format, int type)
+static void shuffle_forward(const float * src0, const float * src1, size_t channels0, size_t channels1, size_t spatial,
+                            float * dst0, float * dst1, int format, int type)
 {
     if (type != 0 && type != 1)
         return;

@@ -10,10 +10,7 @@
 /* Floats from p to the next 64-byte boundary. The routines below store whole vectors at
  * line-aligned addresses wherever they can: a store that splits a cache line costs about
  * twice as much, and NumPy arrays are only 16-byte aligned. */
-static inline size_t gap(const float * p)
-{
-    return ((0 - (uintptr_t)p) & 63) / sizeof(float);
-}
+static inline size_t gap(const float * p) { return ((0 - (uintptr_t)p) & 63) / sizeof(float); }
 
 static void copy_row(const float * s, float * d, size_t n)
 {
@@ -35,10 +32,7 @@ static void copy_row(const float * s, float * d, size_t n)
 }
 
 /* Lane l = s[2l + odd]; reads s[0..31]. */
-static inline vfloat pick_load(const float * s, int odd)
-{
-    return odd ? v_load_odd(s) : v_load_even(s);
-}
+static inline vfloat pick_load(const float * s, int odd) { return odd ? v_load_odd(s) : v_load_even(s); }
 
 /* d[k] = s[2k + odd], k < r < F: the 2r floats go through a zeroed copy. */
 static inline void pick_part(const float * s, size_t r, int odd, float * d)
@@ -93,8 +87,8 @@ static inline void zip(const float * a, const float * b, size_t n, float * d)
         zip_part(a + k, b + k, n - k, d + 2 * k);
 }
 
-static void shuffle_nhwc(const float * src0, const float * src1, size_t channels0, size_t channels1,
-                         size_t spatial, float * dst0, float * dst1, int type)
+static void shuffle_nhwc(const float * src0, const float * src1, size_t channels0, size_t channels1, size_t spatial,
+                         float * dst0, float * dst1, int type)
 {
     size_t half = (channels0 + channels1) / 2, h0 = channels0 / 2, h1 = channels1 / 2;
     /* Type 0: one pass over the pixels per input; type 1: one per output. Each pixel

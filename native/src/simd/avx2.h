@@ -21,9 +21,15 @@
 #define TN_ISA_NAME "avx2"
 #define TN_LANES 16
 
-typedef struct { __m256 lo, hi; } vfloat;
-typedef struct { __m256i lo, hi; } vint;
-typedef struct { __m256 lo, hi; } vmask; /* all-ones lanes are set */
+typedef struct {
+    __m256 lo, hi;
+} vfloat;
+typedef struct {
+    __m256i lo, hi;
+} vint;
+typedef struct {
+    __m256 lo, hi;
+} vmask; /* all-ones lanes are set */
 
 #define V_INLINE static inline __attribute__((always_inline))
 
@@ -46,7 +52,8 @@ V_INLINE vmask m_first(size_t n)
         __m256 ones = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
         return (vmask){ones, ones};
     }
-    return (vmask){_mm256_castsi256_ps(v_half_mask_(n >= 8 ? 8 : n)), _mm256_castsi256_ps(v_half_mask_(n > 8 ? n - 8 : 0))};
+    return (vmask){_mm256_castsi256_ps(v_half_mask_(n >= 8 ? 8 : n)),
+                   _mm256_castsi256_ps(v_half_mask_(n > 8 ? n - 8 : 0))};
 }
 V_INLINE vmask m_and(vmask a, vmask b) { return V2_(vmask, _mm256_and_ps, a, b); }
 V_INLINE vmask m_or(vmask a, vmask b) { return V2_(vmask, _mm256_or_ps, a, b); }
@@ -56,7 +63,10 @@ V_INLINE vmask m_not(vmask a)
     __m256 ones = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
     return (vmask){_mm256_xor_ps(a.lo, ones), _mm256_xor_ps(a.hi, ones)};
 }
-V_INLINE unsigned m_bits(vmask a) { return (unsigned)_mm256_movemask_ps(a.lo) | ((unsigned)_mm256_movemask_ps(a.hi) << 8); }
+V_INLINE unsigned m_bits(vmask a)
+{
+    return (unsigned)_mm256_movemask_ps(a.lo) | ((unsigned)_mm256_movemask_ps(a.hi) << 8);
+}
 V_INLINE int m_any(vmask a) { return !_mm256_testz_ps(_mm256_or_ps(a.lo, a.hi), _mm256_or_ps(a.lo, a.hi)); }
 V_INLINE int m_all(vmask a) { return m_bits(a) == 0xffffu; }
 
@@ -82,7 +92,8 @@ V_INLINE void v_stream(float * p, vfloat v)
 V_INLINE void v_stream_fence(void) { _mm_sfence(); }
 V_INLINE vfloat v_load_mask(const float * p, vmask m)
 {
-    return (vfloat){_mm256_maskload_ps(p, _mm256_castps_si256(m.lo)), _mm256_maskload_ps(p + 8, _mm256_castps_si256(m.hi))};
+    return (vfloat){_mm256_maskload_ps(p, _mm256_castps_si256(m.lo)),
+                    _mm256_maskload_ps(p + 8, _mm256_castps_si256(m.hi))};
 }
 V_INLINE void v_store_mask(float * p, vfloat v, vmask m)
 {
@@ -102,7 +113,8 @@ V_INLINE void v_store_n(float * p, vfloat v, size_t n)
 V_INLINE __m256 v_bf16_half_(__m128i b) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16)); }
 V_INLINE vfloat v_load_bf16(const uint16_t * p)
 {
-    return (vfloat){v_bf16_half_(_mm_loadu_si128((const __m128i *)p)), v_bf16_half_(_mm_loadu_si128((const __m128i *)(p + 8)))};
+    return (vfloat){v_bf16_half_(_mm_loadu_si128((const __m128i *)p)),
+                    v_bf16_half_(_mm_loadu_si128((const __m128i *)(p + 8)))};
 }
 V_INLINE vfloat v_load_bf16_n(const uint16_t * p, size_t n)
 {
@@ -163,7 +175,8 @@ V_INLINE void v_store2_bf16_hw(uint16_t * p, vfloat a, vfloat b, int hw)
 }
 V_INLINE vfloat v_load_f16(const uint16_t * p)
 {
-    return (vfloat){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)))};
+    return (vfloat){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)),
+                    _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)))};
 }
 V_INLINE vfloat v_load_f16_n(const uint16_t * p, size_t n)
 {
@@ -197,9 +210,18 @@ V_INLINE vfloat v_add(vfloat a, vfloat b) { return V2_(vfloat, _mm256_add_ps, a,
 V_INLINE vfloat v_sub(vfloat a, vfloat b) { return V2_(vfloat, _mm256_sub_ps, a, b); }
 V_INLINE vfloat v_mul(vfloat a, vfloat b) { return V2_(vfloat, _mm256_mul_ps, a, b); }
 V_INLINE vfloat v_div(vfloat a, vfloat b) { return V2_(vfloat, _mm256_div_ps, a, b); }
-V_INLINE vfloat v_fma(vfloat a, vfloat b, vfloat c) { return (vfloat){_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
-V_INLINE vfloat v_fms(vfloat a, vfloat b, vfloat c) { return (vfloat){_mm256_fmsub_ps(a.lo, b.lo, c.lo), _mm256_fmsub_ps(a.hi, b.hi, c.hi)}; }
-V_INLINE vfloat v_fnma(vfloat a, vfloat b, vfloat c) { return (vfloat){_mm256_fnmadd_ps(a.lo, b.lo, c.lo), _mm256_fnmadd_ps(a.hi, b.hi, c.hi)}; }
+V_INLINE vfloat v_fma(vfloat a, vfloat b, vfloat c)
+{
+    return (vfloat){_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+V_INLINE vfloat v_fms(vfloat a, vfloat b, vfloat c)
+{
+    return (vfloat){_mm256_fmsub_ps(a.lo, b.lo, c.lo), _mm256_fmsub_ps(a.hi, b.hi, c.hi)};
+}
+V_INLINE vfloat v_fnma(vfloat a, vfloat b, vfloat c)
+{
+    return (vfloat){_mm256_fnmadd_ps(a.lo, b.lo, c.lo), _mm256_fnmadd_ps(a.hi, b.hi, c.hi)};
+}
 V_INLINE vfloat v_min(vfloat a, vfloat b) { return V2_(vfloat, _mm256_min_ps, a, b); }
 V_INLINE vfloat v_max(vfloat a, vfloat b) { return V2_(vfloat, _mm256_max_ps, a, b); }
 V_INLINE vfloat v_sqrt(vfloat a) { return V1_(vfloat, _mm256_sqrt_ps, a); }
@@ -207,10 +229,14 @@ V_INLINE vfloat v_and(vfloat a, vfloat b) { return V2_(vfloat, _mm256_and_ps, a,
 V_INLINE vfloat v_or(vfloat a, vfloat b) { return V2_(vfloat, _mm256_or_ps, a, b); }
 V_INLINE vfloat v_xor(vfloat a, vfloat b) { return V2_(vfloat, _mm256_xor_ps, a, b); }
 V_INLINE vfloat v_andnot(vfloat a, vfloat b) { return V2_(vfloat, _mm256_andnot_ps, a, b); }
-V_INLINE vfloat v_abs(vfloat a) { return v_and(a, (vfloat){_mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff))}); }
+V_INLINE vfloat v_abs(vfloat a)
+{
+    return v_and(a, (vfloat){_mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)),
+                             _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff))});
+}
 V_INLINE vfloat v_neg(vfloat a) { return v_xor(a, v_set1(-0.0f)); }
 #define V_ROUND_(mode) \
-    (vfloat){_mm256_round_ps(a.lo, (mode) | _MM_FROUND_NO_EXC), _mm256_round_ps(a.hi, (mode) | _MM_FROUND_NO_EXC)}
+    ((vfloat){_mm256_round_ps(a.lo, (mode) | _MM_FROUND_NO_EXC), _mm256_round_ps(a.hi, (mode) | _MM_FROUND_NO_EXC)})
 V_INLINE vfloat v_round(vfloat a) { return V_ROUND_(_MM_FROUND_TO_NEAREST_INT); }
 V_INLINE vfloat v_floor(vfloat a) { return V_ROUND_(_MM_FROUND_TO_NEG_INF); }
 V_INLINE vfloat v_ceil(vfloat a) { return V_ROUND_(_MM_FROUND_TO_POS_INF); }
@@ -218,16 +244,21 @@ V_INLINE vfloat v_ceil(vfloat a) { return V_ROUND_(_MM_FROUND_TO_POS_INF); }
 
 /* ---- Floats: compare and select ------------------------------------------------------ */
 
-#define V_CMP_(pred) \
-    (vmask){_mm256_cmp_ps(a.lo, b.lo, (pred)), _mm256_cmp_ps(a.hi, b.hi, (pred))}
+#define V_CMP_(pred) ((vmask){_mm256_cmp_ps(a.lo, b.lo, (pred)), _mm256_cmp_ps(a.hi, b.hi, (pred))})
 V_INLINE vmask v_lt(vfloat a, vfloat b) { return V_CMP_(_CMP_LT_OQ); }
 V_INLINE vmask v_le(vfloat a, vfloat b) { return V_CMP_(_CMP_LE_OQ); }
 V_INLINE vmask v_gt(vfloat a, vfloat b) { return V_CMP_(_CMP_GT_OQ); }
 V_INLINE vmask v_ge(vfloat a, vfloat b) { return V_CMP_(_CMP_GE_OQ); }
 V_INLINE vmask v_eq(vfloat a, vfloat b) { return V_CMP_(_CMP_EQ_OQ); }
 #undef V_CMP_
-V_INLINE vmask v_isnan(vfloat a) { return (vmask){_mm256_cmp_ps(a.lo, a.lo, _CMP_UNORD_Q), _mm256_cmp_ps(a.hi, a.hi, _CMP_UNORD_Q)}; }
-V_INLINE vfloat v_select(vmask m, vfloat a, vfloat b) { return (vfloat){_mm256_blendv_ps(b.lo, a.lo, m.lo), _mm256_blendv_ps(b.hi, a.hi, m.hi)}; }
+V_INLINE vmask v_isnan(vfloat a)
+{
+    return (vmask){_mm256_cmp_ps(a.lo, a.lo, _CMP_UNORD_Q), _mm256_cmp_ps(a.hi, a.hi, _CMP_UNORD_Q)};
+}
+V_INLINE vfloat v_select(vmask m, vfloat a, vfloat b)
+{
+    return (vfloat){_mm256_blendv_ps(b.lo, a.lo, m.lo), _mm256_blendv_ps(b.hi, a.hi, m.hi)};
+}
 V_INLINE vfloat v_keep(vmask m, vfloat a) { return (vfloat){_mm256_and_ps(m.lo, a.lo), _mm256_and_ps(m.hi, a.hi)}; }
 
 /* ---- Reductions: the tree of simd/hreduce.h, its first step over the two halves ------ */
@@ -239,7 +270,10 @@ V_INLINE vfloat v_keep(vmask m, vfloat a) { return (vfloat){_mm256_and_ps(m.lo, 
 
 V_INLINE vint vi_set1(int32_t i) { return (vint){_mm256_set1_epi32(i), _mm256_set1_epi32(i)}; }
 V_INLINE vint vi_zero(void) { return (vint){_mm256_setzero_si256(), _mm256_setzero_si256()}; }
-V_INLINE vint vi_load(const int32_t * p) { return (vint){_mm256_loadu_si256((const __m256i *)p), _mm256_loadu_si256((const __m256i *)(p + 8))}; }
+V_INLINE vint vi_load(const int32_t * p)
+{
+    return (vint){_mm256_loadu_si256((const __m256i *)p), _mm256_loadu_si256((const __m256i *)(p + 8))};
+}
 V_INLINE void vi_store(int32_t * p, vint v)
 {
     _mm256_storeu_si256((__m256i *)p, v.lo);
@@ -258,11 +292,13 @@ V_INLINE vint vi_min(vint a, vint b) { return V2_(vint, _mm256_min_epi32, a, b);
 #define vi_sra(a, imm) ((vint){_mm256_srai_epi32((a).lo, (imm)), _mm256_srai_epi32((a).hi, (imm))})
 V_INLINE vmask vi_eq(vint a, vint b)
 {
-    return (vmask){_mm256_castsi256_ps(_mm256_cmpeq_epi32(a.lo, b.lo)), _mm256_castsi256_ps(_mm256_cmpeq_epi32(a.hi, b.hi))};
+    return (vmask){_mm256_castsi256_ps(_mm256_cmpeq_epi32(a.lo, b.lo)),
+                   _mm256_castsi256_ps(_mm256_cmpeq_epi32(a.hi, b.hi))};
 }
 V_INLINE vmask vi_gt(vint a, vint b)
 {
-    return (vmask){_mm256_castsi256_ps(_mm256_cmpgt_epi32(a.lo, b.lo)), _mm256_castsi256_ps(_mm256_cmpgt_epi32(a.hi, b.hi))};
+    return (vmask){_mm256_castsi256_ps(_mm256_cmpgt_epi32(a.lo, b.lo)),
+                   _mm256_castsi256_ps(_mm256_cmpgt_epi32(a.hi, b.hi))};
 }
 V_INLINE vmask vi_test(vint a, vint b) { return m_not(vi_eq(vi_and(a, b), vi_zero())); }
 V_INLINE vint vi_select(vmask m, vint a, vint b)
@@ -350,7 +386,8 @@ V_INLINE __m256 v_half_pick_(const float * p, int odd)
 {
     __m256 v0 = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(p)), _mm_loadu_ps(p + 8), 1);
     __m256 v1 = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(p + 4)), _mm_loadu_ps(p + 12), 1);
-    return odd ? _mm256_shuffle_ps(v0, v1, _MM_SHUFFLE(3, 1, 3, 1)) : _mm256_shuffle_ps(v0, v1, _MM_SHUFFLE(2, 0, 2, 0));
+    return odd ? _mm256_shuffle_ps(v0, v1, _MM_SHUFFLE(3, 1, 3, 1))
+               : _mm256_shuffle_ps(v0, v1, _MM_SHUFFLE(2, 0, 2, 0));
 }
 V_INLINE vfloat v_load_even(const float * p) { return (vfloat){v_half_pick_(p, 0), v_half_pick_(p + 16, 0)}; }
 V_INLINE vfloat v_load_odd(const float * p) { return (vfloat){v_half_pick_(p, 1), v_half_pick_(p + 16, 1)}; }
@@ -376,6 +413,9 @@ V_INLINE __m256 v_permute_half_(vfloat t, __m256i i)
 V_INLINE vfloat v_permute(vfloat t, vint i) { return (vfloat){v_permute_half_(t, i.lo), v_permute_half_(t, i.hi)}; }
 
 /* Lanes that are not a positive normal float: zero, negative, denormal, inf or NaN. */
-V_INLINE vmask v_not_positive_normal(vfloat x) { return m_not(m_and(v_ge(x, v_set1(FLT_MIN)), v_le(x, v_set1(FLT_MAX)))); }
+V_INLINE vmask v_not_positive_normal(vfloat x)
+{
+    return m_not(m_and(v_ge(x, v_set1(FLT_MIN)), v_le(x, v_set1(FLT_MAX))));
+}
 
 #endif

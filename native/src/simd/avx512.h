@@ -52,7 +52,10 @@ V_INLINE void v_store_aligned(float * p, vfloat v) { _mm512_store_ps(p, v); }
 V_INLINE void v_stream(float * p, vfloat v) { _mm512_stream_ps(p, v); }
 V_INLINE void v_stream_fence(void) { _mm_sfence(); }
 /* The first min(n, 16) floats; the other lanes read as +0 and their memory is not touched. */
-V_INLINE vfloat v_load_n(const float * p, size_t n) { return n >= 16 ? v_load(p) : _mm512_maskz_loadu_ps(m_first(n), p); }
+V_INLINE vfloat v_load_n(const float * p, size_t n)
+{
+    return n >= 16 ? v_load(p) : _mm512_maskz_loadu_ps(m_first(n), p);
+}
 V_INLINE void v_store_n(float * p, vfloat v, size_t n)
 {
     if (n >= 16)
@@ -69,7 +72,8 @@ V_INLINE void v_store_mask(float * p, vfloat v, vmask m) { _mm512_mask_storeu_ps
  * tn_f32_to_bf16 (nearest even, NaN kept quiet with its sign, denormals kept). */
 V_INLINE vfloat v_bf16_bits_to_f32(__m256i b)
 {
-    const __m512i idx = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0, 7, 0, 6, 0, 5, 0, 4, 0, 3, 0, 2, 0, 1, 0, 0, 0);
+    const __m512i idx = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0, 7, 0, 6, 0, 5, 0, 4, 0,
+                                         3, 0, 2, 0, 1, 0, 0, 0);
     return _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xaaaaaaaau, idx, _mm512_castsi256_si512(b)));
 }
 V_INLINE vfloat v_load_bf16(const uint16_t * p) { return v_bf16_bits_to_f32(_mm256_loadu_si256((const __m256i *)p)); }
@@ -183,8 +187,14 @@ V_INLINE vfloat v_and(vfloat a, vfloat b) { return _mm512_and_ps(a, b); }
 V_INLINE vfloat v_or(vfloat a, vfloat b) { return _mm512_or_ps(a, b); }
 V_INLINE vfloat v_xor(vfloat a, vfloat b) { return _mm512_xor_ps(a, b); }
 V_INLINE vfloat v_andnot(vfloat a, vfloat b) { return _mm512_andnot_ps(a, b); } /* ~a & b */
-V_INLINE vfloat v_abs(vfloat a) { return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(0x7fffffff))); }
-V_INLINE vfloat v_neg(vfloat a) { return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(a), _mm512_set1_epi32((int32_t)0x80000000u))); }
+V_INLINE vfloat v_abs(vfloat a)
+{
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(0x7fffffff)));
+}
+V_INLINE vfloat v_neg(vfloat a)
+{
+    return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(a), _mm512_set1_epi32((int32_t)0x80000000u)));
+}
 /* Rounding to an integral float: nearest even, down, up, toward zero. */
 V_INLINE vfloat v_round(vfloat a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 V_INLINE vfloat v_floor(vfloat a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
@@ -251,7 +261,10 @@ V_INLINE vint v_as_int(vfloat a) { return _mm512_castps_si512(a); }
 V_INLINE vfloat vi_as_float(vint a) { return _mm512_castsi512_ps(a); }
 V_INLINE vfloat vi_to_float(vint a) { return _mm512_cvtepi32_ps(a); }
 V_INLINE vint v_to_int_trunc(vfloat a) { return _mm512_cvttps_epi32(a); }
-V_INLINE vint v_to_int_round(vfloat a) { return _mm512_cvt_roundps_epi32(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+V_INLINE vint v_to_int_round(vfloat a)
+{
+    return _mm512_cvt_roundps_epi32(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
 
 /* table[i & 7] per lane (8-entry table; the bits of i above the lowest 3 are ignored). */
 V_INLINE vfloat v_lut8(const float * table, vint i)

@@ -13,8 +13,8 @@ static void v_lanes_tree(float * lane, size_t stride, size_t L, size_t w)
     for (size_t h = 8, n = L; h >= 1; n = n < h ? n : h, h /= 2)
         for (size_t i = 0; i < h && i + h < n; ++i)
             for (size_t p = 0; p < w; p += TN_LANES)
-                v_store_aligned(lane + i * stride + p,
-                                v_add(v_load_aligned(lane + i * stride + p), v_load_aligned(lane + (i + h) * stride + p)));
+                v_store_aligned(lane + i * stride + p, v_add(v_load_aligned(lane + i * stride + p),
+                                                             v_load_aligned(lane + (i + h) * stride + p)));
 }
 
 #endif

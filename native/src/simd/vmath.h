@@ -213,10 +213,7 @@ V_INLINE vfloat v_powpos(vfloat b, vfloat e)
 }
 
 /* Lanes where v_powpos does not apply: zero, negative, denormal, inf, NaN. */
-V_INLINE vmask v_pow_slow_lanes(vfloat b)
-{
-    return v_not_positive_normal(b);
-}
+V_INLINE vmask v_pow_slow_lanes(vfloat b) { return v_not_positive_normal(b); }
 
 /* Lanes of p whose base is not a positive normal float get C's powf. Out of line and cold,
  * so the call and its spills stay out of the callers' loops. */

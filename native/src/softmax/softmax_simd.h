@@ -240,7 +240,8 @@ static inline void rows16(const void * src, size_t count, void * dst, int bf, in
     vfloat e[16];
     for (size_t l = 0; l < 16; ++l)
         for (size_t c = 0; c < count; ++c)
-            t[16 * c + l] = bf ? tn_bf16_to_f32(((const uint16_t *)src)[l * count + c]) : ((const float *)src)[l * count + c];
+            t[16 * c + l] =
+                bf ? tn_bf16_to_f32(((const uint16_t *)src)[l * count + c]) : ((const float *)src)[l * count + c];
     vfloat mx = v_set1(-INFINITY);
     for (size_t c = 0; c < count; ++c)
         mx = v_max(mx, v_load(t + 16 * c));
@@ -281,8 +282,7 @@ static size_t flat_period(size_t inner)
 /* The slab (count x inner, contiguous) in periods of p = 16 * PV elements; lane q of the
  * period accumulates the elements i with i % p == q, in order. PV is a constant after
  * inlining for the common PV == 1 (inner 2, 4, 8). e may be dst itself (fp32). */
-V_INLINE void flat(const void * src, size_t count, size_t inner, size_t PV, float * e, void * dst, int bf,
-                   int hw)
+V_INLINE void flat(const void * src, size_t count, size_t inner, size_t PV, float * e, void * dst, int bf, int hw)
 {
     const size_t n = count * inner, p = 16 * PV;
     float lane[SM_FLAT_MAX], pat[SM_FLAT_MAX], cs[SM_FLAT_INNER];
@@ -360,8 +360,8 @@ V_INLINE void flat(const void * src, size_t count, size_t inner, size_t PV, floa
 /* V (1..4, a constant after inlining) vectors of columns, the last one holding ln (1..16)
  * columns. src and dst point at the block's first column of row 0; e (row stride es) gets
  * the exps and may be dst itself (fp32). */
-V_INLINE void cols(const void * src, size_t count, size_t inner, int V, size_t ln, float * e, size_t es,
-                   void * dst, int bf, int hw)
+V_INLINE void cols(const void * src, size_t count, size_t inner, int V, size_t ln, float * e, size_t es, void * dst,
+                   int bf, int hw)
 {
     vfloat mx[4], s[4], r[4];
     vmask nan[4];
@@ -392,13 +392,10 @@ V_INLINE void cols(const void * src, size_t count, size_t inner, int V, size_t l
 }
 
 /* Vectors per column block: keep the block's rows (src, dst, exps) in L2. */
-static size_t block_vectors(size_t count)
-{
-    return count <= 1024 ? 4 : count <= 2048 ? 2 : 1;
-}
+static size_t block_vectors(size_t count) { return count <= 1024 ? 4 : count <= 2048 ? 2 : 1; }
 
-V_INLINE void softmax(const void * src, size_t outer, size_t count, size_t inner, void * dst, float * scratch,
-                      int bf, int hw)
+V_INLINE void softmax(const void * src, size_t outer, size_t count, size_t inner, void * dst, float * scratch, int bf,
+                      int hw)
 {
     const size_t esz = bf ? 2 : 4, slab = count * inner;
     const size_t bv = block_vectors(count), bw = 16 * bv;
@@ -410,12 +407,15 @@ V_INLINE void softmax(const void * src, size_t outer, size_t count, size_t inner
         if (count <= SM_ROWS_MAX)
             for (; o + 16 <= outer; o += 16, s += 16 * count * esz, d += 16 * count * esz)
                 rows16(s, count, d, bf, hw);
+        /* Sixteen cases, four a line. */
+        /* clang-format off */
         switch (v) {
         SM_ROW_CASE(1) SM_ROW_CASE(2) SM_ROW_CASE(3) SM_ROW_CASE(4)
         SM_ROW_CASE(5) SM_ROW_CASE(6) SM_ROW_CASE(7) SM_ROW_CASE(8)
         SM_ROW_CASE(9) SM_ROW_CASE(10) SM_ROW_CASE(11) SM_ROW_CASE(12)
         SM_ROW_CASE(13) SM_ROW_CASE(14) SM_ROW_CASE(15) default: SM_ROW_CASE(16)
         }
+        /* clang-format on */
         return;
     }
     for (size_t o = 0; o < outer; ++o) {

@@ -17,7 +17,7 @@ void tn_scalar_SynetTiledScale2D32f(const float * src, size_t channels, size_t h
         for (size_t h = 0; h < height; ++h) {
             const float * hr = hor + h * channels;
             for (size_t w = 0; w < width; ++w) {
-                const float * x = src + (h * width + w) * channels, * v = ver + w * channels;
+                const float *x = src + (h * width + w) * channels, *v = ver + w * channels;
                 float * y = dst + (h * width + w) * channels;
                 for (size_t c = 0; c < channels; ++c)
                     y[c] = x[c] * v[c] * hr[c];

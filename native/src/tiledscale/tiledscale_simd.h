@@ -23,15 +23,9 @@
 #define F TN_LANES
 
 /* Floats from p to the next 64-byte boundary. */
-static inline size_t gap(const float * p)
-{
-    return ((0 - (uintptr_t)p) & 63) / sizeof(float);
-}
+static inline size_t gap(const float * p) { return ((0 - (uintptr_t)p) & 63) / sizeof(float); }
 
-static inline vfloat scale(vfloat x, vfloat v, vfloat h)
-{
-    return v_mul(v_mul(x, v), h);
-}
+static inline vfloat scale(vfloat x, vfloat v, vfloat h) { return v_mul(v_mul(x, v), h); }
 
 /* Lanes [0, lo) from a[0, lo), lanes [lo, F) from b[0, F - lo); 0 < lo < F. The second
  * part is a masked load whose lanes start lo floats before b: the masked-off lanes are
@@ -103,14 +97,14 @@ static void nhwc_wide(const float * src, size_t channels, size_t height, size_t 
     size_t pixels = height * width, s = gap(dst);
     if (s)
         v_store_n(dst, scale(v_load_n(src, s), v_load_n(ver, s), v_load_n(hor, s)), s);
-    const float * v = ver, * hr = hor;
+    const float *v = ver, *hr = hor;
     for (size_t p = 0, w = 0; p < pixels; ++p) {
         const float * x = src + p * channels;
         float * y = dst + p * channels;
         size_t col = s;
         for (; col + F <= channels; col += F)
             v_store(y + col, scale(v_load(x + col), v_load(v + col), v_load(hr + col)));
-        const float * vn = v + channels, * hn = hr; /* factors of pixel p + 1 */
+        const float *vn = v + channels, *hn = hr; /* factors of pixel p + 1 */
         if (++w == width) {
             w = 0;
             vn = ver;
@@ -149,7 +143,7 @@ static void nchw_narrow(const float * src, size_t channels, size_t height, size_
     }
     size_t total = height * width, step = F % width, rstep = F / width;
     for (size_t c = 0; c < channels; ++c) {
-        const float * x = src + c * total, * hc = hor + c * height;
+        const float *x = src + c * total, *hc = hor + c * height;
         float * y = dst + c * total;
         vfloat vv = v_load_n(ver + c * width, width);
         for (size_t f = 0; f < width; ++f)
@@ -190,7 +184,7 @@ static void nhwc_rows(const float * src, size_t channels, size_t height, size_t 
     float t[TN_TILED_ROW + F - 1];
     size_t n = width * channels, step = F % channels;
     for (size_t h = 0; h < height; ++h) {
-        const float * x = src + h * n, * hr = hor + h * channels;
+        const float *x = src + h * n, *hr = hor + h * channels;
         float * y = dst + h * n;
         for (size_t j = 0; j < channels; ++j)
             t[j] = hr[j];

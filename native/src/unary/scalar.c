@@ -8,12 +8,12 @@
 #include "kernels.h"
 #include "tensorops.h"
 
-#define TN_UNARY_MAP(EXPR)                  \
-    do {                                    \
+#define TN_UNARY_MAP(EXPR) \
+    do { \
         for (size_t i = 0; i < size; ++i) { \
-            float x = src[i];               \
-            dst[i] = (EXPR);                \
-        }                                   \
+            float x = src[i]; \
+            dst[i] = (EXPR); \
+        } \
     } while (0)
 
 static inline float tn_not_f32(float x) { return tn_bits_f32(~tn_f32_bits(x)); }

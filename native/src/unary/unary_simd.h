@@ -25,7 +25,11 @@ V_INLINE vfloat un_tanh(vfloat x) { return v_tanh(x); }
 V_INLINE vfloat un_erf(vfloat x) { return v_erf(x); }
 V_INLINE vfloat un_sin(vfloat x) { return v_sin(x); }
 V_INLINE vfloat un_cos(vfloat x) { return v_cos(x); }
-V_INLINE vfloat un_nan(vfloat x) { (void)x; return v_set1(NAN); }
+V_INLINE vfloat un_nan(vfloat x)
+{
+    (void)x;
+    return v_set1(NAN);
+}
 
 /* -1, 0 or +1; sign(+-0) = +0; NaN stays NaN (quieted, as x + x). */
 V_INLINE vfloat un_sign(vfloat x)
@@ -42,37 +46,37 @@ V_INLINE vfloat un_sign(vfloat x)
 /* The head vector aligns dst to 64 bytes (and src too when both share their offset, as
  * NumPy's allocations do), so the main loop does no cache-line-split access. STORE is
  * v_store or v_stream (the latter only when dst is float-aligned). */
-#define UN_LOOP(OP, STORE)                                                      \
-    do {                                                                        \
-        size_t i = (size_t)((0u - (uintptr_t)dst) & 63u) / sizeof(float);       \
-        if (i > size)                                                           \
-            i = size;                                                           \
-        if (i)                                                                  \
-            v_store_n(dst, OP(v_load_n(src, i)), i);                            \
-        for (; i + 4 * TN_LANES <= size; i += 4 * TN_LANES) {                   \
-            vfloat y0 = OP(v_load(src + i + 0 * TN_LANES));                     \
-            vfloat y1 = OP(v_load(src + i + 1 * TN_LANES));                     \
-            vfloat y2 = OP(v_load(src + i + 2 * TN_LANES));                     \
-            vfloat y3 = OP(v_load(src + i + 3 * TN_LANES));                     \
-            STORE(dst + i + 0 * TN_LANES, y0);                                  \
-            STORE(dst + i + 1 * TN_LANES, y1);                                  \
-            STORE(dst + i + 2 * TN_LANES, y2);                                  \
-            STORE(dst + i + 3 * TN_LANES, y3);                                  \
-        }                                                                       \
-        for (; i + TN_LANES <= size; i += TN_LANES)                             \
-            STORE(dst + i, OP(v_load(src + i)));                                \
-        if (i < size)                                                           \
-            v_store_n(dst + i, OP(v_load_n(src + i, size - i)), size - i);      \
+#define UN_LOOP(OP, STORE) \
+    do { \
+        size_t i = (size_t)((0u - (uintptr_t)dst) & 63u) / sizeof(float); \
+        if (i > size) \
+            i = size; \
+        if (i) \
+            v_store_n(dst, OP(v_load_n(src, i)), i); \
+        for (; i + 4 * TN_LANES <= size; i += 4 * TN_LANES) { \
+            vfloat y0 = OP(v_load(src + i + 0 * TN_LANES)); \
+            vfloat y1 = OP(v_load(src + i + 1 * TN_LANES)); \
+            vfloat y2 = OP(v_load(src + i + 2 * TN_LANES)); \
+            vfloat y3 = OP(v_load(src + i + 3 * TN_LANES)); \
+            STORE(dst + i + 0 * TN_LANES, y0); \
+            STORE(dst + i + 1 * TN_LANES, y1); \
+            STORE(dst + i + 2 * TN_LANES, y2); \
+            STORE(dst + i + 3 * TN_LANES, y3); \
+        } \
+        for (; i + TN_LANES <= size; i += TN_LANES) \
+            STORE(dst + i, OP(v_load(src + i))); \
+        if (i < size) \
+            v_store_n(dst + i, OP(v_load_n(src + i, size - i)), size - i); \
     } while (0)
 
-#define UN_RUN(OP)                                                              \
-    do {                                                                        \
-        if (size >= UN_STREAM_MIN && ((uintptr_t)dst & 3u) == 0) {              \
-            UN_LOOP(OP, v_stream);                                              \
-            v_stream_fence();                                                   \
-        } else {                                                                \
-            UN_LOOP(OP, v_store);                                               \
-        }                                                                       \
+#define UN_RUN(OP) \
+    do { \
+        if (size >= UN_STREAM_MIN && ((uintptr_t)dst & 3u) == 0) { \
+            UN_LOOP(OP, v_stream); \
+            v_stream_fence(); \
+        } else { \
+            UN_LOOP(OP, v_store); \
+        } \
     } while (0)
 
 void TN_ISA(SynetUnaryOperation32f)(const float * src, size_t size, int type, float * dst)
