@@ -112,8 +112,8 @@ FUZZ_FLAGS ?=
 
 fuzz-codec: $(VENV)/.test-installed
 	@$(PY) -c "import atheris" 2>/dev/null || $(PY) -m pip install -q atheris
-	$(PY) tests/fuzz/fuzz_codec.py --seeds $(FUZZ_DIR)/corpus
-	$(PY) tests/fuzz/fuzz_codec.py $(FUZZ_DIR)/corpus -max_total_time=$(FUZZ_SECONDS) \
+	PYTHONPATH=tests/support $(PY) tests/fuzz/fuzz_codec.py --seeds $(FUZZ_DIR)/corpus
+	PYTHONPATH=tests/support $(PY) tests/fuzz/fuzz_codec.py $(FUZZ_DIR)/corpus -max_total_time=$(FUZZ_SECONDS) \
 		-artifact_prefix=$(FUZZ_DIR)/ $(FUZZ_FLAGS)
 
 # The deployment (deploy/): images, compose with three replicas and the balancer,

@@ -7,16 +7,14 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "e2e"))  # rpc_cases, rpc_load, envoy_process
+from envoy_process import STATS_PATH, cluster_stats
 
-from envoy_process import STATS_PATH, cluster_stats  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 DEPLOY = ROOT / "deploy"
 SERVER_IMAGE = "tensorops:latest"

@@ -16,7 +16,7 @@ import tensorops
 import tensorops_native as tn
 from dockertools import MAX_IMAGE_BYTES, STEPS, address, compose, compose_documented, docker, documented, envoy_stats, \
     extra_ca_pem, inspect, logs, metric_value, metrics, published_port, run, wait_healthy, watch_unhealthy
-from envoy_process import free_port
+from rpc_server import free_port
 from rpc_cases import cases, qip_params, qip_problem, same
 from rpc_load import Load
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import trustme
 
-from rpc_server import LongCall
+from rpc_server import LongCall, free_port
 
 HEALTH = shutil.which("tensorops-health", path=str(Path(sys.executable).parent)) or "tensorops-health"
 
@@ -21,12 +20,6 @@ def health(*args, env=None, timeout=30):
     environ = {k: v for k, v in os.environ.items() if not k.startswith("TENSOROPS_")}
     environ.update(env or {})
     return subprocess.run([HEALTH, *args], capture_output=True, text=True, env=environ, timeout=timeout)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_serving_server(server):

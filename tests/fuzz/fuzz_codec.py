@@ -5,10 +5,11 @@ tensorops.v1.TensorOps; MessageCodec.decode serves both sides) followed by the b
 message. Each input is decoded by both paths of MessageCodec.decode (decode_in_place, which
 large messages take, and decode_with_protobuf, which small ones take) and by protobuf's
 own parser, and every decoded tensor goes through to_array with a size limit
-(tests/client/wire_cases.py, check). A crash is any disagreement between them or any
+(tests/support/wire_cases.py, check). A crash is any disagreement between them or any
 exception other than WireError from the codec.
 
     make fuzz-codec FUZZ_SECONDS=60                          # seeds a corpus, then fuzzes
+    export PYTHONPATH=tests/support                          # wire_cases, shared with the tests
     .venv/bin/python tests/fuzz/fuzz_codec.py CORPUS -max_total_time=3600 -fork=2
     .venv/bin/python tests/fuzz/fuzz_codec.py CRASH_FILE     # runs one input again
     .venv/bin/python tests/fuzz/fuzz_codec.py --seeds CORPUS # writes the seed inputs
@@ -21,8 +22,6 @@ import shlex
 import sys
 
 import atheris
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "client"))
 
 # The tensorops package is instrumented (the codec's Python code is what the inputs reach
 # and the coverage feedback steers); protobuf's parser is C.

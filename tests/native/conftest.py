@@ -20,10 +20,6 @@ import tensorops_native as tn
 from tensorops_native._native import lib
 
 HERE = pathlib.Path(__file__).resolve().parent
-# The helpers of this folder (reference, tn_testing, c_cases) import by name whatever
-# pytest's import mode.
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
 LEVELS = ("scalar", "avx2", "avx512")
 
 

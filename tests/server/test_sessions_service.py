@@ -5,7 +5,6 @@ clients' transparent re-creation (after eviction, expiry, and a server restart).
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 
@@ -19,6 +18,7 @@ from tensorops.v1 import tensorops_pb2 as pb
 from tensorops_server import Config, TensorOpsServer
 
 from fake_qip import FakeQuantizedInnerProduct as Fake
+from rpc_server import free_port
 
 M, K, N = 6, 40, 9
 
@@ -26,12 +26,6 @@ M, K, N = 6, 40, 9
 def params(rng, n=N):
     return dict(b_scale=(rng.random(n) * 0.02 + 0.001).astype(np.float32), a_scale=0.05, a_zero=7,
                 c_scale=0.6, c_zero=3, bias=rng.integers(-2000, 2000, n, dtype=np.int32))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Running:

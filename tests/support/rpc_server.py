@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -16,6 +17,13 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2
+
+
+def free_port() -> int:
+    """A loopback port free right now (for a process that must be told its port up front)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class ServerProcess:
