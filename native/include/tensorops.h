@@ -19,10 +19,7 @@
 extern "C" {
 #endif
 
-typedef enum {
-    TnTensorFormatNchw = 0,
-    TnTensorFormatNhwc = 1
-} TnTensorFormatType;
+typedef enum { TnTensorFormatNchw = 0, TnTensorFormatNhwc = 1 } TnTensorFormatType;
 
 typedef enum {
     TnTensorData32f = 0,
@@ -107,40 +104,44 @@ int TnKernelIsa(size_t index);
 
 /* ---- Normalize layer (seed 000) ---------------------------------------------------- */
 
-void TnSynetNormalizeLayerForward(const float * src, size_t batch, size_t channels, size_t spatial,
-    const float * scale, const float * eps, int acrossSpatial, int format, float * buf, float * dst);
+void TnSynetNormalizeLayerForward(const float * src, size_t batch, size_t channels, size_t spatial, const float * scale,
+                                  const float * eps, int acrossSpatial, int format, float * buf, float * dst);
 
 void TnSynetNormalizeLayerForwardV2(const float * src, size_t batch, size_t channels, size_t spatial,
-    const float * scale, const float * shift, const float * eps, int format, float * buf, float * dst);
+                                    const float * scale, const float * shift, const float * eps, int format,
+                                    float * buf, float * dst);
 
 void TnSynetNormalizeLayerForwardV3(const float * src, size_t batch, size_t channels, size_t spatial,
-    const float * scale, const float * shift, const float * eps, int format, float * buf, float * dst);
+                                    const float * scale, const float * shift, const float * eps, int format,
+                                    float * buf, float * dst);
 
 void TnSynetNormalizeLayerForwardV4(const float * src, size_t batch, size_t channels, size_t spatial,
-    const float * scale, const float * shift, const float * eps, int format, float * buf, float * dst);
+                                    const float * scale, const float * shift, const float * eps, int format,
+                                    float * buf, float * dst);
 
 void TnSynetNormalizeLayerForward16bV2(const uint16_t * src, size_t batch, size_t channels, size_t spatial,
-    const float * scale, const float * shift, const float * eps, int format, float * buf, uint16_t * dst);
+                                       const float * scale, const float * shift, const float * eps, int format,
+                                       float * buf, uint16_t * dst);
 
 /* ---- Other Synet functions (seed 003) ---------------------------------------------- */
 
 void TnSynetChannelSum16b(const uint16_t * src, size_t channels, size_t spatial, int format, float * sum);
 
-void TnSynetEltwiseLayerForward(float const * const * src, const float * weight, size_t count, size_t size,
-    int type, float * dst);
+void TnSynetEltwiseLayerForward(float const * const * src, const float * weight, size_t count, size_t size, int type,
+                                float * dst);
 
-void TnSynetLrnLayerCrossChannels(const float * src, size_t half, size_t channels, size_t spatial,
-    const float * k, float * dst, int format);
+void TnSynetLrnLayerCrossChannels(const float * src, size_t half, size_t channels, size_t spatial, const float * k,
+                                  float * dst, int format);
 
 void TnSynetShuffleLayerForward(const float * src0, const float * src1, size_t channels0, size_t channels1,
-    size_t spatial, float * dst0, float * dst1, int format, int type);
+                                size_t spatial, float * dst0, float * dst1, int format, int type);
 
 void TnSynetSoftmax32f(const float * src, size_t outer, size_t count, size_t inner, float * dst);
 
 void TnSynetSoftmax16b(const uint16_t * src, size_t outer, size_t count, size_t inner, uint16_t * dst);
 
 void TnSynetTiledScale2D32f(const float * src, size_t channels, size_t height, size_t width, int format,
-    const float * ver, const float * hor, float * dst);
+                            const float * ver, const float * hor, float * dst);
 
 void TnSynetUnaryOperation32f(const float * src, size_t size, int type, float * dst);
 
@@ -153,16 +154,17 @@ void TnSynetUnaryOperation32f(const float * src, size_t size, int type, float * 
  * (channels0 + channels1) / 2 on the other side.
  */
 void TnSynetChannelSum16bBatch(const uint16_t * src, size_t batch, size_t channels, size_t spatial, int format,
-    float * sum);
+                               float * sum);
 
-void TnSynetLrnLayerCrossChannelsBatch(const float * src, size_t batch, size_t half, size_t channels,
-    size_t spatial, const float * k, float * dst, int format);
+void TnSynetLrnLayerCrossChannelsBatch(const float * src, size_t batch, size_t half, size_t channels, size_t spatial,
+                                       const float * k, float * dst, int format);
 
 void TnSynetShuffleLayerForwardBatch(const float * src0, const float * src1, size_t batch, size_t channels0,
-    size_t channels1, size_t spatial, float * dst0, float * dst1, int format, int type);
+                                     size_t channels1, size_t spatial, float * dst0, float * dst1, int format,
+                                     int type);
 
 void TnSynetTiledScale2D32fBatch(const float * src, size_t batch, size_t channels, size_t height, size_t width,
-    int format, const float * ver, const float * hor, float * dst);
+                                 int format, const float * ver, const float * hor, float * dst);
 
 /* ---- Quantized inner product (seed 004) -------------------------------------------- */
 /*
@@ -197,13 +199,14 @@ typedef enum {
 /* A context, or NULL for unsupported arguments (types other than UINT8 x INT8 -> UINT8,
  * M, N or K zero, K > 65793) or a failed allocation. M is the number of rows Forward
  * runs; ForwardRows accepts any other. Release it with TnRelease. */
-void * TnSynetQuantizedInnerProductInit(size_t M, size_t N, size_t K, TnTensorDataType typeA,
-    TnTensorDataType typeB, TnTensorDataType typeC, int transB, int constB, int bias);
+void * TnSynetQuantizedInnerProductInit(size_t M, size_t N, size_t K, TnTensorDataType typeA, TnTensorDataType typeB,
+                                        TnTensorDataType typeC, int transB, int constB, int bias);
 
 /* The same, with an explicit algorithm (TnQipAlgorithm); NULL when the CPU, the OS or the
  * TENSOROPS_ISA cap does not allow it. Init is this function with TnQipAlgorithmAuto. */
 void * TnSynetQuantizedInnerProductInitAlgorithm(size_t M, size_t N, size_t K, TnTensorDataType typeA,
-    TnTensorDataType typeB, TnTensorDataType typeC, int transB, int constB, int bias, int algorithm);
+                                                 TnTensorDataType typeB, TnTensorDataType typeC, int transB, int constB,
+                                                 int bias, int algorithm);
 
 /* Bytes held by the context: packed B, bias', scales. */
 size_t TnSynetQuantizedInnerProductInternalBufferSize(const void * context);
@@ -222,18 +225,19 @@ const char * TnSynetQuantizedInnerProductInfo(const void * context);
  * bias (N values, or NULL for none) and, when constB, B (packed here once; may be NULL
  * otherwise). Call once, before any Forward. */
 void TnSynetQuantizedInnerProductSetParams(void * context, const float * aScale, const uint8_t * aZero,
-    const int8_t * b, const float * bScale, const int32_t * bias, const float * cScale, const uint8_t * cZero);
+                                           const int8_t * b, const float * bScale, const int32_t * bias,
+                                           const float * cScale, const uint8_t * cZero);
 
 /* C (M x N) from A (M x K) for the initialized M. B: the INT8 matrix when constB is false
  * (ignored, may be NULL, otherwise). buf: ExternalBufferSize bytes, or NULL to let the
  * call allocate its own (if that allocation fails, C is filled with zeros). */
 void TnSynetQuantizedInnerProductForward(void * context, const uint8_t * A, const uint8_t * B, uint8_t * buf,
-    uint8_t * C);
+                                         uint8_t * C);
 
 /* Forward for any M >= 1 rows (tensorops extension); buf holds ExternalBufferSizeRows(M)
  * bytes or is NULL. */
 void TnSynetQuantizedInnerProductForwardRows(void * context, size_t M, const uint8_t * A, const uint8_t * B,
-    uint8_t * buf, uint8_t * C);
+                                             uint8_t * buf, uint8_t * C);
 
 /* Releases a context made by any TnXxxInit function (NULL is ignored). */
 void TnRelease(void * context);
@@ -292,10 +296,10 @@ typedef struct {
  * in fp32 in a fixed order, so every ISA level gives bit-identical results; a NaN result is
  * the quiet NaN 0x7FC00000 (BF16 0x7FC0, FP16 0x7E00). */
 void TnNormalizationRows(const void * src, size_t outer, size_t segments, size_t segmentSize,
-    const TnNormalization * norm, void * dst);
+                         const TnNormalization * norm, void * dst);
 
-void TnNormalizationColumns(const void * src, size_t outer, size_t count, size_t inner,
-    const TnNormalization * norm, void * dst);
+void TnNormalizationColumns(const void * src, size_t outer, size_t count, size_t inner, const TnNormalization * norm,
+                            void * dst);
 
 /* ---- Guarded shared mappings (native/src/guard.c) ---------------------------------- */
 

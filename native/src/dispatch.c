@@ -12,7 +12,10 @@
 #include "kernels.h"
 
 typedef struct {
+    /* The formatter would take `void (*Name) params` for a call. */
+    /* clang-format off */
 #define TN_TABLE_FIELD(Name, params, args) void (*Name) params;
+    /* clang-format on */
     TN_KERNEL_LIST(TN_TABLE_FIELD)
 #undef TN_TABLE_FIELD
 } TnKernelTable;
@@ -45,6 +48,8 @@ static uint64_t detect_features(void)
     uint64_t f = 0;
     if (!__get_cpuid(0, &max_leaf, &b, &c, &d))
         return 0;
+    /* One feature bit a line. */
+    /* clang-format off */
     __cpuid(1, a, b, c, d);
     if (c & (1u << 19)) f |= TnCpuSse41;
     if (c & (1u << 28)) f |= TnCpuAvx;
@@ -71,6 +76,7 @@ static uint64_t detect_features(void)
             if (a & (1u << 5)) f |= TnCpuAvx512bf16;
         }
     }
+    /* clang-format on */
     return f;
 }
 
@@ -104,9 +110,16 @@ static void resolve_kernels(int level)
 {
     size_t i = 0;
 #define TN_RESOLVE(Name, params, args) \
-    if (level >= TnIsaAvx512 && tn_avx512_##Name) { g_table.Name = tn_avx512_##Name; g_report[i].isa = TnIsaAvx512; } \
-    else if (level >= TnIsaAvx2 && tn_avx2_##Name) { g_table.Name = tn_avx2_##Name; g_report[i].isa = TnIsaAvx2; } \
-    else { g_table.Name = tn_scalar_##Name; g_report[i].isa = tn_scalar_##Name ? TnIsaScalar : -1; } \
+    if (level >= TnIsaAvx512 && tn_avx512_##Name) { \
+        g_table.Name = tn_avx512_##Name; \
+        g_report[i].isa = TnIsaAvx512; \
+    } else if (level >= TnIsaAvx2 && tn_avx2_##Name) { \
+        g_table.Name = tn_avx2_##Name; \
+        g_report[i].isa = TnIsaAvx2; \
+    } else { \
+        g_table.Name = tn_scalar_##Name; \
+        g_report[i].isa = tn_scalar_##Name ? TnIsaScalar : -1; \
+    } \
     g_report[i++].name = #Name;
     TN_KERNEL_LIST(TN_RESOLVE)
 #undef TN_RESOLVE
@@ -138,6 +151,7 @@ size_t TnKernelCount(void) { return TN_KERNEL_COUNT; }
 const char * TnKernelName(size_t index) { return index < TN_KERNEL_COUNT ? g_report[index].name : NULL; }
 int TnKernelIsa(size_t index) { return index < TN_KERNEL_COUNT ? g_report[index].isa : -1; }
 
-#define TN_ENTRY_POINT(Name, params, args) void Tn##Name params { g_table.Name args; }
+#define TN_ENTRY_POINT(Name, params, args) \
+    void Tn##Name params { g_table.Name args; }
 TN_KERNEL_LIST(TN_ENTRY_POINT)
 #undef TN_ENTRY_POINT
