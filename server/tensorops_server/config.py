@@ -182,12 +182,13 @@ class Config:
     log_format: str = setting("json", _choice(("json", "text")), "log lines on stderr (`json`: one object a line)")
     tls_cert: str = setting(
         "", _text("a file path"),
-        "PEM certificate chain file: serve TLS (needs `--tls-key`); the files are re-read when they change, "
-        "checked at each new connection, or on SIGHUP")
-    tls_key: str = setting("", _text("a file path"), "PEM private key file of `--tls-cert` (unencrypted)")
+        "PEM certificate chain file of the server (its own, then any intermediates): serve TLS (needs "
+        "`--tls-key`); the files are re-read when they change, checked at each new connection, or on SIGHUP")
+    tls_key: str = setting("", _text("a file path"), "PEM private key file of `--tls-cert`, unencrypted")
     tls_client_ca: str = setting(
         "", _text("a file path"),
-        "PEM CA bundle file: require mutual TLS, clients must present a certificate it signed")
+        "PEM bundle of the CAs that sign client certificates: require mutual TLS (a client without a certificate "
+        "from one of them cannot connect)")
     allow_shared_memory: bool = setting(
         False, _bool,
         "serve KServe system shared memory: co-located callers pass tensors through POSIX shared-memory regions "

@@ -34,37 +34,36 @@ def default_address(environ) -> str:
 
 
 def parser(environ) -> argparse.ArgumentParser:
-    def env(name, default=None):
-        return environ.get(ENV_PREFIX + name.upper(), "") or default
+    def variable(flag: str) -> str:
+        return ENV_PREFIX + flag.upper().replace("-", "_")
+
+    def add(group, flag: str, help_text: str, default=None, shown_default: str | None = None, **kwargs):
+        """--flag, defaulting to its variable, then to `default`; --help names both."""
+        shown = f", default {shown_default}" if shown_default else ""
+        group.add_argument("--" + flag, default=environ.get(variable(flag), "") or default,
+                           help=f"{help_text} [{variable(flag)}{shown}]", **kwargs)
 
     p = argparse.ArgumentParser(
         prog="tensorops-health",
         description="Check a tensorops server through the gRPC health service: exit 0 if it is SERVING, "
                     "1 otherwise. Every flag can also be set as TENSOROPS_HEALTH_<FLAG>.")
-    p.add_argument("--address", default=env("address", default_address(environ)),
-                   help="host:port of the server [TENSOROPS_HEALTH_ADDRESS, default localhost:$TENSOROPS_PORT, "
-                        "else localhost:50051]")
+    add(p, "address", "host:port of the server", default_address(environ),
+        "localhost:$TENSOROPS_PORT, else localhost:50051")
     seconds = _number(float, lambda value: value > 0, " of seconds > 0")
-    p.add_argument("--timeout", type=seconds, default=env("timeout", "3"),
-                   help="seconds to wait for the answer, connection included [TENSOROPS_HEALTH_TIMEOUT, default 3]")
-    p.add_argument("--service", default=env("service", ""),
-                   help="service to ask about: empty (the default) is the whole server, "
-                        "tensorops.v1.TensorOps the operations [TENSOROPS_HEALTH_SERVICE]")
+    add(p, "timeout", "seconds to wait for the answer, connection included", "3", "3", type=seconds)
+    add(p, "service", "service to ask about: empty (the default) is the whole server, tensorops.v1.TensorOps "
+                      "the operations", "")
     tls = p.add_argument_group("TLS (any of these makes the connection TLS)")
     try:
-        tls_default = _bool(env("tls", "false"))
+        tls_default = _bool(environ.get(variable("tls"), "") or "false")
     except argparse.ArgumentTypeError as exc:  # the server's rule: a wrong word is no silent false
-        p.error(f"TENSOROPS_HEALTH_TLS: {exc}")
+        p.error(f"{variable('tls')}: {exc}")
     tls.add_argument("--tls", action="store_true", default=tls_default,
-                     help="use TLS with the system's root certificates [TENSOROPS_HEALTH_TLS]")
-    tls.add_argument("--ca", default=env("ca"), help="PEM file of the CAs the server's certificate must chain to "
-                                                     "[TENSOROPS_HEALTH_CA]")
-    tls.add_argument("--cert", default=env("cert"), help="PEM client certificate chain, for mutual TLS "
-                                                         "[TENSOROPS_HEALTH_CERT]")
-    tls.add_argument("--key", default=env("key"), help="PEM private key of --cert [TENSOROPS_HEALTH_KEY]")
-    tls.add_argument("--server-name", default=env("server_name"),
-                     help="name expected in the server's certificate instead of the address's host "
-                          "[TENSOROPS_HEALTH_SERVER_NAME]")
+                     help=f"use TLS with the system's root certificates [{variable('tls')}]")
+    add(tls, "ca", "PEM file of the CAs the server's certificate must chain to")
+    add(tls, "cert", "PEM client certificate chain, for mutual TLS")
+    add(tls, "key", "PEM private key of --cert")
+    add(tls, "server-name", "name expected in the server's certificate instead of the address's host")
     return p
 
 
