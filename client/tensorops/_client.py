@@ -8,16 +8,20 @@ import numbers
 import os
 import secrets
 import threading
-from typing import Any, Union
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Self, TypedDict, TypeVar, Union, cast
 
 import grpc
+import grpc.aio
 import numpy as np
+import numpy.typing as npt
 
 from .protocol import wire
 from .protocol.codec import WireError
 from ._errors import (ClientClosedError, NotFoundError, TensorOpsError, explain_connection_failure, from_rpc_error,
                       invalid_argument)
-from ._operations import Operations, check_metadata, check_timeout, result_into
+from ._operations import (F32, Floats, Float32Array, Float32Pair, FloatArray, Metadata, Operations, Pair, Pairs,
+                          Session, Timeout, U8, UInt8Array, UInt8Input, check_metadata, check_timeout, result_into)
 from ._shared_memory import MIN_BYTES, SharedMemoryTransport
 from .v1 import tensorops_pb2
 
@@ -48,6 +52,8 @@ def default_load_balancing(target: str) -> str:
     return "pick_first"
 
 PEM = Union[bytes, str, "os.PathLike[str]"]
+# gRPC channel arguments: (name, value) pairs or a mapping.
+ChannelOptions = Union[Iterable[tuple[str, object]], Mapping[str, object]]
 
 
 def retry_service_config(max_attempts: int, load_balancing: str = "round_robin", shuffle: bool = False) -> str:
@@ -74,19 +80,19 @@ def retry_service_config(max_attempts: int, load_balancing: str = "round_robin",
 INT32_MAX = 2**31 - 1  # gRPC's integer channel arguments are 32-bit
 
 
-def whole_number(value, name: str, minimum: int, maximum: int = INT32_MAX) -> int:
+def whole_number(value: object, name: str, minimum: int, maximum: int = INT32_MAX) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name}: expected an integer, got {type(value).__name__}")
-    if not minimum <= value <= maximum:
+    if not minimum <= int(value) <= maximum:
         raise ValueError(f"{name}: expected {minimum} .. {maximum}, got {value}")
     return int(value)
 
 
-def channel_options(max_message_bytes: int, max_attempts: int, options=(), load_balancing: str = "round_robin",
-                    shuffle: bool = False) -> list[tuple[str, Any]]:
+def channel_options(max_message_bytes: int, max_attempts: int, options: ChannelOptions = (),
+                    load_balancing: str = "round_robin", shuffle: bool = False) -> list[tuple[str, object]]:
     max_message_bytes = whole_number(max_message_bytes, "max_message_bytes", 1)
     max_attempts = whole_number(max_attempts, "max_attempts", 1)
-    base = [
+    base: list[tuple[str, object]] = [
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.enable_retries", 1 if max_attempts > 1 else 0),
@@ -95,18 +101,18 @@ def channel_options(max_message_bytes: int, max_attempts: int, options=(), load_
         ("grpc.per_rpc_retry_buffer_size", max_message_bytes),
     ]
     try:
-        given = dict(options)
+        given = dict(cast(Iterable[tuple[str, object]], options))  # a mapping too (checked here)
     except (TypeError, ValueError):
         raise TypeError(f"options: expected gRPC channel arguments as (name, value) pairs or a mapping, "
                         f"got {options!r:.80}") from None
     return [(k, v) for k, v in base if k not in given] + list(given.items())
 
 
-def merge_metadata(default: tuple, call: tuple | None) -> tuple | None:
+def merge_metadata(default: Pairs, call: Pairs | None) -> Pairs | None:
     return (default + tuple(call or ())) or None
 
 
-def normalize_target(target) -> str:
+def normalize_target(target: object) -> str:
     """The gRPC target to dial: `target` with the default port (50051) added to each address
     that names none (gRPC itself would dial 443). A URL scheme in front (http://, ...) is
     refused with the reason, as gRPC would take it for part of a host name."""
@@ -211,7 +217,7 @@ def _is_loopback_host(address: str) -> bool:
         return False
 
 
-def token_metadata(token: str | None, target: str, secure: bool, allow_insecure_token: bool) -> tuple:
+def token_metadata(token: str | None, target: str, secure: bool, allow_insecure_token: bool) -> Pairs:
     """The authorization header for `token`; ValueError if it would travel in the clear
     to anything but this machine."""
     if token is None:
@@ -229,14 +235,14 @@ def token_metadata(token: str | None, target: str, secure: bool, allow_insecure_
     return (("authorization", f"Bearer {token}"),)
 
 
-def encode(op: wire.Operation, arguments: dict) -> wire.Request:
+def encode(op: wire.Operation, arguments: dict[str, object]) -> wire.Request:
     try:
         return wire.build_request(op, arguments)
     except WireError as exc:
         raise invalid_argument(exc.field, exc.message) from None
 
 
-class ClientBase(Operations):
+class ClientBase(Operations[F32, Floats, Pair, U8, Session]):
     """What the blocking and the asyncio clients share: configuration, the channel
     credentials and encoding.
 
@@ -276,36 +282,39 @@ class ClientBase(Operations):
         holds state on one server, so under round_robin each session opens a channel of
         its own that keeps to one server, picked at random (closed with the session)."""
 
-    def __init__(self, target: str = DEFAULT_TARGET, *, timeout: float | None = None, metadata=None,
+    _channel: grpc.Channel | grpc.aio.Channel
+
+    def __init__(self, target: str = DEFAULT_TARGET, *, timeout: Timeout = None, metadata: Metadata = None,
                  credentials: grpc.ChannelCredentials | None = None, root_certificates: PEM | None = None,
                  certificate_chain: PEM | None = None, private_key: PEM | None = None,
                  server_name_override: str | None = None, token: str | None = None,
                  allow_insecure_token: bool = False,
-                 max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES, max_attempts: int = 4, options=(),
-                 load_balancing: str | None = None):
+                 max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES, max_attempts: int = 4,
+                 options: ChannelOptions = (), load_balancing: str | None = None):
         self.target = target = normalize_target(target)
         self.timeout = check_timeout(timeout)
         self._credentials = channel_credentials(credentials, root_certificates, certificate_chain, private_key)
-        self.metadata = check_metadata(metadata) + token_metadata(token, target, self._credentials is not None,
+        self.metadata: Pairs = check_metadata(metadata) + token_metadata(token, target, self._credentials is not None,
                                                                  allow_insecure_token)
         if server_name_override is not None:
-            options = [*options, ("grpc.ssl_target_name_override", server_name_override)]
+            options = [*cast(Iterable[tuple[str, object]], options),
+                       ("grpc.ssl_target_name_override", server_name_override)]
         self.load_balancing = load_balancing or default_load_balancing(target)
         self._options = channel_options(max_message_bytes, max_attempts, options, self.load_balancing)
-        self._session_options = None
+        self._session_options: list[tuple[str, object]] | None = None
         if self.load_balancing == "round_robin":
             self._session_options = channel_options(max_message_bytes, max_attempts, options, "pick_first",
                                                     shuffle=True)
-        self._callables: dict[str, Any] = {}
+        self._callables: dict[str, Callable[..., object]] = {}
         # Held while a method is created on the channel and while the channel closes: gRPC
         # crashes the process when a method is created on a closed channel.
         self._lock = threading.Lock()
         self._shared: SharedMemoryTransport | None = None  # shared_memory=True
 
-    def _open_channel(self, options):
+    def _open_channel(self, options: list[tuple[str, object]]) -> grpc.Channel | grpc.aio.Channel:
         raise NotImplementedError
 
-    def _session_transport(self):
+    def _session_transport(self) -> Self:
         """What a session's calls go through: the client itself, or, when the client
         spreads calls over several servers, a copy of it whose channel keeps to one server
         (picked at random), since the session lives on the server that created it."""
@@ -319,15 +328,17 @@ class ClientBase(Operations):
         pinned._channel = self._open_channel(self._session_options)
         return pinned
 
-    def _method(self, path: str):
+    def _method(self, path: str) -> Callable[..., object]:
         fn = self._callables.get(path)
         if fn is None:  # bytes in, bytes out: the codec does the (de)serialization
             with self._lock:
                 self._check_open()
-                fn = self._callables[path] = self._channel.unary_unary(path, _registered_method=True)
+                # _registered_method: gRPC's own generated code passes it; its stubs omit it.
+                fn = self._callables[path] = self._channel.unary_unary(
+                    path, _registered_method=True)  # type: ignore[call-arg]
         return fn
 
-    def _call_options(self, timeout: float | None, metadata: tuple) -> dict:
+    def _call_options(self, timeout: float | None, metadata: Pairs | None) -> dict[str, object]:
         """gRPC's keyword arguments for a call whose timeout and metadata were checked."""
         return {"timeout": self.timeout if timeout is None else timeout,
                 "metadata": merge_metadata(self.metadata, metadata)}
@@ -340,13 +351,14 @@ class ClientBase(Operations):
             return explain_connection_failure(from_rpc_error(exc), self._credentials is not None)
         return ClientClosedError() if self._closed else exc
 
-    def _close_channel(self):
-        """Mark the client closed and return its channel (to close), or None if it was."""
+    def _close_channel(self) -> bool:
+        """Mark the client closed: True when this call did (its channel is then to close),
+        False if it was closed already."""
         with self._lock:
             if self._closed:
-                return None
+                return False
             self._closed = True
-            return self._channel
+            return True
 
     @property
     def shared_memory(self) -> bool:
@@ -360,7 +372,7 @@ class ClientBase(Operations):
         return None if self._shared is None else self._shared.off_reason
 
 
-class Client(ClientBase):
+class Client(ClientBase[Float32Array, FloatArray, Float32Pair, UInt8Array, "QuantizedInnerProductSession"]):
     """Blocking client: `Client("localhost:50051")`, one method per operation (NumPy in,
     NumPy out), per-call `timeout` and `metadata`, errors as TensorOpsError subclasses.
     Thread-safe; use it as a context manager or call close(). After close(), every method
@@ -383,14 +395,17 @@ class Client(ClientBase):
     once the server refused a region (see `shared_memory_refusal`). Calls whose tensors
     hold fewer than `shared_memory_min_bytes` (64 KiB) bytes always use the wire."""
 
+    _channel: grpc.Channel
+
     def __init__(self, target: str = DEFAULT_TARGET, *, shared_memory: bool = False,
-                 shared_memory_prefix: str = "tensorops_", shared_memory_min_bytes: int = MIN_BYTES, **kwargs):
+                 shared_memory_prefix: str = "tensorops_", shared_memory_min_bytes: int = MIN_BYTES,
+                 **kwargs: Any):
         super().__init__(target, **kwargs)
         self._channel = self._open_channel(self._options)
         self._shared = SharedMemoryTransport(self._invoke, shared_memory_prefix, shared_memory_min_bytes) \
             if shared_memory else None
 
-    def _open_channel(self, options):
+    def _open_channel(self, options: list[tuple[str, object]]) -> grpc.Channel:
         if self._credentials is None:
             return grpc.insecure_channel(self.target, options=options)
         return grpc.secure_channel(self.target, self._credentials, options=options)
@@ -402,24 +417,23 @@ class Client(ClientBase):
             return
         if self._shared is not None:
             self._shared.close()
-        channel = self._close_channel()
-        if channel is not None:
-            channel.close()
+        if self._close_channel():
+            self._channel.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _invoke(self, path: str, data: bytes, timeout=None, metadata=None) -> bytes:
+    def _invoke(self, path: str, data: bytes, timeout: float | None = None, metadata: Pairs | None = None) -> bytes:
         try:
-            return self._method(path)(data, **self._call_options(timeout, metadata))
+            return cast(bytes, self._method(path)(data, **self._call_options(timeout, metadata)))
         except (grpc.RpcError, ValueError) as exc:  # ValueError: the channel closed
             raise self._failure(exc) from None
 
-    def _call(self, name: str, arguments: dict, timeout, metadata):
-        out = arguments.pop("out", None)
+    def _call(self, name: str, arguments: dict[str, object], timeout: float | None, metadata: Pairs) -> object:
+        out = cast("np.ndarray | None", arguments.pop("out", None))
         if self._shared is not None:
             result = self._shared.call(name, arguments, timeout, metadata, out)
             if result is not NotImplemented:
@@ -429,7 +443,7 @@ class Client(ClientBase):
         raw = self._invoke(op.path, request.data, timeout, metadata)
         return result_into(out, wire.decode_response(op, raw, request.bf16_bits))
 
-    def shared_array(self, shape, dtype=np.float32) -> np.ndarray:
+    def shared_array(self, shape: int | Iterable[int], dtype: npt.DTypeLike = np.float32) -> npt.NDArray[Any]:
         """A new (uninitialized) array in a shared-memory region of its own, registered with
         the server: as an input it is read where it is, and as `out=` it receives the result
         from the kernel, so a call copies no tensor at all (needs `shared_memory=True` and a
@@ -440,22 +454,60 @@ class Client(ClientBase):
             raise ValueError("shared_array: the client was made without shared_memory=True")
         return self._shared.shared_array(shape, dtype, None, ())
 
-    def _open_session(self, arguments: dict, timeout, metadata) -> "QuantizedInnerProductSession":
+    def _open_session(self, arguments: dict[str, object], timeout: float | None,
+                      metadata: Pairs) -> QuantizedInnerProductSession:
         return QuantizedInnerProductSession(self, encode(wire.CREATE_SESSION, arguments).data, timeout, metadata)
 
-    def info(self, *, timeout=None, metadata=None) -> dict:
+    def info(self, *, timeout: Timeout = None, metadata: Metadata = None) -> ServerInfo:
         """The server's version, ISA level, CPU features, kernels, limits and operations."""
-        timeout, metadata = self._begin(timeout, metadata)
-        raw = self._invoke(wire.method_path("GetServerInfo"), b"", timeout, metadata)
+        checked_timeout, checked_metadata = self._begin(timeout, metadata)
+        raw = self._invoke(wire.method_path("GetServerInfo"), b"", checked_timeout, checked_metadata)
         return server_info(tensorops_pb2.ServerInfo.FromString(raw))
 
-    def list_sessions(self, *, timeout=None, metadata=None) -> list[dict]:
-        timeout, metadata = self._begin(timeout, metadata)
-        raw = self._invoke(wire.method_path("ListSessions"), b"", timeout, metadata)
+    def list_sessions(self, *, timeout: Timeout = None, metadata: Metadata = None) -> list[SessionInfo]:
+        """The server's quantized inner-product sessions (without their buffer sizes)."""
+        checked_timeout, checked_metadata = self._begin(timeout, metadata)
+        raw = self._invoke(wire.method_path("ListSessions"), b"", checked_timeout, checked_metadata)
         return [session_info(s) for s in tensorops_pb2.ListSessionsResponse.FromString(raw).sessions]
 
 
-def server_info(msg) -> dict:
+class ServerLimits(TypedDict):
+    max_message_bytes: int
+    max_tensor_bytes: int
+    max_ndim: int
+    max_sessions: int
+    max_session_bytes: int
+    session_ttl_seconds: float
+
+
+class ServerInfo(TypedDict):
+    """What Client.info() returns (the tensorops.v1 ServerInfo message)."""
+    version: str
+    isa: str
+    cpu_features: list[str]
+    kernels: dict[str, str]
+    operations: list[str]
+    workers: int
+    instance: str
+    limits: ServerLimits
+
+
+class SessionInfo(TypedDict):
+    """A session as the server describes it (the tensorops.v1 SessionInfo message)."""
+    session_id: str
+    info: str
+    internal_buffer_size: int
+    external_buffer_size: int
+    m: int
+    n: int
+    k: int
+    bytes: int
+    idle_seconds: float
+    forward_count: int
+    max_m: int
+
+
+def server_info(msg: tensorops_pb2.ServerInfo) -> ServerInfo:
     limits = msg.limits
     return {
         "version": msg.version, "isa": msg.isa, "cpu_features": list(msg.cpu_features),
@@ -468,8 +520,13 @@ def server_info(msg) -> dict:
     }
 
 
-def session_info(msg) -> dict:
-    return {f.name: getattr(msg, f.name) for f in msg.DESCRIPTOR.fields}
+def session_info(msg: tensorops_pb2.SessionInfo) -> SessionInfo:
+    return cast(SessionInfo, {f.name: getattr(msg, f.name) for f in msg.DESCRIPTOR.fields})
+
+
+# Any client, as a session sees its owner (the type parameters are only its results').
+AnyClient = ClientBase[object, object, object, object, object]
+T = TypeVar("T")
 
 
 class SessionClosedError(TensorOpsError, ValueError):
@@ -483,11 +540,11 @@ class SessionBase:
     its routing key (SESSION_KEY_HEADER), so that a balancer sends them all, re-creations
     included, to one replica."""
 
-    def __init__(self, client, create_request: bytes):
+    def __init__(self, client: AnyClient, create_request: bytes):
         self._owner = client
         self._client = client._session_transport()  # what the session's calls go through
         self._create_request = create_request
-        self._info = None
+        self._info: tensorops_pb2.SessionInfo | None = None
         self._closed = False
         self._routing_key = secrets.token_hex(16)
 
@@ -496,28 +553,34 @@ class SessionBase:
         """The random key sent as SESSION_KEY_HEADER with each call of this session."""
         return self._routing_key
 
-    def _metadata(self, metadata: tuple | None) -> tuple:
+    def _metadata(self, metadata: Pairs | None) -> Pairs:
         """Checked call metadata with the session's routing key in front."""
         return ((SESSION_KEY_HEADER, self._routing_key),) + tuple(metadata or ())
 
-    def _begin(self, timeout, metadata) -> tuple[float | None, tuple]:
+    def _begin(self, timeout: object, metadata: object) -> tuple[float | None, Pairs]:
         """What every method of an open session does first: checks, then the call's
         timeout and metadata (with the routing key)."""
         self._check_open()
         return check_timeout(timeout), self._metadata(check_metadata(metadata))
 
     @property
+    def _created(self) -> tensorops_pb2.SessionInfo:
+        """The server's answer to the session's creation, which comes before any other call."""
+        assert self._info is not None, "the session is used before it was created"
+        return self._info
+
+    @property
     def session_id(self) -> str:
-        return self._info.session_id
+        return self._created.session_id
 
     @property
     def info(self) -> str:
         """The implementation the server selected (ISA and algorithm)."""
-        return self._info.info
+        return self._created.info
 
     @property
     def internal_buffer_size(self) -> int:
-        return self._info.internal_buffer_size
+        return self._created.internal_buffer_size
 
     @property
     def recreated(self) -> int:
@@ -526,7 +589,7 @@ class SessionBase:
 
     _recreated = 0
 
-    def _check_open(self):
+    def _check_open(self) -> None:
         self._owner._check_open()
         if self._closed:
             raise SessionClosedError("the quantized inner-product session is closed")
@@ -539,11 +602,11 @@ class SessionBase:
         self._closed = True
         return True
 
-    def _forward_request(self, a) -> wire.Request:
-        return encode(wire.FORWARD_SESSION, {"session_id": self._info.session_id, "a": a})
+    def _forward_request(self, a: UInt8Input) -> wire.Request:
+        return encode(wire.FORWARD_SESSION, {"session_id": self._created.session_id, "a": a})
 
     @staticmethod
-    def _describe_request(session_id: str, m) -> bytes:
+    def _describe_request(session_id: str, m: int | None) -> bytes:
         request = tensorops_pb2.DescribeSessionRequest(session_id=session_id)
         if m is not None:
             request.m = m
@@ -560,7 +623,10 @@ class QuantizedInnerProductSession(SessionBase):
     eviction, another replica), the session re-creates itself and retries the call once.
     Thread-safe."""
 
-    def __init__(self, client: Client, create_request: bytes, timeout=None, metadata=None):
+    _client: Client
+
+    def __init__(self, client: Client, create_request: bytes, timeout: float | None = None,
+                 metadata: Pairs | None = None):
         super().__init__(client, create_request)
         self._lock = threading.Lock()
         try:
@@ -573,50 +639,51 @@ class QuantizedInnerProductSession(SessionBase):
         if self._client is not self._owner:
             self._client.close()
 
-    def _create(self, timeout, metadata) -> None:
+    def _create(self, timeout: float | None, metadata: Pairs) -> None:
         raw = self._client._invoke(wire.CREATE_SESSION.path, self._create_request, timeout, metadata)
         self._info = tensorops_pb2.SessionInfo.FromString(raw)
 
-    def _recreate(self, lost_id: str, timeout, metadata) -> None:
+    def _recreate(self, lost_id: str, timeout: float | None, metadata: Pairs) -> None:
         with self._lock:
-            if self._info.session_id == lost_id:  # another thread may have done it already
+            if self._created.session_id == lost_id:  # another thread may have done it already
                 self._create(timeout, metadata)
                 self._recreated += 1
 
-    def _retrying(self, call, timeout, metadata):
-        session_id = self._info.session_id
+    def _retrying(self, call: Callable[[], T], timeout: float | None, metadata: Pairs) -> T:
+        session_id = self._created.session_id
         try:
             return call()
         except NotFoundError:
             self._recreate(session_id, timeout, metadata)
             return call()
 
-    def forward(self, a, *, timeout=None, metadata=None):
+    def forward(self, a: UInt8Input, *, timeout: Timeout = None, metadata: Metadata = None) -> UInt8Array:
         """C = requantized A x B for a uint8 (M, K) array A; any M."""
-        timeout, metadata = self._begin(timeout, metadata)
+        checked_timeout, checked_metadata = self._begin(timeout, metadata)
         op = wire.FORWARD_SESSION
 
-        def call():
+        def call() -> UInt8Array:
             request = self._forward_request(a)
-            raw = self._client._invoke(op.path, request.data, timeout, metadata)
-            return wire.decode_response(op, raw)
-        return self._retrying(call, timeout, metadata)
+            raw = self._client._invoke(op.path, request.data, checked_timeout, checked_metadata)
+            return cast(UInt8Array, wire.decode_response(op, raw))
+        return self._retrying(call, checked_timeout, checked_metadata)
 
-    def describe(self, m: int | None = None, *, timeout=None, metadata=None) -> dict:
+    def describe(self, m: int | None = None, *, timeout: Timeout = None, metadata: Metadata = None) -> SessionInfo:
         """The server's description of the session (sizes, use count, idle time)."""
-        timeout, metadata = self._begin(timeout, metadata)
+        checked_timeout, checked_metadata = self._begin(timeout, metadata)
 
-        def call():
+        def call() -> SessionInfo:
             raw = self._client._invoke(wire.method_path("DescribeSession"),
-                                       self._describe_request(self._info.session_id, m), timeout, metadata)
+                                       self._describe_request(self._created.session_id, m), checked_timeout,
+                                       checked_metadata)
             return session_info(tensorops_pb2.SessionInfo.FromString(raw))
-        return self._retrying(call, timeout, metadata)
+        return self._retrying(call, checked_timeout, checked_metadata)
 
-    def external_buffer_size_for(self, m: int, *, timeout=None, metadata=None) -> int:
+    def external_buffer_size_for(self, m: int, *, timeout: Timeout = None, metadata: Metadata = None) -> int:
         """Scratch bytes the server needs for a forward of `m` rows."""
         return self.describe(m, timeout=timeout, metadata=metadata)["external_buffer_size"]
 
-    def close(self, *, timeout=None, metadata=None) -> None:
+    def close(self, *, timeout: Timeout = None, metadata: Metadata = None) -> None:
         """Release the session on the server (an unknown session counts as released). After
         its client closed, the session is only marked closed (the server drops it after
         its idle time)."""
@@ -624,18 +691,18 @@ class QuantizedInnerProductSession(SessionBase):
             self._close_transport()
         if self._closed:
             return
-        timeout, metadata = self._begin(timeout, metadata)
+        checked_timeout, checked_metadata = self._begin(timeout, metadata)
         self._closed = True
-        request = tensorops_pb2.ReleaseSessionRequest(session_id=self._info.session_id).SerializeToString()
+        request = tensorops_pb2.ReleaseSessionRequest(session_id=self._created.session_id).SerializeToString()
         try:
-            self._client._invoke(wire.method_path("ReleaseSession"), request, timeout, metadata)
+            self._client._invoke(wire.method_path("ReleaseSession"), request, checked_timeout, checked_metadata)
         except NotFoundError:
             pass
         finally:
             self._close_transport()
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -9,9 +9,15 @@ violations the server sent: `err.field` names the offending argument (e.g. "x",
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 import grpc
+
+# The trailing metadata of a failed call as gRPC gives it (a tuple of (key, value) pairs,
+# grpc.aio's Metadata): values are bytes under keys ending in "-bin", str otherwise.
+TrailingMetadata = Iterable[tuple[str, str | bytes]]
 
 _DETAILS_KEY = "grpc-status-details-bin"
 
@@ -28,7 +34,7 @@ class TensorOpsError(Exception):
     code = grpc.StatusCode.UNKNOWN
 
     def __init__(self, details: str, *, code: grpc.StatusCode | None = None,
-                 field_violations: tuple[FieldViolation, ...] = (), trailing_metadata=None):
+                 field_violations: Iterable[FieldViolation] = (), trailing_metadata: TrailingMetadata | None = None):
         super().__init__(details)
         if code is not None:
             self.code = code
@@ -91,23 +97,23 @@ _BY_CODE = {cls.code: cls for cls in (
     UnimplementedError, InternalError)}
 
 
-def error_for(code: grpc.StatusCode, details: str, field_violations=(), trailing_metadata=None) -> TensorOpsError:
+def error_for(code: grpc.StatusCode, details: str, field_violations: Iterable[FieldViolation] = (),
+              trailing_metadata: TrailingMetadata | None = None) -> TensorOpsError:
     cls = _BY_CODE.get(code, TensorOpsError)
     return cls(details, code=code, field_violations=field_violations, trailing_metadata=trailing_metadata)
 
 
-def _field_violations(trailing_metadata) -> tuple[FieldViolation, ...]:
+def _field_violations(trailing_metadata: TrailingMetadata | None) -> tuple[FieldViolation, ...]:
     for key, value in trailing_metadata or ():
         if key != _DETAILS_KEY:
             continue
         from google.rpc import error_details_pb2, status_pb2
 
-        status = status_pb2.Status.FromString(value)
-        violations = []
+        status = status_pb2.Status.FromString(cast(bytes, value))  # a "-bin" key's value
+        violations: list[FieldViolation] = []
         for detail in status.details:
-            if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-                bad = error_details_pb2.BadRequest()
-                detail.Unpack(bad)
+            bad = error_details_pb2.BadRequest()
+            if detail.Unpack(bad):  # False for details of other types
                 violations.extend(FieldViolation(v.field, v.description) for v in bad.field_violations)
         return tuple(violations)
     return ()
@@ -116,7 +122,8 @@ def _field_violations(trailing_metadata) -> tuple[FieldViolation, ...]:
 def from_rpc_error(exc: grpc.RpcError) -> TensorOpsError:
     """The TensorOpsError for a failed call (grpc.RpcError or grpc.aio.AioRpcError)."""
     code, details = exc.code(), exc.details() or ""
-    metadata = exc.trailing_metadata()
+    # The stubs declare namedtuple-like items without their tuple nature: they are pairs.
+    metadata = cast(TrailingMetadata, exc.trailing_metadata())
     return error_for(code, details, _field_violations(metadata), metadata)
 
 

@@ -31,12 +31,16 @@ import os
 import secrets
 import threading
 import weakref
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any, Union, cast
 
 import grpc
 import numpy as np
+import numpy.typing as npt
 
 from . import _operations
+from ._operations import Pairs
 from .protocol import wire
 from .protocol.codec import WireError, array_bytes, bytes_field, wire_array
 from .kserve import BYTE_SIZE, DATATYPES, OFFSET, REGION, method_path
@@ -54,6 +58,14 @@ _OFF_CODES = (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.PERMISSION_DENIED, 
               grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED)
 
 
+# (path, request bytes, timeout, metadata) -> response bytes: the blocking client's _invoke.
+Invoke = Callable[[str, bytes, Union[float, None], Union[Pairs, None]], bytes]
+# A request parameter: the field of its InferParameter's oneof and its value.
+Parameter = tuple[str, Union[bool, int, float, str]]
+# Where an input is: (region, byte size, offset), or None for the message itself.
+Place = Union[tuple[str, int, int], None]
+
+
 class _Unsupported(Exception):
     """This call goes over the wire."""
 
@@ -69,7 +81,7 @@ def _aligned(n: int) -> int:
     return -(-n // ALIGNMENT) * ALIGNMENT
 
 
-def _parameter(value) -> tuple[str, bool | int | float | str]:
+def _parameter(value: object) -> Parameter:
     """A Python argument as an InferParameter, as the KServe endpoint reads it: the field
     of the parameter's oneof and its value."""
     if isinstance(value, (bool, np.bool_)):
@@ -95,7 +107,7 @@ def _parameter(value) -> tuple[str, bool | int | float | str]:
 
 
 class SharedMemoryTransport:
-    def __init__(self, invoke, prefix: str = "tensorops_", min_bytes: int = MIN_BYTES):
+    def __init__(self, invoke: Invoke, prefix: str = "tensorops_", min_bytes: int = MIN_BYTES):
         self._invoke = invoke  # (path, request bytes, timeout, metadata) -> response bytes
         self.prefix = prefix
         self.min_bytes = min_bytes
@@ -104,32 +116,31 @@ class SharedMemoryTransport:
         self._free: list[_Region] = []
         self._count = 0
         # shared_array()'s regions: name -> (start address, end address, weak reference to the map)
-        self._pinned: dict[str, tuple[int, int, weakref.ref]] = {}
+        self._pinned: dict[str, tuple[int, int, weakref.ref[mmap.mmap]]] = {}
         self._gone: list[str] = []  # pinned regions whose arrays are gone: unregistered at the next call
         # The requests of calls made before, without the tensors in the message: what they
         # hold (operation, parameters, tensor descriptions and places) -> serialized.
-        self._requests: dict[tuple, bytes] = {}
+        self._requests: dict[tuple[object, ...], bytes] = {}
 
     # ---- regions
-    def _acquire(self, nbytes: int, timeout, metadata) -> _Region | None:
+    def _acquire(self, nbytes: int, timeout: float | None, metadata: Pairs | None) -> _Region | None:
         with self._lock:
             fitting = [r for r in self._free if r.size >= nbytes]
             if fitting:
-                region = min(fitting, key=lambda r: r.size)
-                self._free.remove(region)
-                return region
+                best = min(fitting, key=lambda r: r.size)
+                self._free.remove(best)
+                return best
+            smallest: _Region | None = None
             if self._count >= MAX_REGIONS:
                 if not self._free:
                     return None  # every region is busy: over the wire
                 smallest = min(self._free, key=lambda r: r.size)
                 self._free.remove(smallest)
                 self._count -= 1
-            else:
-                smallest = None
             self._count += 1
         if smallest is not None:
-            self._drop(smallest, timeout, metadata)
-        region = None
+            self._drop(smallest.name, smallest.map, timeout, metadata)
+        region: _Region | None = None
         try:
             region = self._create(max(MIN_REGION, 1 << (nbytes - 1).bit_length()), timeout, metadata)
             return region
@@ -139,14 +150,15 @@ class SharedMemoryTransport:
                     self._count -= 1
 
     # ---- arrays in regions of their own
-    def shared_array(self, shape, dtype, timeout, metadata) -> np.ndarray:
+    def shared_array(self, shape: int | Iterable[int], dtype: npt.DTypeLike, timeout: float | None,
+                     metadata: Pairs | None) -> npt.NDArray[Any]:
         dtype = np.dtype(dtype)
-        shape = (shape,) if isinstance(shape, numbers.Integral) else tuple(int(n) for n in shape)
+        dims = (int(shape),) if isinstance(shape, (int, numbers.Integral)) else tuple(int(n) for n in shape)
         if dtype not in _DATATYPE_NAMES and dtype != np.uint16:
             raise TypeError(f"dtype: expected one of {', '.join(str(d) for d in _DATATYPE_NAMES)}, got {dtype}")
-        if any(n < 0 for n in shape):
-            raise ValueError(f"shape: dimensions must be non-negative, got {shape}")
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if any(n < 0 for n in dims):
+            raise ValueError(f"shape: dimensions must be non-negative, got {dims}")
+        nbytes = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
         self._forget_gone(timeout, metadata)
         region = self._create(max(nbytes, 1), timeout, metadata) if self.off_reason is None else None
         if region is None:
@@ -155,14 +167,14 @@ class SharedMemoryTransport:
         with self._lock:
             self._pinned[region.name] = (start, start + region.size, weakref.ref(region.map))
         weakref.finalize(region.map, self._gone.append, region.name)
-        return np.frombuffer(region.map, dtype, int(np.prod(shape, dtype=np.int64))).reshape(shape)
+        return np.frombuffer(region.map, dtype, int(np.prod(dims, dtype=np.int64))).reshape(dims)
 
-    def _forget_gone(self, timeout=None, metadata=None) -> None:
+    def _forget_gone(self, timeout: float | None = None, metadata: Pairs | None = None) -> None:
         while self._gone:
             name = self._gone.pop()
             with self._lock:
                 self._pinned.pop(name, None)
-            self._drop(_Region(name, 0, None), timeout, metadata)
+            self._drop(name, None, timeout, metadata)
 
     def _placed(self, arr: np.ndarray) -> tuple[str, int] | None:
         """(region, offset) of an array lying in a shared_array's region, contiguous."""
@@ -174,7 +186,7 @@ class SharedMemoryTransport:
                 return name, address - start
         return None
 
-    def _create(self, size: int, timeout, metadata) -> _Region | None:
+    def _create(self, size: int, timeout: float | None, metadata: Pairs | None) -> _Region | None:
         name = f"{self.prefix}{os.getpid()}_{secrets.token_hex(6)}"
         path = f"/dev/shm/{name}"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -188,7 +200,7 @@ class SharedMemoryTransport:
         try:
             self._invoke(method_path("SystemSharedMemoryRegister"), request.SerializeToString(), timeout, metadata)
         except Exception as exc:
-            self._release_memory(region)
+            self._release_memory(name, mapped)
             code = getattr(exc, "code", None)
             if code in _OFF_CODES:
                 self.off_reason = f"the server refused a region: {exc}"
@@ -199,23 +211,26 @@ class SharedMemoryTransport:
         with self._lock:
             self._free.append(region)
 
-    def _drop(self, region: _Region, timeout=None, metadata=None) -> None:
+    def _drop(self, name: str, mapped: mmap.mmap | None, timeout: float | None = None,
+              metadata: Pairs | None = None) -> None:
+        """Unregister the region `name` and release its memory (`mapped`: its map, if this
+        transport still holds it)."""
         try:
-            request = pb.SystemSharedMemoryUnregisterRequest(name=region.name)
+            request = pb.SystemSharedMemoryUnregisterRequest(name=name)
             self._invoke(method_path("SystemSharedMemoryUnregister"), request.SerializeToString(), timeout, metadata)
         except Exception:  # noqa: BLE001 - the server unmaps it at shutdown anyway
             pass
-        self._release_memory(region)
+        self._release_memory(name, mapped)
 
     @staticmethod
-    def _release_memory(region: _Region) -> None:
+    def _release_memory(name: str, mapped: mmap.mmap | None) -> None:
         try:
-            if region.map is not None:
-                region.map.close()
+            if mapped is not None:
+                mapped.close()
         except BufferError:
             pass
         try:
-            os.unlink(f"/dev/shm/{region.name}")
+            os.unlink(f"/dev/shm/{name}")
         except FileNotFoundError:
             pass
 
@@ -225,11 +240,13 @@ class SharedMemoryTransport:
             self._count = 0
             pinned, self._pinned = list(self._pinned), {}
         self._gone.clear()
-        for region in regions + [_Region(name, 0, None) for name in pinned]:
-            self._drop(region, 5.0)  # a shared_array still in use keeps its mapping, unregistered
+        # a shared_array still in use keeps its mapping, unregistered
+        for name, mapped in [(r.name, r.map) for r in regions] + [(name, None) for name in pinned]:
+            self._drop(name, mapped, 5.0)
 
     # ---- calls
-    def call(self, name: str, arguments: dict, timeout, metadata, out: np.ndarray | None = None):
+    def call(self, name: str, arguments: dict[str, object], timeout: float | None, metadata: Pairs | None,
+             out: np.ndarray | None = None) -> object:
         """The result (`out` when the server wrote it there), or NotImplemented when this
         call goes over the wire."""
         if self.off_reason is not None:
@@ -265,16 +282,19 @@ class SharedMemoryTransport:
             if region is not None:
                 self._release(region)
 
-    def _split(self, name: str, arguments: dict):
+    def _split(self, name: str, arguments: dict[str, object]
+               ) -> tuple[dict[str, np.ndarray], dict[str, Parameter], bool]:
         op = wire.OPERATIONS[name]
         message_codec = op.request_codec
-        tensors, parameters, bits = {}, {}, False
+        tensors: dict[str, np.ndarray] = {}
+        parameters: dict[str, Parameter] = {}
+        bits = False
         for key, value in arguments.items():
             if value is None:
                 continue
             if key in message_codec.numbers:
                 if key in message_codec.repeated:  # eltwise's operands travel stacked
-                    items = [wire_array(v, f"{key}[{i}]")[0] for i, v in enumerate(value)]
+                    items = [wire_array(v, f"{key}[{i}]")[0] for i, v in enumerate(cast(Iterable[object], value))]
                     if not items or len({(a.dtype, a.shape) for a in items}) != 1:
                         raise _Unsupported
                     arr = np.stack(items)
@@ -293,33 +313,38 @@ class SharedMemoryTransport:
                 parameters[key] = _parameter(value)
         return tensors, parameters, bits
 
-    def _infer(self, region: _Region | None, op, tensors, placed, out, out_placed, parameters, bits, copied,
-               timeout, metadata):
+    def _infer(self, region: _Region | None, op: wire.Operation, tensors: dict[str, np.ndarray],
+               placed: dict[str, tuple[str, int] | None], out: np.ndarray | None, out_placed: tuple[str, int] | None,
+               parameters: dict[str, Parameter], bits: bool, copied: int, timeout: float | None,
+               metadata: Pairs | None) -> object:
         view = np.frombuffer(region.map, np.uint8) if region is not None else None
         offset = 0
-        inputs = []  # (name, datatype, shape, (region, byte size, offset) or None) of each input
+        inputs: list[tuple[str, str, tuple[int, ...], Place]] = []  # name, datatype, shape, place of each input
         in_message = []
         for key, arr in tensors.items():
+            where: tuple[str, int] | None
             where = placed[key]
             if where is _IN_MESSAGE:
                 in_message.append(arr)
                 inputs.append((key, _DATATYPE_NAMES[arr.dtype], arr.shape, None))
                 continue
-            if where is None:  # copied into the call's region
+            if where is None:  # copied into the call's region (acquired for what is copied)
+                assert region is not None and view is not None
                 view[offset:offset + arr.nbytes] = arr.reshape(-1).view(np.uint8)
                 where = (region.name, offset)
                 offset += _aligned(arr.nbytes)
             inputs.append((key, _DATATYPE_NAMES[arr.dtype], arr.shape, (where[0], arr.nbytes, where[1])))
-        if out_placed is not None:  # the kernel writes into the caller's array
+        if out is not None and out_placed is not None:  # the kernel writes into the caller's array
             output = (out_placed[0], out.nbytes, out_placed[1])
         else:
+            assert region is not None  # acquired with room for the result
             output = (region.name, region.size - copied, copied)
-        key = (op.name, tuple(parameters.items()), tuple(inputs), output)
-        head = self._requests.get(key)
+        request_key = (op.name, tuple(parameters.items()), tuple(inputs), output)
+        head = self._requests.get(request_key)
         if head is None:
             head = _request_head(op, parameters, inputs, output)
             if len(self._requests) < MAX_REQUESTS:
-                self._requests[key] = head
+                self._requests[request_key] = head
         data = b"".join([head, *(part for arr in in_message
                                  for part in bytes_field(_RAW_INPUTS, array_bytes(arr)))])
         try:
@@ -336,12 +361,13 @@ class SharedMemoryTransport:
         if bits and described.datatype == "BF16":
             dtype = np.dtype(np.uint16)
         shape = tuple(described.shape)
-        if out_placed is not None:
+        if out is not None and out_placed is not None:
             if out.dtype != dtype:
                 raise TypeError(f"out: expected dtype {dtype} (the result's), got {out.dtype}")
             if out.shape != shape:
                 raise ValueError(f"out: expected shape {shape} (the result's), got {out.shape}")
             return out
+        assert region is not None
         result = np.frombuffer(region.map, dtype, int(np.prod(shape, dtype=np.int64)), copied).reshape(shape)
         if out is not None:
             return _operations.result_into(out, result)
@@ -352,7 +378,8 @@ _DATATYPE_NAMES = {dtype: name for name, (_, dtype) in DATATYPES.items()}
 _RAW_INPUTS = pb.ModelInferRequest.DESCRIPTOR.fields_by_name["raw_input_contents"].number
 
 
-def _request_head(op, parameters: dict, inputs: list, output: tuple) -> bytes:
+def _request_head(op: wire.Operation, parameters: dict[str, Parameter],
+                  inputs: list[tuple[str, str, tuple[int, ...], Place]], output: tuple[str, int, int]) -> bytes:
     """The ModelInferRequest of a call without its raw contents (appended after it, as
     fields of the same message)."""
     request = pb.ModelInferRequest(model_name=op.name)
@@ -366,7 +393,7 @@ def _request_head(op, parameters: dict, inputs: list, output: tuple) -> bytes:
     return request.SerializeToString()
 
 
-def _place(parameters, region: str, byte_size: int, offset: int) -> None:
+def _place(parameters: Any, region: str, byte_size: int, offset: int) -> None:
     parameters[REGION].string_param = region
     parameters[BYTE_SIZE].int64_param = byte_size
     parameters[OFFSET].int64_param = offset

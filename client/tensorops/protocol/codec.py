@@ -22,10 +22,12 @@ payload length equal to shape x element size, size limits) and names the offendi
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
+from google.protobuf.message import Message
 
 from ..v1 import tensor_pb2
 from . import dtypes
@@ -65,7 +67,7 @@ class TooManyFields(WireError):
     """A message of more than MAX_FIELDS fields and shape dimensions: refused as it is,
     before the protobuf runtime builds an object for each."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__("message", TOO_MANY_FIELDS)
 
 
@@ -82,7 +84,7 @@ class WireTensor:
     shape: list[int] = field(default_factory=list)
     dtype: int = 0
     format: int = 0
-    data: Any = b""
+    data: bytes | memoryview = b""
 
 
 def to_array(t: WireTensor, name: str, *, max_bytes: int | None = None,
@@ -118,7 +120,7 @@ def to_array(t: WireTensor, name: str, *, max_bytes: int | None = None,
     return arr
 
 
-def wire_array(value, name: str) -> tuple[np.ndarray, int]:
+def wire_array(value: object, name: str) -> tuple[np.ndarray, int]:
     """An array in wire form (C-contiguous, little-endian) and its wire dtype."""
     arr = value if isinstance(value, np.ndarray) else np.asarray(value)
     dtype = arr.dtype
@@ -132,15 +134,16 @@ def wire_array(value, name: str) -> tuple[np.ndarray, int]:
     return (arr if arr.flags.c_contiguous else arr.copy(order="C")), code
 
 
-def from_array(value, name: str = "tensor", *, format: int = 0) -> tensor_pb2.Tensor:
+def from_array(value: object, name: str = "tensor", *, format: int = 0) -> tensor_pb2.Tensor:
     """A protobuf Tensor holding a copy of the array (for callers that want messages; the
     RPC paths use MessageCodec, which avoids the intermediate copies)."""
     arr, code = wire_array(value, name)
-    return tensor_pb2.Tensor(shape=arr.shape, dtype=code, format=format, data=_payload(arr).tobytes())
+    return tensor_pb2.Tensor(shape=arr.shape, dtype=cast(tensor_pb2.DataType, code),
+                             format=cast(tensor_pb2.Format, format), data=_payload(arr).tobytes())
 
 
 def _payload(arr: np.ndarray) -> memoryview:
-    return memoryview(arr.reshape(-1).view(np.uint8))
+    return memoryview(arr.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # ndarray is a buffer
 
 
 # ---------------------------------------------------------------------------------------
@@ -191,6 +194,10 @@ _SGROUP, _EGROUP = 3, 4
 _MAX_DEPTH = 100
 
 
+# A serialized message: as received, or a view of part of one.
+Buffer = bytes | memoryview
+
+
 def _runtime_reads(raw: bytes) -> bool:
     """Whether the installed protobuf runtime parses `raw` as a Tensor. Protobuf 6 and 7
     (both supported) differ on two points the in-place decoder must follow."""
@@ -208,7 +215,7 @@ _MAX_LENGTH_BYTES = 10 if _runtime_reads(b"\x22\x80\x80\x80\x80\x80\x00") else 5
 _ZERO_IN_GROUPS = _runtime_reads(b"\x2b\x00\x00\x2c")  # group 5 holding field 0 (varint 0)
 
 
-def _read_varint(buf, pos: int, end: int) -> tuple[int, int]:
+def _read_varint(buf: Buffer, pos: int, end: int) -> tuple[int, int]:
     if pos < end and buf[pos] < 0x80:  # the common case: one byte
         return buf[pos], pos + 1
     result = shift = 0
@@ -233,7 +240,7 @@ def _int32(value: int) -> int:
     return ((value & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000
 
 
-def _read_key(buf, pos: int, end: int) -> tuple[int, int, int]:
+def _read_key(buf: Buffer, pos: int, end: int) -> tuple[int, int, int]:
     """(field number, wire type, position after the key)."""
     key = buf[pos]
     if key < 0x80:
@@ -246,7 +253,7 @@ def _read_key(buf, pos: int, end: int) -> tuple[int, int, int]:
     return key >> 3, key & 7, pos
 
 
-def _skip_value(buf, pos: int, end: int, wire_type: int) -> tuple[int, int]:
+def _skip_value(buf: Buffer, pos: int, end: int, wire_type: int) -> tuple[int, int]:
     """(start of the value, end of the field) of a field other than a group."""
     if wire_type == _LEN:
         length, value = _read_varint(buf, pos, end)
@@ -272,14 +279,14 @@ class _Budget:
     """What is left of MAX_FIELDS for one message."""
     __slots__ = ("left",)
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.left = MAX_FIELDS
 
     def exceeded(self) -> WireError:
         return TooManyFields()
 
 
-def _skip_group(buf, pos: int, end: int, number: int, depth: int, budget: _Budget) -> int:
+def _skip_group(buf: Buffer, pos: int, end: int, number: int, depth: int, budget: _Budget) -> int:
     """The end of the group `number` whose fields start at pos (groups nest: at most
     `depth` deep)."""
     open_groups = [number]
@@ -304,7 +311,8 @@ def _skip_group(buf, pos: int, end: int, number: int, depth: int, budget: _Budge
     return pos
 
 
-def _fields(buf, pos: int, end: int, budget: _Budget, depth: int = _MAX_DEPTH):
+def _fields(buf: Buffer, pos: int, end: int, budget: _Budget, depth: int = _MAX_DEPTH
+            ) -> Iterator[tuple[int, int, int, int, int]]:
     """(number, wire type, start of the field, start of its value, end of the field) of
     each field of a message in which protobuf allows `depth` more levels of nesting; an
     unknown group is one field. Each field, and each field of a group, spends `budget`."""
@@ -363,7 +371,7 @@ def _parse_tensor(view: memoryview, pos: int, end: int, budget: _Budget, into: W
     return t
 
 
-def _tensor_fields(arr: np.ndarray, code: int, fmt: int, number: int, offset: int) -> list:
+def _tensor_fields(arr: np.ndarray, code: int, fmt: int, number: int, offset: int) -> list[bytes | memoryview]:
     """The parts of one Tensor field whose first byte lands at `offset` in the message,
     padded so the payload starts ALIGNMENT-aligned."""
     head = []
@@ -395,7 +403,7 @@ def _tensor_fields(arr: np.ndarray, code: int, fmt: int, number: int, offset: in
             continue
         break
     # The padding (an unknown field) goes first in the Tensor, the data key last.
-    parts = [b"".join((tag, _varint(fixed + len(pad)), pad, head_bytes))]
+    parts: list[bytes | memoryview] = [b"".join((tag, _varint(fixed + len(pad)), pad, head_bytes))]
     if nbytes:
         parts.append(_payload(arr))
     return parts
@@ -430,7 +438,7 @@ def field_header(number: int, nbytes: int) -> bytes:
     return _tag(number, _LEN) + _varint(nbytes)
 
 
-def bytes_field(number: int, payload: memoryview) -> list:
+def bytes_field(number: int, payload: memoryview) -> list[bytes | memoryview]:
     """The parts of a length-delimited field holding `payload` (joined with one copy)."""
     return [field_header(number, payload.nbytes), payload]
 
@@ -447,8 +455,8 @@ def array_bytes(arr: np.ndarray) -> memoryview:
 class Decoded:
     """A received message: `message` holds every field except the Tensor ones, which are
     in `tensors` by field name (a list for repeated fields)."""
-    message: Any
-    tensors: dict[str, Any]
+    message: Any  # an instance of the codec's message class
+    tensors: dict[str, Any]  # a WireTensor, or a list of them for a repeated field
     nbytes: int = 0
 
 
@@ -457,9 +465,9 @@ class MessageCodec:
     repeated, at the top level) are handled without the protobuf runtime when they are
     large. Small messages go through the protobuf runtime, which is faster for them."""
 
-    def __init__(self, message_class):
+    def __init__(self, message_class: type[Message]):
         self.message_class = message_class
-        self.tensor_fields = {}  # number -> (name, repeated)
+        self.tensor_fields: dict[int, tuple[str, bool]] = {}  # number -> (name, repeated)
         for f in message_class.DESCRIPTOR.fields:
             if f.message_type is not None and f.message_type.full_name == tensor_pb2.Tensor.DESCRIPTOR.full_name:
                 self.tensor_fields[f.number] = (f.name, f.is_repeated)
@@ -498,7 +506,7 @@ class MessageCodec:
         rest.append(view[kept:])
         return Decoded(self._parse(b"".join(rest)), tensors, len(raw))
 
-    def _parse(self, raw: bytes):
+    def _parse(self, raw: bytes) -> Message:
         try:
             return self.message_class.FromString(raw)
         except Exception as exc:  # google.protobuf.message.DecodeError
@@ -521,7 +529,7 @@ class MessageCodec:
             tensors[name] = [WireTensor(t.shape[:], t.dtype, t.format, t.data) for t in operands]
         return Decoded(message, tensors, len(raw))
 
-    def encode(self, message=None, tensors: dict[str, Any] | None = None) -> bytes:
+    def encode(self, message: Message | None = None, tensors: dict[str, Any] | None = None) -> bytes:
         """`tensors` maps field names to (array in wire form, wire dtype, format) triples,
         or lists of them for repeated fields."""
         if not tensors:
@@ -540,7 +548,7 @@ class MessageCodec:
                 t.data = arr.tobytes()
             return message.SerializeToString()
         head = message.SerializeToString() if message is not None else b""
-        parts: list = [head]
+        parts: list[bytes | memoryview] = [head]
         offset = len(head)
         for name, (arr, code, fmt) in triples:
             field_parts = _tensor_fields(arr, code, fmt, self.numbers[name], offset)
@@ -555,7 +563,7 @@ def too_many_operands(name: str, count: int | None = None) -> WireError:
     return WireError(name, f"at most {MAX_OPERANDS} tensors (the limit), got {'more' if count is None else count}")
 
 
-def encode_tensor(value, name: str, fmt: int = 0) -> tuple[np.ndarray, int, int]:
+def encode_tensor(value: object, name: str, fmt: int = 0) -> tuple[np.ndarray, int, int]:
     """The (array, wire dtype, format) triple MessageCodec.encode takes."""
     arr, code = wire_array(value, name)
     return arr, code, fmt
