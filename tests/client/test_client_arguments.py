@@ -6,19 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import re
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-
-import tensorops  # noqa: E402
-import tensorops.aio  # noqa: E402
-from rpc_server import ServerProcess  # noqa: E402
-from tensorops._client import normalize_target  # noqa: E402
-from tensorops._operations import check_metadata  # noqa: E402
+import tensorops
+import tensorops.aio
+from rpc_server import ServerProcess
+from tensorops._client import normalize_target
+from tensorops._operations import check_metadata
 
 X = np.arange(6, dtype=np.float32).reshape(2, 3)
 

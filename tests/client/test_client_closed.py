@@ -13,17 +13,13 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-
-import tensorops  # noqa: E402
-import tensorops.aio  # noqa: E402
-from rpc_server import ServerProcess  # noqa: E402
-from tensorops._local import LocalSession  # noqa: E402
+import tensorops
+import tensorops.aio
+from tensorops._local import LocalSession
 
 CLOSED = "the client is closed"
 SESSION_CLASSES = {"sync": tensorops.QuantizedInnerProductSession, "aio": tensorops.aio.QuantizedInnerProductSession,
@@ -151,6 +147,10 @@ if __name__ == "__main__":
 
 @pytest.fixture(scope="module")
 def shm_server(tmp_path_factory):
+    # Imported here: this file also runs as a script (the scenarios above), without the
+    # tests' helpers on its path.
+    from rpc_server import ServerProcess
+
     proc = ServerProcess(tmp_path_factory.mktemp("closed") / "server.log", "--allow-shared-memory", "true").start()
     yield proc
     proc.kill()

@@ -4,18 +4,14 @@ trustme, and what it says when the data's layout needs a `format` it was not giv
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import trustme
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-
-import tensorops  # noqa: E402
-import tensorops.aio  # noqa: E402
-from rpc_server import ServerProcess  # noqa: E402
+import tensorops
+import tensorops.aio
+from rpc_server import ServerProcess
 
 # A new connection (and TLS handshake) for every client.
 OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
