@@ -8,8 +8,9 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable
+from typing import Any
 
 from tensorops.protocol.wire import DEFAULT_MAX_MESSAGE_BYTES
 
