@@ -9,7 +9,7 @@ import os
 import secrets
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Self, TypedDict, TypeVar, Union, cast
+from typing import Any, Self, TypedDict, TypeVar, Union, cast, overload
 
 import grpc
 import grpc.aio
@@ -20,8 +20,9 @@ from .protocol import wire
 from .protocol.codec import WireError
 from ._errors import (ClientClosedError, NotFoundError, TensorOpsError, explain_connection_failure, from_rpc_error,
                       invalid_argument)
-from ._operations import (F32, Floats, Float32Array, Float32Pair, FloatArray, Metadata, Operations, Pair, Pairs,
-                          Session, Timeout, U8, UInt8Array, UInt8Input, check_metadata, check_timeout, result_into)
+from ._operations import (F32, U8, ArrayOf, DTypeChoice, Float32Array, Float32Pair, FloatArray, Floats, Metadata,
+                          NamedArray, Operations, Pair, Pairs, Scalar, Session, Shape, Timeout, UInt8Array, UInt8Input,
+                          check_metadata, check_timeout, result_into)
 from ._shared_memory import MIN_BYTES, SharedMemoryTransport
 from .v1 import tensorops_pb2
 
@@ -443,7 +444,16 @@ class Client(ClientBase[Float32Array, FloatArray, Float32Pair, UInt8Array, "Quan
         raw = self._invoke(op.path, request.data, timeout, metadata)
         return result_into(out, wire.decode_response(op, raw, request.bf16_bits))
 
-    def shared_array(self, shape: int | Iterable[int], dtype: npt.DTypeLike = np.float32) -> npt.NDArray[Any]:
+    @overload
+    def shared_array(self, shape: Shape) -> Float32Array: ...
+
+    @overload
+    def shared_array(self, shape: Shape, dtype: type[Scalar] | np.dtype[Scalar]) -> ArrayOf[Scalar]: ...
+
+    @overload
+    def shared_array(self, shape: Shape, dtype: str) -> NamedArray: ...
+
+    def shared_array(self, shape: Shape, dtype: DTypeChoice = np.float32) -> npt.NDArray[Any]:
         """A new (uninitialized) array in a shared-memory region of its own, registered with
         the server: as an input it is read where it is, and as `out=` it receives the result
         from the kernel, so a call copies no tensor at all (needs `shared_memory=True` and a

@@ -45,6 +45,14 @@ Float32Array: TypeAlias = "np.ndarray[tuple[int, ...], np.dtype[np.float32]]"
 FloatArray: TypeAlias = "np.ndarray[tuple[int, ...], np.dtype[np.float32 | np.float16 | np.uint16 | np.generic[float]]]"
 UInt8Array: TypeAlias = "np.ndarray[tuple[int, ...], np.dtype[np.uint8]]"
 Float32Pair: TypeAlias = "tuple[Float32Array, Float32Array]"
+Scalar = TypeVar("Scalar", bound=np.generic)
+# An array of a dtype chosen by the caller (Client.shared_array), by its scalar type or its
+# dtype; or by name: one of the datatypes tensors travel in (or uint16 for BF16 bits).
+ArrayOf: TypeAlias = "np.ndarray[tuple[int, ...], np.dtype[Scalar]]"
+DTypeChoice: TypeAlias = "type[np.generic] | np.dtype[np.generic] | str"
+NamedArray: TypeAlias = ("np.ndarray[tuple[int, ...], np.dtype[np.float32 | np.float16 | np.generic[float] | np.uint8 "
+                         "| np.int8 | np.int32 | np.int64 | np.float64 | np.uint16]]")
+Shape: TypeAlias = "int | Iterable[int]"
 # Tensor arguments (any shape) and the array-likes of parameters such as scale and shift.
 Float32Input: TypeAlias = "npt.NDArray[np.float32]"
 FloatInput: TypeAlias = "npt.NDArray[np.float32 | np.float16 | np.uint16 | np.generic[float]]"

@@ -7,8 +7,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Self, TypeVar, cast
+from collections.abc import Awaitable, Callable
+from typing import Any, Self, TypeVar, cast, overload
 
 import grpc
 import grpc.aio
@@ -19,8 +19,8 @@ from .protocol import wire
 from ._client import (DEFAULT_TARGET, ClientBase, ServerInfo, SessionBase, SessionInfo, encode, server_info,
                       session_info)
 from ._client import Client as BlockingClient
-from ._operations import (Float32Array, Float32Pair, FloatArray, Metadata, Pairs, Timeout, UInt8Array, UInt8Input,
-                          result_into)
+from ._operations import (ArrayOf, DTypeChoice, Float32Array, Float32Pair, FloatArray, Metadata, NamedArray, Pairs,
+                          Scalar, Shape, Timeout, UInt8Array, UInt8Input, result_into)
 from ._shared_memory import MIN_BYTES
 from ._errors import NotFoundError
 from .v1 import tensorops_pb2
@@ -46,9 +46,10 @@ class Client(ClientBase[Awaitable[Float32Array], Awaitable[FloatArray], Awaitabl
         self._channel = self._open_channel(self._options)
         # Shared memory (see tensorops.Client) through a blocking client of its own, whose
         # calls (a region copy and a small message) run on a thread.
-        self._blocking: BlockingClient | None = BlockingClient(target, shared_memory=True, shared_memory_prefix=shared_memory_prefix,
-                                        shared_memory_min_bytes=shared_memory_min_bytes, **kwargs) \
-            if shared_memory else None
+        self._blocking: BlockingClient | None = None
+        if shared_memory:
+            self._blocking = BlockingClient(target, shared_memory=True, shared_memory_prefix=shared_memory_prefix,
+                                            shared_memory_min_bytes=shared_memory_min_bytes, **kwargs)
         self._shared = self._blocking._shared if self._blocking is not None else None
 
     def _open_channel(self, options: list[tuple[str, object]]) -> grpc.aio.Channel:
@@ -84,7 +85,16 @@ class Client(ClientBase[Awaitable[Float32Array], Awaitable[FloatArray], Awaitabl
         except (grpc.RpcError, grpc.aio.UsageError) as exc:  # UsageError: the channel closed
             raise self._failure(exc) from None
 
-    def shared_array(self, shape: int | Iterable[int], dtype: npt.DTypeLike = "float32") -> npt.NDArray[Any]:
+    @overload
+    def shared_array(self, shape: Shape) -> Float32Array: ...
+
+    @overload
+    def shared_array(self, shape: Shape, dtype: type[Scalar] | np.dtype[Scalar]) -> ArrayOf[Scalar]: ...
+
+    @overload
+    def shared_array(self, shape: Shape, dtype: str) -> NamedArray: ...
+
+    def shared_array(self, shape: Shape, dtype: DTypeChoice = "float32") -> npt.NDArray[Any]:
         """As tensorops.Client.shared_array (its one registration call blocks)."""
         self._check_open()
         if self._blocking is None:

@@ -52,7 +52,8 @@ FIRST_LINE = PRELUDE.count("\n") + 1  # of main's body, where the checked lines 
 
 _ARRAY = "numpy.ndarray[tuple[int, ...], numpy.dtype[{}]]"
 F32 = _ARRAY.format("numpy.floating[numpy._typing._nbit_base._32Bit]")
-FLOATS = _ARRAY.format("numpy.floating[numpy._typing._nbit_base._32Bit] | numpy.floating[numpy._typing._nbit_base._16Bit]"
+FLOATS = _ARRAY.format("numpy.floating[numpy._typing._nbit_base._32Bit]"
+                       " | numpy.floating[numpy._typing._nbit_base._16Bit]"
                        " | numpy.unsignedinteger[numpy._typing._nbit_base._16Bit] | numpy.generic[float]")
 U8 = _ARRAY.format("numpy.unsignedinteger[numpy._typing._nbit_base._8Bit]")
 
@@ -87,6 +88,9 @@ OTHER_RESULTS = [
     ("client.info()['limits']['max_sessions']", "int"),
     ("client.info()['kernels']", "dict[str, str]"),
     ("client.list_sessions()[0]['session_id']", "str"),
+    ("client.shared_array((2, 3))", F32),
+    ("client.shared_array(8, np.uint8)", U8),
+    ("aio.shared_array([4], np.dtype(np.float32))", F32),
     ("local.QuantizedInnerProduct(b, {q})", "tensorops._local.LocalSession"),
     ("local_session.forward(a)", U8),
     ("local_session.internal_buffer_size", "int"),
