@@ -91,7 +91,7 @@ def _default_workers() -> int:
 class Config:
     host: str = setting("127.0.0.1", _text("an address"), "address to listen on")
     port: int = setting(50051, _port, "gRPC port (0: any free port; the `serving` log line names it)")
-    # Scrapers elsewhere need an address of theirs (0.0.0.0 in the image); none by default.
+    # Loopback by default: scrapers on other hosts are opted in (the container image sets 0.0.0.0).
     metrics_host: str = setting(
         "127.0.0.1", _text("an address"),
         "address of the Prometheus endpoint (`0.0.0.0`: every interface, as the container image sets it)")

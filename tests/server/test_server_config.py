@@ -77,10 +77,11 @@ def test_each_setting_is_read_from_its_flag_and_its_variable_and_the_flag_wins(n
     assert getattr(config.load([], environ={"TENSOROPS_" + name.upper(): ""}), name) == f.default  # empty: unset
 
 
-def test_every_default_is_a_value_its_own_parser_accepts():
+def test_every_default_is_a_value_its_own_parser_accepts_of_the_declared_type():
     for f in config.fields(config.Config):
         text = str(f.default).lower() if isinstance(f.default, bool) else str(f.default)
-        assert config.parse_of(f)(text) == f.default, f.name
+        parsed = config.parse_of(f)(text)
+        assert parsed == f.default and type(parsed).__name__ == type(f.default).__name__ == f.type, f.name
 
 
 def test_readme_settings_table_is_the_generated_one():
