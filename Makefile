@@ -15,7 +15,7 @@ METRICS_HOST ?= 127.0.0.1
 METRICS_PORT ?= 9100
 SERVE_FLAGS ?=
 
-.PHONY: test test-native test-protobuf-range test-install test-sanitize fuzz-codec test-deploy serve proto promtool node bench bench-rpc clean
+.PHONY: test test-long test-native test-protobuf-range test-install test-sanitize fuzz-codec test-deploy serve proto promtool node bench bench-rpc clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,14 +37,22 @@ $(VENV)/.bench-installed: $(VENV)/bin/python $(SOURCES)
 	$(PY) -m pip install -q --find-links $(WHEELS) '.[bench]'
 	touch $@
 
-# The whole suite, then the native suite once per ISA level (TENSOROPS_ISA caps the
-# level; a level the CPU lacks runs at the best level below it, as info() reports).
+# What a change must pass, in a few minutes: the whole suite but the long campaigns (tests
+# marked `long`, see test-long). The native kernel tests run at every ISA level this CPU
+# supports, in one process (tests/native/conftest.py switches the dispatcher per test).
+TEST_FLAGS ?=
 test: $(VENV)/.test-installed promtool node
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q tests --ignore=tests/deploy
-	@for isa in avx2 scalar; do \
-		echo "== native suite at TENSOROPS_ISA=$$isa =="; \
-		TENSOROPS_ISA=$$isa $(PY) -m pytest -q tests/native || exit 1; \
-	done
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q -m "not long" tests --ignore=tests/deploy $(TEST_FLAGS)
+
+# The long campaigns, after `make test` in CI: the soak run, the live fuzzing campaign and
+# the slowest sweeps (docs/testing.md lists them).
+test-long: $(VENV)/.test-installed promtool
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q -m long tests --ignore=tests/deploy $(TEST_FLAGS)
+
+# The native suite alone (both tiers); TENSOROPS_ISA=scalar|avx2|avx512 runs the kernel
+# tests at that level only.
+test-native: $(VENV)/.test-installed
+	$(PY) -m pytest -q tests/native $(TEST_FLAGS)
 
 # Both ends of the supported protobuf range, each in a throwaway venv: a fresh install (the
 # newest grpcio and protobuf 6) and the oldest protobuf 6 and grpcio beside

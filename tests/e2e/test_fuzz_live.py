@@ -845,6 +845,7 @@ def encode(op: wire.Operation, args: dict) -> wire.Request:
 # ---------------------------------------------------------------------------------------
 # 1. Random and mutated requests of every stateless operation
 
+@pytest.mark.long
 def test_random_requests_of_every_operation(campaign):
     @fuzz_settings(BUDGET["requests"])
     @given(data=st.data())
@@ -1116,6 +1117,7 @@ class SessionCalls(RuleBasedStateMachine):
             self.drop(sid)
 
 
+@pytest.mark.long
 def test_random_session_calls(campaign):
     SessionCalls.campaign = campaign
     run_state_machine_as_test(SessionCalls, settings=fuzz_settings(BUDGET["sessions"],
@@ -1193,6 +1195,7 @@ def garbled(draw, raw: bytes) -> bytes:
     return raw[:i] + rng.bytes(draw(st.integers(1, 16))) + raw[i:]
 
 
+@pytest.mark.long
 def test_garbage_and_mutated_bytes(campaign):
     @fuzz_settings(BUDGET["garbage"])
     @given(data=st.data())
@@ -1225,6 +1228,7 @@ def test_garbage_and_mutated_bytes(campaign):
 # ---------------------------------------------------------------------------------------
 # After the campaign
 
+@pytest.mark.long
 def test_the_server_survived_the_campaign(campaign, capsys):
     server = campaign.server
     peak = resident_bytes(server.proc.pid, "VmHWM")

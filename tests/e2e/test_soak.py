@@ -20,6 +20,7 @@ from collections import Counter
 import grpc
 import ml_dtypes
 import numpy as np
+import pytest
 
 import tensorops
 import tensorops_native as tn
@@ -226,6 +227,7 @@ def client_thread(target: str, token: str, soak: Soak, seed: int, deadline: floa
                 soak.problem("session release", f"{type(exc).__name__}: {exc}")
 
 
+@pytest.mark.long
 def test_soak(start_server, capsys):
     srv = start_server("--max-sessions", str(MAX_SESSIONS), "--max-sessions-per-caller", str(PER_CALLER),
                        env={"TENSOROPS_AUTH_TOKENS": ",".join(TOKENS)})

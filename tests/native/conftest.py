@@ -1,14 +1,20 @@
-"""Fixtures of the native suite: a seeded random generator per test, and runners that
-execute code in a fresh interpreter, at a chosen ISA level or under a memory limit.
+"""Fixtures of the native suite: the ISA level of each test, a seeded random generator per
+test, a runner of scripts at a chosen level, and a runner of code in a fresh interpreter
+under a memory limit.
 
-The suite runs once per ISA level (`make test` sets TENSOROPS_ISA); every test sees the same
-random inputs at every level because the seed depends only on the test's id.
+Every test of a kernel runs at every level this CPU supports, in this one process: the
+autouse `isa` fixture switches the dispatcher (tensorops_native._info.set_isa_for_testing)
+and puts it back. With TENSOROPS_ISA set, they run at that level only. A test or module
+marked `level_independent` (argument checks, Python-side logic, tests that sweep the levels
+or the QuantizedInnerProduct algorithms themselves) runs once, at the process's level.
+Every test sees the same random inputs at every level: the seed leaves the level out.
 """
 from __future__ import annotations
 
 import hashlib
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -17,25 +23,50 @@ import numpy as np
 import pytest
 
 import tensorops_native as tn
+from tensorops_native._info import set_isa_for_testing
 from tensorops_native._native import lib
+from tn_testing import LEVELS, kernel_levels
 
 HERE = pathlib.Path(__file__).resolve().parent
-LEVELS = ("scalar", "avx2", "avx512")
+# The level in a test id: "[isa-avx2]" alone, "isa-avx2-" before other parameters.
+_LEVEL_ID = re.compile(r"\[isa-(?:scalar|avx2|avx512)\]|isa-(?:scalar|avx2|avx512)-")
+
+
+def pytest_generate_tests(metafunc):
+    if metafunc.definition.get_closest_marker("level_independent") is None:
+        metafunc.parametrize("isa", kernel_levels(), indirect=True, ids=lambda level: f"isa-{level}")
+
+
+@pytest.fixture(autouse=True)
+def isa(request):
+    """The level this test runs at (the dispatcher is switched to it for the test)."""
+    level = getattr(request, "param", None)
+    if level is None:
+        yield tn.isa()
+        return
+    previous = set_isa_for_testing(level)
+    try:
+        yield level
+    finally:
+        set_isa_for_testing(previous)
 
 
 def pytest_report_header(config):
     missing = sorted(k for k, v in tn.kernels().items() if v == "missing")
     line = f"tensorops_native: ISA {tn.isa()} (TENSOROPS_ISA={os.environ.get('TENSOROPS_ISA') or 'unset'}, " \
            f"CPU supports {LEVELS[lib.TnSupportedIsa()]})"
+    line += f"; kernel tests run at {', '.join(kernel_levels())}"
     if missing:
-        line += f"; kernels not implemented (their tests skip): {', '.join(missing)}"
+        line += f"; kernels not implemented (their tests fail): {', '.join(missing)}"
     return line
 
 
 @pytest.fixture
 def rng(request):
-    """numpy Generator seeded from the test id: reproducible, and independent between tests."""
-    seed = int.from_bytes(hashlib.sha256(request.node.nodeid.encode()).digest()[:8], "little")
+    """numpy Generator seeded from the test id without its level: reproducible, independent
+    between tests, the same at every level."""
+    test_id = _LEVEL_ID.sub("", request.node.nodeid)
+    seed = int.from_bytes(hashlib.sha256(test_id.encode()).digest()[:8], "little")
     return np.random.default_rng(seed)
 
 
@@ -48,26 +79,13 @@ def _env(**extra):
     return env
 
 
-_DRIVER = """\
-import sys
-import numpy as np
-import tensorops_native as tn
-inputs = dict(np.load(sys.argv[1], allow_pickle=False))
-outputs = {}
-%s
-np.savez(sys.argv[2], **outputs)
-print(tn.isa())
-"""
-
-
 class IsaRunner:
-    """Runs a script in a fresh interpreter with TENSOROPS_ISA=level. The script sees
-    `inputs` (dict of arrays), `np`, `tn`, and fills `outputs` (dict of arrays; store BF16 as
-    uint16 bits). Results are cached per (name, level) for the session, so a baseline
-    level is computed once."""
+    """Runs a script at a chosen level in this process (the dispatcher switched for the run,
+    then put back). The script sees `inputs` (dict of arrays, its own copies), `np`, `tn`,
+    and fills `outputs` (dict of arrays; store BF16 as uint16 bits). Results are cached per
+    (name, level) for the session, so a baseline level is computed once."""
 
-    def __init__(self, tmp_dir: pathlib.Path):
-        self.tmp = tmp_dir
+    def __init__(self):
         self.cache = {}
 
     def supported(self, level: str) -> bool:
@@ -82,24 +100,22 @@ class IsaRunner:
         if key in self.cache:
             return self.cache[key]
         self.skip_unless_supported(level)
-        src = self.tmp / f"{name}-in.npz"
-        if not src.exists():
-            np.savez(src, **inputs)
-        dst = self.tmp / f"{name}-{level}.npz"
-        proc = subprocess.run([sys.executable, "-c", _DRIVER % textwrap.dedent(script), str(src), str(dst)],
-                              env=_env(TENSOROPS_ISA=level), capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, f"{name} at TENSOROPS_ISA={level} failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
-        active = proc.stdout.strip().splitlines()[-1]
-        assert active == level, f"TENSOROPS_ISA={level} ran at {active} although the CPU supports it"
-        with np.load(dst, allow_pickle=False) as data:
-            result = {k: data[k] for k in data.files}
-        self.cache[key] = result
-        return result
+        outputs = {}
+        namespace = {"np": np, "tn": tn, "inputs": {k: np.array(v) for k, v in inputs.items()}, "outputs": outputs}
+        code = compile(textwrap.dedent(script), f"<{name} at {level}>", "exec")
+        previous = set_isa_for_testing(level)
+        try:
+            assert tn.isa() == level and set(tn.kernels().values()) == {level}
+            exec(code, namespace)
+        finally:
+            set_isa_for_testing(previous)
+        self.cache[key] = outputs
+        return outputs
 
 
 @pytest.fixture(scope="session")
-def isa_runner(tmp_path_factory):
-    return IsaRunner(tmp_path_factory.mktemp("isa"))
+def isa_runner():
+    return IsaRunner()
 
 
 def run_isolated(code: str, *, memory_limit: int | None = 4 << 30, timeout=120, **env):

@@ -18,6 +18,9 @@ import tensorops_native as tn
 import reference as ref
 from tn_testing import assert_same_bits, require
 
+# Argument checks, made before any kernel runs: run once, at the process's level.
+pytestmark = pytest.mark.level_independent
+
 BF16 = ml_dtypes.bfloat16
 F32 = np.float32
 

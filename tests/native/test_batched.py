@@ -1,7 +1,9 @@
-"""The batched entry points (TnSynet...Batch): channel_sum, lrn_cross_channels, shuffle and
-tiled_scale_2d make one C call per request, which must give exactly the bits of calling the
-per-item C function on each batch item in turn (NaN payloads included). Shapes around the
-vector widths, both formats, batch 1 to 7; then large batches of tiny items against NumPy.
+"""The batched entry points (TnSynet...Batch, native/src/batch.c): channel_sum,
+lrn_cross_channels, shuffle and tiled_scale_2d make one C call per request, which must give
+exactly the bits of calling the per-item C function on each batch item in turn (NaN payloads
+included). batch.c only steps from item to item, so a few shapes cover it: batches of 1 (no
+step), 2 and 7, items of one value and items across a vector tail, each format, each family,
+every shuffle layout; then large batches of tiny items against NumPy.
 """
 import numpy as np
 import pytest
@@ -10,16 +12,20 @@ import tensorops_native as tn
 import reference as ref
 from tn_testing import FMT_CODE, FORMATS, assert_close, assert_same_bits, c_call, image_shape, require
 
-BATCHES = (1, 2, 3, 7)
-CHANNELS = (1, 15, 16, 17, 33)
-SPATIALS = (1, 5, 16, 17)
-# Tiled scale (height, width) with height * width = SPATIALS.
-HW = ((1, 1), (5, 1), (4, 4), (1, 17))
-# Shuffle (type, channels0, channels1): the inputs of type 0, the outputs of type 1.
+# batch.c calls the dispatched per-item entry points, which the kernel tests cover at each
+# level: run once, at the process's level.
+pytestmark = pytest.mark.level_independent
+
+# (batch, channels, spatial): no step, a step over one value, steps over items with
+# vector tails in both dimensions.
+ITEMS = ((1, 17, 5), (2, 1, 1), (7, 33, 17), (2, 16, 16))
+IMAGES = [pytest.param(b, c, s, fmt, id=f"b{b}-c{c}-s{s}-{fmt}") for b, c, s in ITEMS for fmt in FORMATS]
+# Tiled scale (batch, channels, height, width).
+TILES = ((1, 17, 5, 1), (2, 1, 1, 1), (7, 33, 1, 17), (2, 16, 4, 4))
+# Shuffle (type, channels0, channels1): the inputs of type 0, the outputs of type 1; every
+# layout of the per-item tests, batch 3 (two steps of each of the four tensors' sizes).
 SHUFFLES = [(0, 2, 2), (0, 16, 14), (0, 18, 16), (0, 34, 2), (0, 0, 18),
             (1, 2, 0), (1, 8, 8), (1, 4, 14), (1, 18, 16), (1, 0, 32)]
-IMAGES = [pytest.param(b, c, s, fmt, id=f"b{b}-c{c}-s{s}-{fmt}")
-          for b in BATCHES for c in CHANNELS for s in SPATIALS for fmt in FORMATS]
 
 
 def with_specials(x):
@@ -67,10 +73,8 @@ def random_bits(rng, shape):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("spatial", SPATIALS)
 @pytest.mark.parametrize("type_,c0,c1", SHUFFLES)
-@pytest.mark.parametrize("batch", BATCHES)
-def test_shuffle_batch_equals_per_item(rng, batch, type_, c0, c1, spatial, fmt):
+def test_shuffle_batch_equals_per_item(rng, type_, c0, c1, fmt, batch=3, spatial=5):
     """channels0 = c0 and channels1 = c1 are the inputs of type 0 and the outputs of type 1;
     the other side has (c0 + c1) / 2 channels in each tensor."""
     require("SynetShuffleLayerForward")
@@ -86,9 +90,7 @@ def test_shuffle_batch_equals_per_item(rng, batch, type_, c0, c1, spatial, fmt):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("h,w", HW)
-@pytest.mark.parametrize("channels", CHANNELS)
-@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("batch,channels,h,w", TILES)
 def test_tiled_scale_2d_batch_equals_per_item(rng, batch, channels, h, w, fmt):
     require("SynetTiledScale2D32f")
     shape = (batch, channels, h, w) if fmt == "nchw" else (batch, h, w, channels)

@@ -16,6 +16,9 @@ import reference as ref
 from tn_testing import (CHANNELS, EXACT_OPS, UNARY_OPS, assert_same_bits, image_shape, require, unary_checked_mask,
                         unary_inputs, unary_tolerance)
 
+# Each test runs the levels it compares itself: run once, at the process's level.
+pytestmark = pytest.mark.level_independent
+
 PAIRS = [("scalar", "avx2"), ("scalar", "avx512"), ("avx2", "avx512")]
 PAIR_IDS = [f"{a}-vs-{b}" for a, b in PAIRS]
 

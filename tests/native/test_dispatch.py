@@ -9,6 +9,9 @@ import tensorops_native as tn
 from tensorops_native._info import set_isa_for_testing
 from tensorops_native._native import lib
 
+# The dispatcher itself: each test sets or reads the levels it checks: run once, at the process's level.
+pytestmark = pytest.mark.level_independent
+
 
 def test_isa_is_one_of_three_words():
     assert tn.isa() in ("scalar", "avx2", "avx512")

@@ -668,6 +668,7 @@ def isa_inputs():
     return inputs
 
 
+@pytest.mark.level_independent  # runs the two levels it compares
 @pytest.mark.parametrize("a,b", [("scalar", "avx2"), ("scalar", "avx512"), ("avx2", "avx512")])
 def test_identical_across_isa_levels(isa_runner, a, b):
     inputs = isa_inputs()

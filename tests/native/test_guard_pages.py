@@ -11,6 +11,9 @@ import pytest
 from c_cases import KERNELS
 from tn_testing import require
 
+# The probe runs every case at every level itself: run once, at the process's level.
+pytestmark = pytest.mark.level_independent
+
 PROBE = pathlib.Path(__file__).resolve().parent / "guard_page_probe.py"
 
 

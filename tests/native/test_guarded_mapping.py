@@ -17,6 +17,9 @@ import pytest
 import tensorops_native as tn
 from tensorops_native._guard import GuardedMapping
 
+# The mapping (guard.c) and its fault handling are the same at every level: run once, at the process's level.
+pytestmark = pytest.mark.level_independent
+
 SIZE = 1 << 20
 
 

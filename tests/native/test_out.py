@@ -9,6 +9,9 @@ import pytest
 
 import tensorops_native as tn
 
+# Out= is checked and filled by the Python layer, the same at every level: run once, at the process's level.
+pytestmark = pytest.mark.level_independent
+
 BF16 = ml_dtypes.bfloat16
 
 

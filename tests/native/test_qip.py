@@ -16,6 +16,9 @@ import tensorops_native as tn
 from tensorops_native._native import ffi, lib
 from tensorops_native._qip import ALGORITHMS, K_MAX
 
+# Each QuantizedInnerProduct algorithm is chosen explicitly, whatever the level: run once, at the process's level.
+pytestmark = pytest.mark.level_independent
+
 ORDER = ("scalar", "avx2", "avx512")
 ALGORITHM_LEVEL = {"scalar": "scalar", "avx2": "avx2", "avx2-vnni": "avx2", "avx512-vnni": "avx512", "amx": "avx512"}
 
@@ -100,11 +103,14 @@ def test_grid_bit_exact(algorithm, k):
                                                   err_msg=case + " one-shot")
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHM_PARAMS)
+# The scalar loops have no blocks: the grid covers them, and these shapes only take long.
+LARGE_SHAPE_PARAMS = [pytest.param(*p.values, marks=(*p.marks, pytest.mark.long), id=p.id) if p.values == ("scalar",)
+                      else p for p in ALGORITHM_PARAMS]
+
+
+@pytest.mark.parametrize("algorithm", LARGE_SHAPE_PARAMS)
 def test_large_shapes_and_k_blocks(algorithm):
     """K beyond one K block, M beyond one M block, N tails, AMX row groups of 16/32."""
-    if algorithm == "scalar" and tn.isa() != "scalar":
-        pytest.skip("scalar covered by the grid; keep the vector levels fast")
     rng = np.random.default_rng(7)
     for m, n, k in ((300, 70, 2100), (48, 65, 4096), (48, 40, 5000), (17, 33, 1500), (33, 40, 127), (256, 16, 64)):
         b_kn = rng.integers(-128, 128, (k, n), dtype=np.int8)

@@ -9,6 +9,9 @@ import pytest
 import reference as ref
 from tn_testing import SPECIAL_VALUES, UNARY_OPS, unary_checked_mask, unary_inputs, unary_tolerance, unary_violations
 
+# No kernel runs here: run once, at the process's level.
+pytestmark = pytest.mark.level_independent
+
 
 def seed_l2_nhwc(src, scale, eps, across):
     b_, s_, c_ = src.shape

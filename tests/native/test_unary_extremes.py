@@ -134,6 +134,7 @@ def extreme_inputs():
     return {"x": np.concatenate([special, bits, big, under, LARGE, -LARGE])}
 
 
+@pytest.mark.level_independent  # runs the two levels it compares
 @pytest.mark.parametrize("a,b", [("scalar", "avx2"), ("scalar", "avx512"), ("avx2", "avx512")],
                          ids=["scalar-vs-avx2", "scalar-vs-avx512", "avx2-vs-avx512"])
 def test_math_ops_bit_identical_across_levels_at_extremes(isa_runner, a, b):

@@ -9,6 +9,7 @@ the rounding-error growth of an fp32 sum (see sum_rtol).
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -30,6 +31,15 @@ BATCHES = (1, 3)
 SPATIAL_DIMS = {1: (1, 1), 5: (5,), 16: (4, 4), 49: (7, 7), 3136: (56, 56)}
 FORMATS = ("nchw", "nhwc")
 FMT_CODE = {"nchw": 0, "nhwc": 1}
+LEVELS = ("scalar", "avx2", "avx512")
+
+
+def kernel_levels() -> list[str]:
+    """The levels a kernel test runs at: the one TENSOROPS_ISA asks for, else every level
+    this CPU supports."""
+    if os.environ.get("TENSOROPS_ISA"):
+        return [tn.isa()]
+    return list(LEVELS[:lib.TnSupportedIsa() + 1])
 
 
 def checkerboard_batch(i: int, j: int) -> int:
