@@ -15,7 +15,7 @@ METRICS_HOST ?= 127.0.0.1
 METRICS_PORT ?= 9100
 SERVE_FLAGS ?=
 
-.PHONY: test test-long test-native test-protobuf-range test-install test-sanitize fuzz-codec test-deploy serve proto promtool node bench bench-rpc clean
+.PHONY: lint format proto-descriptor test test-long test-native test-protobuf-range test-install test-sanitize fuzz-codec test-deploy serve proto promtool node bench bench-rpc clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,48 @@ $(VENV)/.deploy-installed: $(VENV)/bin/python $(SOURCES)
 $(VENV)/.bench-installed: $(VENV)/bin/python $(SOURCES)
 	$(PY) -m pip install -q --find-links $(WHEELS) '.[bench]'
 	touch $@
+
+# The checks read the sources: the lint venv gets the package's dependencies (the types
+# mypy follows) and the `lint` extra, without building the extension.
+$(VENV)/.lint-installed: $(VENV)/bin/python pyproject.toml
+	$(PY) -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+		print('\n'.join(p['dependencies'] + p['optional-dependencies']['lint']))" > $(VENV)/lint-requirements.txt
+	$(PY) -m pip install -q -r $(VENV)/lint-requirements.txt
+	touch $@
+
+# buf (protobuf linter and breaking-change checker) from npm, pinned in tools/buf/package.json.
+BUF := tools/buf/node_modules/.bin/buf
+$(BUF): tools/buf/package.json | node
+	npm install --prefix tools/buf --no-package-lock --no-audit --no-fund --loglevel=error
+	touch $@
+
+NATIVE_C = $(shell find native/src native/include -name '*.[ch]')
+
+# Python: ruff's lint rules and formatting ([tool.ruff]), mypy ([tool.mypy]); C: clang-format
+# (.clang-format); protobuf: buf's style rules and the breaking-change check against the
+# last release's descriptor (proto/buf.yaml). Every check runs and reports, then any failure
+# fails the target. `make format` fixes what can be fixed by tool.
+LINT_CHECKS = "$(VENV)/bin/ruff check ." \
+	"$(VENV)/bin/ruff format --check ." \
+	"$(PY) -m mypy" \
+	"$(VENV)/bin/clang-format --dry-run --Werror $(NATIVE_C)" \
+	"$(BUF) lint proto" \
+	"$(BUF) breaking proto --against proto/descriptor/release.binpb"
+lint: $(VENV)/.lint-installed $(BUF)
+	@failed=""; for check in $(LINT_CHECKS); do \
+		echo "== $$check" | cut -c1-100; \
+		$$check || failed="$$failed\n  $$check"; \
+	done; \
+	if [ -n "$$failed" ]; then printf "lint failed:$$failed\n"; exit 1; fi
+
+format: $(VENV)/.lint-installed
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/clang-format -i $(NATIVE_C)
+
+# At a release, deliberately: the descriptor of proto/ that `make lint` holds later changes to.
+proto-descriptor: $(BUF)
+	$(BUF) build proto --exclude-source-info -o proto/descriptor/release.binpb
 
 # What a change must pass, in a few minutes: the whole suite but the long campaigns (tests
 # marked `long`, see test-long). The native kernel tests run at every ISA level this CPU
