@@ -17,6 +17,7 @@ The full sizes kill an unprotected server, so the memory cgroup is required at t
 its row. Loopback only; every row is bounded in time (--row-timeout kills a server that
 outlives it).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "e2e"))
 
-import hostile  # noqa: E402
-from rpc_server import ServerProcess  # noqa: E402
+import hostile
+from rpc_server import ServerProcess
 
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
 
@@ -84,8 +85,9 @@ def died_how(returncode: int | None) -> str:
     return signal.Signals(-returncode).name
 
 
-def run_row(row: int, server: list[str] | None, scale: str, limit: int | None, row_timeout: float,
-            log_dir: Path) -> hostile.Outcome:
+def run_row(
+    row: int, server: list[str] | None, scale: str, limit: int | None, row_timeout: float, log_dir: Path
+) -> hostile.Outcome:
     cgroup = MemoryCgroup(f"tensorops-hostile-{os.getpid()}-{row}", limit) if limit else None
     fd_limit = hostile.ROW_FD_LIMIT.get(row)
 
@@ -94,8 +96,8 @@ def run_row(row: int, server: list[str] | None, scale: str, limit: int | None, r
             cgroup.join()
         if fd_limit is not None:
             hostile.limit_fds(fd_limit)()
-    proc = ServerProcess(log_dir / f"row{row}.log", *hostile.ROW_FLAGS.get(row, ()), command=server,
-                         preexec_fn=prepare)
+
+    proc = ServerProcess(log_dir / f"row{row}.log", *hostile.ROW_FLAGS.get(row, ()), command=server, preexec_fn=prepare)
     try:
         proc.start()
         watchdog = threading.Timer(row_timeout, proc.kill)  # a row that outlives its bound ends with its server
@@ -122,14 +124,24 @@ def run_row(row: int, server: list[str] | None, scale: str, limit: int | None, r
 
 
 def markdown(outcomes: list[hostile.Outcome], title: str) -> str:
-    lines = [f"### {title}", "",
-             "| # | request | outcome | time to refuse | peak RSS | max health latency | legitimate calls after "
-             "| server alive |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"### {title}",
+        "",
+        "| # | request | outcome | time to refuse | peak RSS | max health latency | legitimate calls after "
+        "| server alive |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for o in outcomes:
-        cells = [str(o.row), o.request, o.outcome.replace("|", "/"), refusal_text(o),
-                 size_text(o.peak_rss), seconds_text(o.max_health_latency),
-                 {True: "ok", False: "fail", None: "-"}[o.legitimate_ok], "yes" if o.alive else "no"]
+        cells = [
+            str(o.row),
+            o.request,
+            o.outcome.replace("|", "/"),
+            refusal_text(o),
+            size_text(o.peak_rss),
+            seconds_text(o.max_health_latency),
+            {True: "ok", False: "fail", None: "-"}[o.legitimate_ok],
+            "yes" if o.alive else "no",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -153,18 +165,26 @@ def comparison(before_path: str, after_path: str) -> str:
     """Before and after of each row, side by side: time to refuse, peak resident memory,
     slowest health check."""
     before, after = load_outcomes(before_path), load_outcomes(after_path)
-    lines = ["| # | time to refuse, before | after | peak RSS, before | after | max health latency, before | after "
-             "| alive after, before | after |", "| --- " * 9 + "|"]
+    lines = [
+        "| # | time to refuse, before | after | peak RSS, before | after | max health latency, before | after "
+        "| alive after, before | after |",
+        "| --- " * 9 + "|",
+    ]
     for row in sorted(set(before) | set(after)):
         b, a = before.get(row), after.get(row)
 
         def cells(o: hostile.Outcome | None) -> list[str]:
             if o is None:
                 return ["-"] * 4
-            return [refusal_text(o), size_text(o.peak_rss), seconds_text(o.max_health_latency),
-                    "yes" if o.alive else "no"]
+            return [
+                refusal_text(o),
+                size_text(o.peak_rss),
+                seconds_text(o.max_health_latency),
+                "yes" if o.alive else "no",
+            ]
+
         cb, ca = cells(b), cells(a)
-        lines.append("| " + " | ".join([str(row)] + [x for pair in zip(cb, ca) for x in pair]) + " |")
+        lines.append("| " + " | ".join([str(row)] + [x for pair in zip(cb, ca, strict=True) for x in pair]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -182,8 +202,12 @@ def main() -> None:
     parser.add_argument("--row-timeout", type=float, default=150.0, help="seconds after which a row's server is killed")
     parser.add_argument("--title", default="hostile campaign")
     parser.add_argument("--out", help="also write the table (and the details as JSON lines next to it) here")
-    parser.add_argument("--compare", nargs=2, metavar=("BEFORE.jsonl", "AFTER.jsonl"),
-                        help="print two runs side by side (from their --out files) and run nothing")
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("BEFORE.jsonl", "AFTER.jsonl"),
+        help="print two runs side by side (from their --out files) and run nothing",
+    )
     args = parser.parse_args()
     if args.compare:
         print(comparison(*args.compare))
@@ -203,17 +227,32 @@ def main() -> None:
             out.details["seconds"] = round(time.monotonic() - started, 1)
             print(f"row {row}: {out.outcome} ({out.details['seconds']} s)", file=sys.stderr, flush=True)
             outcomes.append(out)
-    table = markdown(outcomes, f"{args.title} ({args.server or 'this checkout'}, scale {args.scale}, "
-                               f"cgroup limit {args.memory_limit})")
+    table = markdown(
+        outcomes,
+        f"{args.title} ({args.server or 'this checkout'}, scale {args.scale}, cgroup limit {args.memory_limit})",
+    )
     print(table)
     if args.out:
         Path(args.out).write_text(table)
         with open(Path(args.out).with_suffix(".jsonl"), "w") as f:
             for o in outcomes:
-                f.write(json.dumps({"row": o.row, "request": o.request, "outcome": o.outcome,
-                                    "refused_after": o.refused_after, "peak_rss": o.peak_rss,
-                                    "max_health_latency": o.max_health_latency, "legitimate_ok": o.legitimate_ok,
-                                    "alive": o.alive, "details": o.details}, default=str) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "row": o.row,
+                            "request": o.request,
+                            "outcome": o.outcome,
+                            "refused_after": o.refused_after,
+                            "peak_rss": o.peak_rss,
+                            "max_health_latency": o.max_health_latency,
+                            "legitimate_ok": o.legitimate_ok,
+                            "alive": o.alive,
+                            "details": o.details,
+                        },
+                        default=str,
+                    )
+                    + "\n"
+                )
 
 
 if __name__ == "__main__":

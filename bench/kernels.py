@@ -17,6 +17,7 @@ on stdout, so the main process can alternate it with memcpy and the peers in rou
 worker that crashes (a kernel still missing or broken) costs only the case it was running;
 the next case gets a new worker.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,9 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import zlib  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
-from typing import Any, Callable  # noqa: E402
+from typing import Any  # noqa: E402
 
 import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
@@ -47,15 +49,23 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 ISA_LEVELS = ("avx512", "avx2", "scalar")
 PEERS = ("numpy", "torch", "ort")
 PEER_TITLES = {"numpy": "NumPy", "torch": "PyTorch", "ort": "ONNX Runtime"}
-ONNX_OPSET = 17        # the first opset with LayerNormalization
-ONNX_IR_VERSION = 8    # the IR version that goes with opset 17
-ONNX_IR_VERSIONS = {17: 8, 18: 8, 19: 9, 20: 9, 21: 10}   # opset -> its IR version
+ONNX_OPSET = 17  # the first opset with LayerNormalization
+ONNX_IR_VERSION = 8  # the IR version that goes with opset 17
+ONNX_IR_VERSIONS = {17: 8, 18: 8, 19: 9, 20: 9, 21: 10}  # opset -> its IR version
 MIB = 1 << 20
 CASE_TIMEOUT_S = 120.0  # a worker silent for this long on one case is stopped
 
 # Targets of the issue, as ratios to memcpy, for tensors of at least 1 MiB (memcpy bytes).
-FAMILY_CAPS = {"norm": 1.5, "channel_sum": 1.5, "eltwise": 1.5, "shuffle": 1.5, "tiled": 1.5,
-               "softmax": 2.0, "lrn": 2.0, "unary": 1.2}
+FAMILY_CAPS = {
+    "norm": 1.5,
+    "channel_sum": 1.5,
+    "eltwise": 1.5,
+    "shuffle": 1.5,
+    "tiled": 1.5,
+    "softmax": 2.0,
+    "lrn": 2.0,
+    "unary": 1.2,
+}
 
 # Reference ratios (time / memcpy time of the same bytes, one thread) quoted in the issue:
 # (Simd library, PyTorch, ONNX Runtime). Measured on another machine: indicative only.
@@ -82,33 +92,35 @@ REFERENCE = {
 # Cases
 # ---------------------------------------------------------------------------------------
 
+
 @dataclass
 class Setup:
     """The data of one case and how each contender runs on it. Each factory returns a
     zero-argument callable producing the result (an array or a tuple of arrays), except
     `onnx`, which returns an OnnxGraph that the harness turns into a bound session."""
-    inputs: list[np.ndarray]                      # the tensors read (counted in the bytes)
-    ours: Callable[[Any], Callable[[], Any]]      # given the tensorops_native module
-    numpy: Callable[[], Any]                      # also the reference for the checks
+
+    inputs: list[np.ndarray]  # the tensors read (counted in the bytes)
+    ours: Callable[[Any], Callable[[], Any]]  # given the tensorops_native module
+    numpy: Callable[[], Any]  # also the reference for the checks
     torch: Callable[[], Callable[[], Any]] | None = None
-    onnx: Callable[[], "OnnxGraph"] | None = None
-    tol: tuple[float, float] = (1e-3, 1e-4)       # (rtol, atol) of the output checks
+    onnx: Callable[[], OnnxGraph] | None = None
+    tol: tuple[float, float] = (1e-3, 1e-4)  # (rtol, atol) of the output checks
 
 
 @dataclass
 class OnnxGraph:
-    nodes: list                                   # onnx NodeProtos
-    feeds: dict[str, np.ndarray]                  # graph inputs, bound once
-    outputs: list[str]                            # graph outputs, in the order of the NumPy results
+    nodes: list  # onnx NodeProtos
+    feeds: dict[str, np.ndarray]  # graph inputs, bound once
+    outputs: list[str]  # graph outputs, in the order of the NumPy results
     inits: dict[str, np.ndarray] = field(default_factory=dict)
-    opset: int = ONNX_OPSET                       # e.g. 21 for GroupNormalization with per-channel scale
+    opset: int = ONNX_OPSET  # e.g. 21 for GroupNormalization with per-channel scale
 
 
 @dataclass
 class Case:
-    name: str           # unique; --only filters on it
-    family: str         # key of FAMILY_CAPS
-    kernel: str         # the C kernel, as tensorops_native.kernels() names it
+    name: str  # unique; --only filters on it
+    family: str  # key of FAMILY_CAPS
+    kernel: str  # the C kernel, as tensorops_native.kernels() names it
     build: Callable[[np.random.Generator], Setup]
     notes: tuple[str, ...] = ()  # footnote keys
 
@@ -131,6 +143,7 @@ def uniform(rng, shape, low, high):
 
 def to_torch(a):
     import torch
+
     if a.dtype == BF16:
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(a)
@@ -138,6 +151,7 @@ def to_torch(a):
 
 def onnx_node(op, inputs, outputs, **attrs):
     from onnx import helper
+
     return helper.make_node(op, inputs, outputs, **attrs)
 
 
@@ -146,6 +160,7 @@ def i64(*values):
 
 
 # --- normalization family ---------------------------------------------------------------
+
 
 def layer_norm_channels_case(shape, dtype=F32) -> Case:
     """Layer norm over channels of an NHWC tensor (batch, spatial, channels)."""
@@ -169,17 +184,28 @@ def layer_norm_channels_case(shape, dtype=F32) -> Case:
 
         def torch_impl():
             import torch.nn.functional as F
+
             xt, st, bt = to_torch(x), to_torch(scale), to_torch(shift)
             return lambda: F.layer_norm(xt, (c,), st, bt, eps)
 
         def onnx_impl():
             # BF16: ONNX Runtime's own BF16 LayerNormalization (scale and shift in BF16).
             p = (lambda a: a.astype(BF16)) if bf16 else (lambda a: a)
-            return OnnxGraph([onnx_node("LayerNormalization", ["x", "scale", "shift"], ["y"], axis=-1, epsilon=eps)],
-                             {"x": x}, ["y"], {"scale": p(scale), "shift": p(shift)})
+            return OnnxGraph(
+                [onnx_node("LayerNormalization", ["x", "scale", "shift"], ["y"], axis=-1, epsilon=eps)],
+                {"x": x},
+                ["y"],
+                {"scale": p(scale), "shift": p(shift)},
+            )
 
-        return Setup([x], lambda tn: lambda: tn.layer_norm_channels(x, scale, shift, eps=eps, format="nhwc"),
-                     numpy_impl, torch_impl, onnx_impl, tol=(2e-2, 3e-2) if bf16 else (1e-3, 1e-4))
+        return Setup(
+            [x],
+            lambda tn: lambda: tn.layer_norm_channels(x, scale, shift, eps=eps, format="nhwc"),
+            numpy_impl,
+            torch_impl,
+            onnx_impl,
+            tol=(2e-2, 3e-2) if bf16 else (1e-3, 1e-4),
+        )
 
     kernel = "SynetNormalizeLayerForward16bV2" if bf16 else "SynetNormalizeLayerForwardV2"
     return Case(name, "norm", kernel, build, ("ln_bf16",) if bf16 else ())
@@ -203,18 +229,33 @@ def layer_norm_spatial_case(shape) -> Case:
 
         def torch_impl():
             import torch.nn.functional as F
+
             xt, st, bt = to_torch(x), to_torch(scale), to_torch(shift)
             return lambda: F.instance_norm(xt, weight=st, bias=bt, eps=eps)
 
         def onnx_impl():
-            return OnnxGraph([onnx_node("InstanceNormalization", ["x", "scale", "shift"], ["y"], epsilon=eps)],
-                             {"x": x}, ["y"], {"scale": scale, "shift": shift})
+            return OnnxGraph(
+                [onnx_node("InstanceNormalization", ["x", "scale", "shift"], ["y"], epsilon=eps)],
+                {"x": x},
+                ["y"],
+                {"scale": scale, "shift": shift},
+            )
 
-        return Setup([x], lambda tn: lambda: tn.layer_norm_spatial(x, scale, shift, eps=eps, format="nchw"),
-                     numpy_impl, torch_impl, onnx_impl)
+        return Setup(
+            [x],
+            lambda tn: lambda: tn.layer_norm_spatial(x, scale, shift, eps=eps, format="nchw"),
+            numpy_impl,
+            torch_impl,
+            onnx_impl,
+        )
 
-    return Case(f"layer_norm_spatial nchw {shape_text(shape)}", "norm", "SynetNormalizeLayerForwardV3", build,
-                ("instance_norm",))
+    return Case(
+        f"layer_norm_spatial nchw {shape_text(shape)}",
+        "norm",
+        "SynetNormalizeLayerForwardV3",
+        build,
+        ("instance_norm",),
+    )
 
 
 def normalize_l2_case(shape) -> Case:
@@ -232,16 +273,21 @@ def normalize_l2_case(shape) -> Case:
 
         def torch_impl():
             import torch.nn.functional as F
+
             xt, st = to_torch(x), to_torch(scale).view(c, 1)
             return lambda: F.normalize(xt, p=2.0, dim=1, eps=eps) * st
 
         def onnx_impl():
-            return OnnxGraph([onnx_node("LpNormalization", ["x"], ["n"], axis=1, p=2),
-                              onnx_node("Mul", ["n", "scale"], ["y"])],
-                             {"x": x}, ["y"], {"scale": scale.reshape(c, 1)})
+            return OnnxGraph(
+                [onnx_node("LpNormalization", ["x"], ["n"], axis=1, p=2), onnx_node("Mul", ["n", "scale"], ["y"])],
+                {"x": x},
+                ["y"],
+                {"scale": scale.reshape(c, 1)},
+            )
 
-        return Setup([x], lambda tn: lambda: tn.normalize_l2(x, scale, eps=eps, format="nchw"),
-                     numpy_impl, torch_impl, onnx_impl)
+        return Setup(
+            [x], lambda tn: lambda: tn.normalize_l2(x, scale, eps=eps, format="nchw"), numpy_impl, torch_impl, onnx_impl
+        )
 
     return Case(f"normalize_l2 nchw {shape_text(shape)}", "norm", "SynetNormalizeLayerForward", build, ("l2",))
 
@@ -263,31 +309,48 @@ def channel_norm_case(shape) -> Case:
 
         def torch_impl():
             import torch
+
             xt, st, bt = to_torch(x), to_torch(scale).view(c, 1), to_torch(shift).view(c, 1)
 
             def run():
                 n = torch.linalg.vector_norm(xt, dim=2, keepdim=True)
                 return xt * (1.0 + st * n / (n.mean(dim=1, keepdim=True) + eps)) + bt
+
             return run
 
         def onnx_impl():
-            return OnnxGraph([onnx_node("ReduceL2", ["x"], ["n"], axes=[2], keepdims=1),
-                              onnx_node("ReduceMean", ["n"], ["m"], axes=[1], keepdims=1),
-                              onnx_node("Add", ["m", "eps"], ["d"]),
-                              onnx_node("Div", ["n", "d"], ["r"]),
-                              onnx_node("Mul", ["r", "scale"], ["a"]),
-                              onnx_node("Add", ["a", "one"], ["alpha"]),
-                              onnx_node("Mul", ["x", "alpha"], ["xa"]),
-                              onnx_node("Add", ["xa", "shift"], ["y"])],
-                             {"x": x}, ["y"],
-                             {"eps": np.array(eps, np.float32), "one": np.array(1.0, np.float32),
-                              "scale": scale.reshape(c, 1), "shift": shift.reshape(c, 1)})
+            return OnnxGraph(
+                [
+                    onnx_node("ReduceL2", ["x"], ["n"], axes=[2], keepdims=1),
+                    onnx_node("ReduceMean", ["n"], ["m"], axes=[1], keepdims=1),
+                    onnx_node("Add", ["m", "eps"], ["d"]),
+                    onnx_node("Div", ["n", "d"], ["r"]),
+                    onnx_node("Mul", ["r", "scale"], ["a"]),
+                    onnx_node("Add", ["a", "one"], ["alpha"]),
+                    onnx_node("Mul", ["x", "alpha"], ["xa"]),
+                    onnx_node("Add", ["xa", "shift"], ["y"]),
+                ],
+                {"x": x},
+                ["y"],
+                {
+                    "eps": np.array(eps, np.float32),
+                    "one": np.array(1.0, np.float32),
+                    "scale": scale.reshape(c, 1),
+                    "shift": shift.reshape(c, 1),
+                },
+            )
 
-        return Setup([x], lambda tn: lambda: tn.channel_norm(x, scale, shift, eps=eps, format="nchw"),
-                     numpy_impl, torch_impl, onnx_impl)
+        return Setup(
+            [x],
+            lambda tn: lambda: tn.channel_norm(x, scale, shift, eps=eps, format="nchw"),
+            numpy_impl,
+            torch_impl,
+            onnx_impl,
+        )
 
-    return Case(f"channel_norm nchw {shape_text(shape)}", "norm", "SynetNormalizeLayerForwardV4", build,
-                ("channel_norm",))
+    return Case(
+        f"channel_norm nchw {shape_text(shape)}", "norm", "SynetNormalizeLayerForwardV4", build, ("channel_norm",)
+    )
 
 
 # The generic normalization (TensorRT INormalization / DirectML MVN1) on the three layouts
@@ -318,7 +381,7 @@ def generic_norm_case(kind, dtype=F32) -> Case:
 
         def numpy_impl():
             xf = x.astype(np.float32) if bf16 else x
-            if per_channel:   # instance norm is group norm with one channel per group
+            if per_channel:  # instance norm is group norm with one channel per group
                 xg = xf.reshape(shape[0], groups, -1)
                 mean = xg.mean(axis=-1, keepdims=True)
                 d = xg - mean
@@ -333,6 +396,7 @@ def generic_norm_case(kind, dtype=F32) -> Case:
 
         def torch_impl():
             import torch.nn.functional as F
+
             xt, st, bt = to_torch(x), to_torch(scale), to_torch(shift)
             if kind == "layer_norm":
                 return lambda: F.layer_norm(xt, (c,), st, bt, eps)
@@ -341,8 +405,11 @@ def generic_norm_case(kind, dtype=F32) -> Case:
             return lambda: F.group_norm(xt, groups, st, bt, eps)
 
         def onnx_impl():
-            op = {"layer_norm": "LayerNormalization", "instance_norm": "InstanceNormalization",
-                  "group_norm": "GroupNormalization"}[kind]
+            op = {
+                "layer_norm": "LayerNormalization",
+                "instance_norm": "InstanceNormalization",
+                "group_norm": "GroupNormalization",
+            }[kind]
             attrs = dict(epsilon=eps)
             if kind == "layer_norm":
                 attrs["axis"] = -1
@@ -352,16 +419,35 @@ def generic_norm_case(kind, dtype=F32) -> Case:
             if not bf16 or kind == "layer_norm":
                 # BF16 layer norm: ORT's own BF16 LayerNormalization (scale and shift in BF16)
                 p = (lambda a: a.astype(BF16)) if bf16 else (lambda a: a)
-                return OnnxGraph([onnx_node(op, ["x", "scale", "shift"], ["y"], **attrs)], {"x": x}, ["y"],
-                                 {"scale": p(scale), "shift": p(shift)}, opset)
+                return OnnxGraph(
+                    [onnx_node(op, ["x", "scale", "shift"], ["y"], **attrs)],
+                    {"x": x},
+                    ["y"],
+                    {"scale": p(scale), "shift": p(shift)},
+                    opset,
+                )
             from onnx import TensorProto
-            return OnnxGraph([onnx_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
-                              onnx_node(op, ["xf", "scale", "shift"], ["yf"], **attrs),
-                              onnx_node("Cast", ["yf"], ["y"], to=TensorProto.BFLOAT16)],
-                             {"x": x}, ["y"], {"scale": scale, "shift": shift}, opset)
 
-        return Setup([x], lambda tn: lambda: tn.normalize(x, s4, b4, eps=eps, **kwargs), numpy_impl, torch_impl,
-                     onnx_impl, tol=(2e-2, 3e-2) if bf16 else (1e-3, 1e-4))
+            return OnnxGraph(
+                [
+                    onnx_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
+                    onnx_node(op, ["xf", "scale", "shift"], ["yf"], **attrs),
+                    onnx_node("Cast", ["yf"], ["y"], to=TensorProto.BFLOAT16),
+                ],
+                {"x": x},
+                ["y"],
+                {"scale": scale, "shift": shift},
+                opset,
+            )
+
+        return Setup(
+            [x],
+            lambda tn: lambda: tn.normalize(x, s4, b4, eps=eps, **kwargs),
+            numpy_impl,
+            torch_impl,
+            onnx_impl,
+            tol=(2e-2, 3e-2) if bf16 else (1e-3, 1e-4),
+        )
 
     axes = "axes=" + ",".join(str(a) for a in kwargs["axes"])
     extra = f" G={kwargs['num_groups']}" if "num_groups" in kwargs else ""
@@ -370,6 +456,7 @@ def generic_norm_case(kind, dtype=F32) -> Case:
 
 
 # --- softmax, LRN -----------------------------------------------------------------------
+
 
 def softmax_case(shape, axis=1, dtype=F32) -> Case:
     bf16 = dtype == BF16
@@ -385,6 +472,7 @@ def softmax_case(shape, axis=1, dtype=F32) -> Case:
 
         def torch_impl():
             import torch
+
             xt = to_torch(x)
             return lambda: torch.softmax(xt, dim=axis)
 
@@ -392,16 +480,30 @@ def softmax_case(shape, axis=1, dtype=F32) -> Case:
             if not bf16:
                 return OnnxGraph([onnx_node("Softmax", ["x"], ["y"], axis=axis)], {"x": x}, ["y"])
             from onnx import TensorProto
-            return OnnxGraph([onnx_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
-                              onnx_node("Softmax", ["xf"], ["yf"], axis=axis),
-                              onnx_node("Cast", ["yf"], ["y"], to=TensorProto.BFLOAT16)], {"x": x}, ["y"])
 
-        return Setup([x], lambda tn: lambda: tn.softmax(x, axis=axis), numpy_impl, torch_impl, onnx_impl,
-                     tol=(2e-2, 1e-3) if bf16 else (1e-3, 1e-6))
+            return OnnxGraph(
+                [
+                    onnx_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
+                    onnx_node("Softmax", ["xf"], ["yf"], axis=axis),
+                    onnx_node("Cast", ["yf"], ["y"], to=TensorProto.BFLOAT16),
+                ],
+                {"x": x},
+                ["y"],
+            )
+
+        return Setup(
+            [x],
+            lambda tn: lambda: tn.softmax(x, axis=axis),
+            numpy_impl,
+            torch_impl,
+            onnx_impl,
+            tol=(2e-2, 1e-3) if bf16 else (1e-3, 1e-6),
+        )
 
     name = f"softmax{'_bf16' if bf16 else ''} {shape_text(shape)} axis={axis}"
-    return Case(name, "softmax", "SynetSoftmax16b" if bf16 else "SynetSoftmax32f", build,
-                ("softmax_bf16",) if bf16 else ())
+    return Case(
+        name, "softmax", "SynetSoftmax16b" if bf16 else "SynetSoftmax32f", build, ("softmax_bf16",) if bf16 else ()
+    )
 
 
 def lrn_case(channels, height, width, size=5, alpha=1e-4, beta=0.75, bias=1.0) -> Case:
@@ -417,34 +519,45 @@ def lrn_case(channels, height, width, size=5, alpha=1e-4, beta=0.75, bias=1.0) -
             sq = np.pad(x * x, ((0, 0), (half, half), (0, 0), (0, 0)))
             s = sq[:, 0:channels].copy()
             for i in range(1, size):
-                s += sq[:, i:i + channels]
+                s += sq[:, i : i + channels]
             return x * (bias + (alpha / size) * s) ** np.float32(-beta)
 
         def torch_impl():
             import torch.nn.functional as F
+
             xt = to_torch(x)
             return lambda: F.local_response_norm(xt, size, alpha=alpha, beta=beta, k=bias)
 
         def onnx_impl():
-            return OnnxGraph([onnx_node("LRN", ["x"], ["y"], size=size, alpha=alpha, beta=beta, bias=bias)],
-                             {"x": x}, ["y"])
+            return OnnxGraph(
+                [onnx_node("LRN", ["x"], ["y"], size=size, alpha=alpha, beta=beta, bias=bias)], {"x": x}, ["y"]
+            )
 
         k = (bias, alpha / size, -beta)
-        return Setup([x], lambda tn: lambda: tn.lrn_cross_channels(x, half, k, format="nchw"),
-                     numpy_impl, torch_impl, onnx_impl)
+        return Setup(
+            [x], lambda tn: lambda: tn.lrn_cross_channels(x, half, k, format="nchw"), numpy_impl, torch_impl, onnx_impl
+        )
 
-    return Case(f"lrn nchw (1,{channels},{height * width}) half={half}", "lrn", "SynetLrnLayerCrossChannels",
-                build, ("lrn",))
+    return Case(
+        f"lrn nchw (1,{channels},{height * width}) half={half}", "lrn", "SynetLrnLayerCrossChannels", build, ("lrn",)
+    )
 
 
 # --- element-wise -----------------------------------------------------------------------
+
 
 def erf_numpy(x):
     """erf by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7) in float32: NumPy has no erf."""
     a = np.abs(x)
     t = np.float32(1.0) / (np.float32(1.0) + np.float32(0.3275911) * a)
-    poly = t * (np.float32(0.254829592) + t * (np.float32(-0.284496736) + t * (
-        np.float32(1.421413741) + t * (np.float32(-1.453152027) + t * np.float32(1.061405429)))))
+    poly = t * (
+        np.float32(0.254829592)
+        + t
+        * (
+            np.float32(-0.284496736)
+            + t * (np.float32(1.421413741) + t * (np.float32(-1.453152027) + t * np.float32(1.061405429)))
+        )
+    )
     return np.copysign(np.float32(1.0) - poly * np.exp(-a * a), x)
 
 
@@ -465,13 +578,19 @@ def unary_case(op, size=1 << 20) -> Case:
 
         def torch_impl():
             import torch
+
             fn = getattr(torch, op)
             xt = to_torch(x)
             return lambda: fn(xt)
 
-        return Setup([x], lambda tn: lambda: tn.unary(x, op), lambda: np_fn(x), torch_impl,
-                     lambda: OnnxGraph([onnx_node(onnx_op, ["x"], ["y"])], {"x": x}, ["y"]),
-                     tol=(1e-5, 2e-6))
+        return Setup(
+            [x],
+            lambda tn: lambda: tn.unary(x, op),
+            lambda: np_fn(x),
+            torch_impl,
+            lambda: OnnxGraph([onnx_node(onnx_op, ["x"], ["y"])], {"x": x}, ["y"]),
+            tol=(1e-5, 2e-6),
+        )
 
     return Case(f"unary {op} (1M)", "unary", "SynetUnaryOperation32f", build, ("erf",) if op == "erf" else ())
 
@@ -488,6 +607,7 @@ def eltwise_sum_case(count=3, size=1 << 20) -> Case:
 
         def torch_impl():
             import torch
+
             ts = [to_torch(x) for x in xs]
 
             def run():
@@ -495,16 +615,23 @@ def eltwise_sum_case(count=3, size=1 << 20) -> Case:
                 for t in ts[2:]:
                     y.add_(t)
                 return y
+
             return run
 
         names = [f"x{i}" for i in range(count)]
-        return Setup(xs, lambda tn: lambda: tn.eltwise(xs, "sum"), numpy_impl, torch_impl,
-                     lambda: OnnxGraph([onnx_node("Sum", names, ["y"])], dict(zip(names, xs)), ["y"]))
+        return Setup(
+            xs,
+            lambda tn: lambda: tn.eltwise(xs, "sum"),
+            numpy_impl,
+            torch_impl,
+            lambda: OnnxGraph([onnx_node("Sum", names, ["y"])], dict(zip(names, xs, strict=True)), ["y"]),
+        )
 
     return Case(f"eltwise sum {count}x(1M)", "eltwise", "SynetEltwiseLayerForward", build, ("eltwise",))
 
 
 # --- layout kernels ---------------------------------------------------------------------
+
 
 def shuffle_case(shape_nchw, fmt) -> Case:
     """Type 0: S = concat(x0, x1) over channels; y0 = S[even channels], y1 = S[odd]."""
@@ -525,27 +652,42 @@ def shuffle_case(shape_nchw, fmt) -> Case:
 
         def torch_impl():
             import torch
+
             t0, t1 = to_torch(x0), to_torch(x1)
 
             def run():
                 s = torch.cat([t0, t1], dim=axis).view(pairs)
                 return s[pick].contiguous().view(shape), s[pick1].contiguous().view(shape)
+
             return run
 
         def onnx_impl():
             split_axis = 2 if fmt == "nchw" else 3
-            return OnnxGraph([onnx_node("Concat", ["x0", "x1"], ["s"], axis=axis),
-                              onnx_node("Reshape", ["s", "pairs"], ["p"]),
-                              onnx_node("Split", ["p"], ["p0", "p1"], axis=split_axis),
-                              onnx_node("Reshape", ["p0", "shape"], ["y0"]),
-                              onnx_node("Reshape", ["p1", "shape"], ["y1"])],
-                             {"x0": x0, "x1": x1}, ["y0", "y1"], {"pairs": i64(*pairs), "shape": i64(*shape)})
+            return OnnxGraph(
+                [
+                    onnx_node("Concat", ["x0", "x1"], ["s"], axis=axis),
+                    onnx_node("Reshape", ["s", "pairs"], ["p"]),
+                    onnx_node("Split", ["p"], ["p0", "p1"], axis=split_axis),
+                    onnx_node("Reshape", ["p0", "shape"], ["y0"]),
+                    onnx_node("Reshape", ["p1", "shape"], ["y1"]),
+                ],
+                {"x0": x0, "x1": x1},
+                ["y0", "y1"],
+                {"pairs": i64(*pairs), "shape": i64(*shape)},
+            )
 
-        return Setup([x0, x1], lambda tn: lambda: tn.shuffle(x0, x1, type=0, format=fmt),
-                     numpy_impl, torch_impl, onnx_impl, tol=(0.0, 0.0))
+        return Setup(
+            [x0, x1],
+            lambda tn: lambda: tn.shuffle(x0, x1, type=0, format=fmt),
+            numpy_impl,
+            torch_impl,
+            onnx_impl,
+            tol=(0.0, 0.0),
+        )
 
-    return Case(f"shuffle type0 {fmt} 2x{shape_text(shape)}", "shuffle", "SynetShuffleLayerForward", build,
-                ("shuffle",))
+    return Case(
+        f"shuffle type0 {fmt} 2x{shape_text(shape)}", "shuffle", "SynetShuffleLayerForward", build, ("shuffle",)
+    )
 
 
 def tiled_scale_case(shape_nchw, fmt) -> Case:
@@ -565,11 +707,19 @@ def tiled_scale_case(shape_nchw, fmt) -> Case:
             xt, vt, ht = to_torch(x), to_torch(ver_b), to_torch(hor_b)
             return lambda: xt * vt * ht
 
-        return Setup([x], lambda tn: lambda: tn.tiled_scale_2d(x, ver, hor, format=fmt),
-                     lambda: x * ver_b * hor_b, torch_impl,
-                     lambda: OnnxGraph([onnx_node("Mul", ["x", "ver"], ["xv"]), onnx_node("Mul", ["xv", "hor"], ["y"])],
-                                       {"x": x}, ["y"], {"ver": ver_b, "hor": hor_b}),
-                     tol=(1e-6, 1e-6))
+        return Setup(
+            [x],
+            lambda tn: lambda: tn.tiled_scale_2d(x, ver, hor, format=fmt),
+            lambda: x * ver_b * hor_b,
+            torch_impl,
+            lambda: OnnxGraph(
+                [onnx_node("Mul", ["x", "ver"], ["xv"]), onnx_node("Mul", ["xv", "hor"], ["y"])],
+                {"x": x},
+                ["y"],
+                {"ver": ver_b, "hor": hor_b},
+            ),
+            tol=(1e-6, 1e-6),
+        )
 
     return Case(f"tiled_scale_2d {fmt} {shape_text(shape)}", "tiled", "SynetTiledScale2D32f", build, ("tiled",))
 
@@ -584,20 +734,35 @@ def channel_sum_case(shape_nchw, fmt) -> Case:
 
         def torch_impl():
             import torch
+
             xt = to_torch(x)
             return lambda: xt.sum(dim=axes, dtype=torch.float32)
 
         def onnx_impl():
             from onnx import TensorProto
-            return OnnxGraph([onnx_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
-                              onnx_node("ReduceSum", ["xf", "axes"], ["y"], keepdims=0)],
-                             {"x": x}, ["y"], {"axes": i64(*axes)})
 
-        return Setup([x], lambda tn: lambda: tn.channel_sum(x, format=fmt),
-                     lambda: x.astype(np.float32).sum(axis=axes), torch_impl, onnx_impl, tol=(1e-4, 5e-3))
+            return OnnxGraph(
+                [
+                    onnx_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
+                    onnx_node("ReduceSum", ["xf", "axes"], ["y"], keepdims=0),
+                ],
+                {"x": x},
+                ["y"],
+                {"axes": i64(*axes)},
+            )
 
-    return Case(f"channel_sum_bf16 {fmt} {shape_text(shape)}", "channel_sum", "SynetChannelSum16b", build,
-                ("channel_sum",))
+        return Setup(
+            [x],
+            lambda tn: lambda: tn.channel_sum(x, format=fmt),
+            lambda: x.astype(np.float32).sum(axis=axes),
+            torch_impl,
+            onnx_impl,
+            tol=(1e-4, 5e-3),
+        )
+
+    return Case(
+        f"channel_sum_bf16 {fmt} {shape_text(shape)}", "channel_sum", "SynetChannelSum16b", build, ("channel_sum",)
+    )
 
 
 def all_cases() -> list[Case]:
@@ -633,35 +798,35 @@ def all_cases() -> list[Case]:
 
 FOOTNOTES = {
     "instance_norm": "layer norm over spatial: ONNX InstanceNormalization and torch instance_norm "
-                     "(the same math: per (n, c) statistics with per-channel scale and shift).",
+    "(the same math: per (n, c) statistics with per-channel scale and shift).",
     "l2": "L2 normalize: ORT LpNormalization(axis=1, p=2) then Mul by scale (2 nodes) divides by the "
-          "norm without eps; torch F.normalize(dim=1) divides by max(norm, eps), then multiplies by "
-          "scale; ours and NumPy divide by sqrt(sum of squares + eps) (eps = 1e-10: no visible difference).",
+    "norm without eps; torch F.normalize(dim=1) divides by max(norm, eps), then multiplies by "
+    "scale; ours and NumPy divide by sqrt(sum of squares + eps) (eps = 1e-10: no visible difference).",
     "channel_norm": "channel norm (normalize V4) has no single operator: ORT runs ReduceL2, ReduceMean, "
-                    "Add, Div, Mul, Add, Mul, Add; torch and NumPy the same formula op by op.",
+    "Add, Div, Mul, Add, Mul, Add; torch and NumPy the same formula op by op.",
     "lrn": "LRN: the tensor is (1, 96, 55, 55) (ORT's LRN requires 4-D); ONNX size 5, alpha 1e-4, "
-           "beta 0.75, bias 1 = our half 2, k = (1, 2e-5, -0.75); torch F.local_response_norm.",
+    "beta 0.75, bias 1 = our half 2, k = (1, 2e-5, -0.75); torch F.local_response_norm.",
     "erf": "erf: NumPy has none; its column is the Abramowitz-Stegun 7.1.26 formula in float32 "
-           "(|error| <= 1.5e-7), which is also the reference of the check.",
+    "(|error| <= 1.5e-7), which is also the reference of the check.",
     "eltwise": "eltwise sum: ours is the weighted sum with weights 1; ORT Sum of 3 inputs; torch "
-               "add then add_ (one allocation); NumPy a + b then += c.",
+    "add then add_ (one allocation); NumPy a + b then += c.",
     "shuffle": "shuffle type 0: ORT runs Concat, Reshape, Split, Reshape x2; torch and NumPy "
-               "concatenate then copy the even and odd channels out (strided copies).",
+    "concatenate then copy the even and odd channels out (strided copies).",
     "tiled": "tiled scale: two broadcast multiplies (ORT Mul x2 with the scales as initializers).",
     "channel_sum": "channel sum BF16: ORT has no BF16 ReduceSum on CPU: Cast to float then ReduceSum; "
-                   "torch sum(dtype=float32) on the bfloat16 tensor; NumPy astype(float32).sum().",
+    "torch sum(dtype=float32) on the bfloat16 tensor; NumPy astype(float32).sum().",
     "ln_bf16": "layer norm BF16: ORT's native BF16 LayerNormalization (scale and shift in BF16, as the "
-               "operator requires); torch layer_norm on a bfloat16 tensor with float32 weights.",
+    "operator requires); torch layer_norm on a bfloat16 tensor with float32 weights.",
     "softmax_bf16": "softmax BF16: ORT has no BF16 Softmax on CPU: Cast, Softmax, Cast; torch softmax "
-                    "on the bfloat16 tensor; NumPy in float32 then astype(bfloat16).",
+    "on the bfloat16 tensor; NumPy in float32 then astype(bfloat16).",
     "generic_norm": "normalize (TensorRT INormalization / DirectML MVN1): layer norm over the last axis "
-                    "against torch layer_norm and ORT LayerNormalization; instance norm over (2, 3) against "
-                    "torch instance_norm and ORT InstanceNormalization; group norm (32 groups) against torch "
-                    "group_norm and ORT GroupNormalization (opset 21, per-channel scale and bias); fp32 "
-                    "scale and bias per position (layer norm) or per channel.",
+    "against torch layer_norm and ORT LayerNormalization; instance norm over (2, 3) against "
+    "torch instance_norm and ORT InstanceNormalization; group norm (32 groups) against torch "
+    "group_norm and ORT GroupNormalization (opset 21, per-channel scale and bias); fp32 "
+    "scale and bias per position (layer norm) or per channel.",
     "generic_norm_bf16": "normalize BF16: torch on the bfloat16 tensor with fp32 weights; ORT's own BF16 "
-                         "LayerNormalization (BF16 scale and shift), and Cast, InstanceNormalization / "
-                         "GroupNormalization, Cast (no BF16 kernels for those on CPU).",
+    "LayerNormalization (BF16 scale and shift), and Cast, InstanceNormalization / "
+    "GroupNormalization, Cast (no BF16 kernels for those on CPU).",
 }
 
 
@@ -669,14 +834,14 @@ FOOTNOTES = {
 # Timing and checks
 # ---------------------------------------------------------------------------------------
 
-COLD_CALLS_MAX = 300    # timed calls per contender with --cold (each eviction costs ms)
+COLD_CALLS_MAX = 300  # timed calls per contender with --cold (each eviction costs ms)
 
 
 def last_level_cache_bytes() -> int:
     """The largest CPU cache of this machine (sysfs), 32 MiB when unknown."""
     sizes = []
     base = "/sys/devices/system/cpu/cpu0/cache"
-    for index in (os.listdir(base) if os.path.isdir(base) else []):
+    for index in os.listdir(base) if os.path.isdir(base) else []:
         try:
             with open(os.path.join(base, index, "size")) as f:
                 text = f.read().strip()
@@ -732,10 +897,7 @@ def calls_per_round(estimate: float, args, evict) -> int:
     """Timed calls per round for a contender taking `estimate` seconds per call: --repeat
     spread over the rounds, or as many as fill --budget (at least 7 and at most 20000 calls
     in all; COLD_CALLS_MAX with eviction)."""
-    if args.repeat:
-        total = args.repeat
-    else:
-        total = int(min(max(args.budget / estimate, 7), COLD_CALLS_MAX if evict else 20000))
+    total = args.repeat or int(min(max(args.budget / estimate, 7), COLD_CALLS_MAX if evict else 20000))
     return max(1, -(-total // args.rounds))
 
 
@@ -745,6 +907,7 @@ def as_arrays(result) -> list[np.ndarray]:
     for item in items:
         if not isinstance(item, np.ndarray):  # a torch tensor
             import torch
+
             if item.dtype == torch.bfloat16:
                 item = item.contiguous().view(torch.int16).numpy().view(BF16)
             else:
@@ -760,7 +923,7 @@ def check(result, reference, tol) -> str | None:
     if len(got) != len(want):
         return f"{len(got)} outputs, expected {len(want)}"
     rtol, atol = tol
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         if g.shape != w.shape:
             return f"shape {g.shape}, expected {w.shape}"
         g32, w32 = g.astype(np.float32), w.astype(np.float32)
@@ -780,6 +943,7 @@ def nbytes(arrays) -> int:
 # Contenders in the main process: memcpy, NumPy, PyTorch, ONNX Runtime
 # ---------------------------------------------------------------------------------------
 
+
 def memcpy_fn(size: int):
     src = np.frombuffer(np.random.default_rng(0).bytes(size), np.uint8).copy()
     dst = np.empty_like(src)
@@ -792,6 +956,7 @@ _torch_ready = False
 def torch_module():
     global _torch_ready
     import torch
+
     if not _torch_ready:
         torch.set_num_threads(1)
         try:
@@ -804,6 +969,7 @@ def torch_module():
 
 def onnx_element_type(dtype):
     from onnx import TensorProto, helper
+
     return TensorProto.BFLOAT16 if dtype == BF16 else helper.np_dtype_to_tensor_dtype(dtype)
 
 
@@ -823,9 +989,14 @@ def onnx_runner(graph: OnnxGraph, reference: list[np.ndarray]):
     def value(name, a):
         return helper.make_tensor_value_info(name, onnx_element_type(a.dtype), a.shape)
 
-    outs = {name: np.empty(ref.shape, ref.dtype) for name, ref in zip(graph.outputs, reference)}
-    g = helper.make_graph(graph.nodes, "bench", [value(k, a) for k, a in graph.feeds.items()],
-                          [value(k, a) for k, a in outs.items()], [tensor(k, a) for k, a in graph.inits.items()])
+    outs = {name: np.empty(ref.shape, ref.dtype) for name, ref in zip(graph.outputs, reference, strict=True)}
+    g = helper.make_graph(
+        graph.nodes,
+        "bench",
+        [value(k, a) for k, a in graph.feeds.items()],
+        [value(k, a) for k, a in outs.items()],
+        [tensor(k, a) for k, a in graph.inits.items()],
+    )
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", graph.opset)])
     model.ir_version = ONNX_IR_VERSIONS.get(graph.opset, ONNX_IR_VERSION)
     onnx.checker.check_model(model)
@@ -878,6 +1049,7 @@ def peer_callable(peer: str, setup: Setup, reference):
 # Workers: tensorops_native at one ISA level
 # ---------------------------------------------------------------------------------------
 
+
 def worker_main(args) -> int:
     """Answer requests from stdin, one JSON line each: {"case", "budget"} prepares a case
     (build, check against NumPy, warm up) and {"calls": n} times n calls of the prepared one."""
@@ -928,13 +1100,19 @@ class Worker:
         self.proc: subprocess.Popen | None = None
         self.hello: dict | None = None
         self.broken: str | None = None  # why the worker cannot start, once it failed to
-        self.case: Case | None = None   # the case prepared last
+        self.case: Case | None = None  # the case prepared last
 
     def start(self):
         env = dict(os.environ, TENSOROPS_ISA=self.isa)
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--isa", self.isa, *(["--cold"] if self.cold else [])]
-        self.proc = subprocess.Popen(cmd,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, bufsize=1)
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--worker",
+            "--isa",
+            self.isa,
+            *(["--cold"] if self.cold else []),
+        ]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, bufsize=1)
         line = self._read_line(CASE_TIMEOUT_S)
         if line is None:
             self.broken = f"worker did not start ({self._ended()})"
@@ -992,8 +1170,12 @@ class Worker:
         else:
             status, reason = "crashed", self._ended()
         self.proc = None
-        return {"case": self.case.name, "status": status, "error": reason,
-                "kernel_isa": (self.hello or {}).get("kernels", {}).get(self.case.kernel, "?")}
+        return {
+            "case": self.case.name,
+            "status": status,
+            "error": reason,
+            "kernel_isa": (self.hello or {}).get("kernels", {}).get(self.case.kernel, "?"),
+        }
 
     def close(self):
         if self.proc is not None and self.proc.poll() is None:
@@ -1008,6 +1190,7 @@ class Worker:
 # ---------------------------------------------------------------------------------------
 # Main process: run the cases, print the tables
 # ---------------------------------------------------------------------------------------
+
 
 def select_cases(only: list[str] | None) -> list[Case]:
     """The cases whose name contains one of the filters (case-insensitive; commas are
@@ -1043,8 +1226,14 @@ def run_case(case: Case, args, peers, workers) -> dict:
     median of the same round.
     The memory speed of a shared machine drifts by tens of percent within minutes; rounds
     of a fraction of a second each put every contender under the same drift."""
-    row = {"case": case.name, "family": case.family, "kernel": case.kernel, "notes": list(case.notes),
-           "peers": {}, "ours": {}}
+    row = {
+        "case": case.name,
+        "family": case.family,
+        "kernel": case.kernel,
+        "notes": list(case.notes),
+        "peers": {},
+        "ours": {},
+    }
     setup = case.build(case.rng())
     reference = setup.numpy()
     row["in_bytes"] = nbytes(setup.inputs)
@@ -1104,7 +1293,7 @@ def run_case(case: Case, args, peers, workers) -> dict:
             mine = round_medians[id(contender)]
             entry["median_us"] = float(np.median(samples[id(contender)])) / 1e3
             entry["calls"] = len(samples[id(contender)])
-            entry["ratio"] = float(np.median([t / b for t, b in zip(mine, base)]))
+            entry["ratio"] = float(np.median([t / b for t, b in zip(mine, base, strict=False)]))
     return row
 
 
@@ -1159,43 +1348,67 @@ def render(rows: list[dict], args, peers, isas, hellos) -> str:
     add = lines.append
     add("# tensorops kernel benchmark")
     add("")
-    add(f"- Machine: {cpu_model()}, {os.cpu_count()} logical CPUs; Python {platform.python_version()}, "
-        f"{versions(peers)}.")
+    add(
+        f"- Machine: {cpu_model()}, {os.cpu_count()} logical CPUs; Python {platform.python_version()}, "
+        f"{versions(peers)}."
+    )
     if isas:
         levels = ", ".join(f"TENSOROPS_ISA={i} runs {hellos.get(i, {}).get('isa', '?')}" for i in isas)
-        add(f"- tensorops_native: {levels}; each level in its own process, Python call included "
-            "(argument checks, output allocation).")
-    add("- One thread everywhere: torch.set_num_threads(1) and set_num_interop_threads(1); ONNX Runtime "
+        add(
+            f"- tensorops_native: {levels}; each level in its own process, Python call included "
+            "(argument checks, output allocation)."
+        )
+    add(
+        "- One thread everywhere: torch.set_num_threads(1) and set_num_interop_threads(1); ONNX Runtime "
         "intra_op_num_threads=1, inter_op_num_threads=1, ORT_SEQUENTIAL; OMP/MKL/OpenBLAS threads 1; "
-        f"every process pinned to CPU {args.cpu}.")
-    add("- Time: after a warm-up, every contender and memcpy are timed in turn, in "
-        f"{args.rounds} rounds (in a new random order each round), " +
-        (f"{args.repeat} timed calls per contender in all." if args.repeat else
-         f"as many timed calls as fit in {args.budget:g} s per contender (7 to 20000 in all)."))
-    add("- **memcpy**: np.copyto of a preallocated uint8 array into another, of (input bytes + output bytes) / 2: "
+        f"every process pinned to CPU {args.cpu}."
+    )
+    add(
+        "- Time: after a warm-up, every contender and memcpy are timed in turn, in "
+        f"{args.rounds} rounds (in a new random order each round), "
+        + (
+            f"{args.repeat} timed calls per contender in all."
+            if args.repeat
+            else f"as many timed calls as fit in {args.budget:g} s per contender (7 to 20000 in all)."
+        )
+    )
+    add(
+        "- **memcpy**: np.copyto of a preallocated uint8 array into another, of (input bytes + output bytes) / 2: "
         "the copy that moves the same memory traffic as the operation must (read every input once, "
         "write every output once; inputs = the data tensors, not the small per-channel parameters), Python call "
         "included. **Ratios** are the median over the rounds of (contender's median / memcpy's median in that "
         "round), lower is better: the memory speed of a shared machine drifts within minutes, and the rounds "
-        "put memcpy and the contenders under the same drift. Absolute times are medians over all calls.")
+        "put memcpy and the contenders under the same drift. Absolute times are medians over all calls."
+    )
     if args.cold:
-        add(f"- **Cold caches (--cold)**: before every call (untimed) a read of {3 * last_level_cache_bytes() >> 20} MiB "
-            "(three times the last-level cache) evicts the case's data, for every contender and for memcpy alike, "
-            f"so inputs are read from DRAM; at most {COLD_CALLS_MAX} timed calls each.")
+        add(
+            "- **Cold caches (--cold)**: before every call (untimed) a read of "
+            f"{3 * last_level_cache_bytes() >> 20} MiB (three times the last-level cache) evicts the case's data, "
+            "for every contender and for memcpy alike, "
+            f"so inputs are read from DRAM; at most {COLD_CALLS_MAX} timed calls each."
+        )
     else:
-        add("- Warm caches: the same inputs on every call, so tensors that fit the last-level cache are read "
-            "from it (memcpy included); `--cold` measures with data in DRAM.")
-    add("- ONNX Runtime: models built in memory (onnx.helper, opset 17), inputs and outputs bound once "
+        add(
+            "- Warm caches: the same inputs on every call, so tensors that fit the last-level cache are read "
+            "from it (memcpy included); `--cold` measures with data in DRAM."
+        )
+    add(
+        "- ONNX Runtime: models built in memory (onnx.helper, opset 17), inputs and outputs bound once "
         "(run_with_iobinding: no per-call output copy); ours, NumPy and PyTorch allocate their outputs "
-        "on every call.")
-    add("- Issue columns: the reference ratios quoted in the issue (Simd library, PyTorch, ONNX Runtime on "
+        "on every call."
+    )
+    add(
+        "- Issue columns: the reference ratios quoted in the issue (Simd library, PyTorch, ONNX Runtime on "
         "their machine). **target**: at or below the best of those three, and at most 1.5x memcpy "
         "(normalize family, channel sum, eltwise, shuffle, tiled scale), 2x (softmax, LRN) or 1.2x (unary) "
         "when the tensor is at least 1 MiB. **met?** is judged on "
-        f"ours at {judged_isa(isas) or '(not measured)'}.")
-    add("- Cell marks: `✗` result differs from the NumPy reference (see notes); `(avx2)` the kernel "
+        f"ours at {judged_isa(isas) or '(not measured)'}."
+    )
+    add(
+        "- Cell marks: `✗` result differs from the NumPy reference (see notes); `(avx2)` the kernel "
         "resolved to a lower level than requested; `missing` no kernel at that level; `crashed` the "
-        "worker died in this case; `n/a` no such contender.")
+        "worker died in this case; `n/a` no such contender."
+    )
     add("")
 
     ours_cols = [f"ours {i}" for i in isas]
@@ -1219,11 +1432,15 @@ def render(rows: list[dict], args, peers, isas, hellos) -> str:
                 met = "yes" if ratio <= target and not entry.get("mismatch") else "NO"
             else:
                 met = "—"
-        cells = [row["case"], f"{row['copy_bytes'] / MIB:.2f}",
-                 *(cell(row["ours"].get(i), m, i) for i in isas),
-                 *(cell(row["peers"].get(p), m) for p in peers),
-                 *((fmt_ratio(v) for v in ref) if ref else ("",) * 3),
-                 f"≤ {target:.2f} ({why})" if target is not None else "", met]
+        cells = [
+            row["case"],
+            f"{row['copy_bytes'] / MIB:.2f}",
+            *(cell(row["ours"].get(i), m, i) for i in isas),
+            *(cell(row["peers"].get(p), m) for p in peers),
+            *((fmt_ratio(v) for v in ref) if ref else ("",) * 3),
+            f"≤ {target:.2f} ({why})" if target is not None else "",
+            met,
+        ]
         add("| " + " | ".join(cells) + " |")
     add("")
 
@@ -1233,9 +1450,12 @@ def render(rows: list[dict], args, peers, isas, hellos) -> str:
     add("| " + " | ".join(head) + " |")
     add("|" + "|".join([" --- "] + [" ---: "] * (len(head) - 1)) + "|")
     for row in rows:
-        cells = [row["case"], fmt_us(row["memcpy_us"]),
-                 *(cell(row["ours"].get(i), None, i) for i in isas),
-                 *(cell(row["peers"].get(p), None) for p in peers)]
+        cells = [
+            row["case"],
+            fmt_us(row["memcpy_us"]),
+            *(cell(row["ours"].get(i), None, i) for i in isas),
+            *(cell(row["peers"].get(p), None) for p in peers),
+        ]
         add("| " + " | ".join(cells) + " |")
     add("")
 
@@ -1248,11 +1468,15 @@ def render(rows: list[dict], args, peers, isas, hellos) -> str:
                 used.append(key)
     for key in used:
         add(f"- {FOOTNOTES[key]}")
-    add("- Checks: every result is compared with the NumPy one (fp32: rtol 1e-3 or tighter; BF16: "
-        "rtol 2e-2); a difference is reported, never fatal.")
+    add(
+        "- Checks: every result is compared with the NumPy one (fp32: rtol 1e-3 or tighter; BF16: "
+        "rtol 2e-2); a difference is reported, never fatal."
+    )
     for row in rows:
-        for who, entry in [*((f"ours {i}", e) for i, e in row["ours"].items()),
-                           *((PEER_TITLES[p], e) for p, e in row["peers"].items())]:
+        for who, entry in [
+            *((f"ours {i}", e) for i, e in row["ours"].items()),
+            *((PEER_TITLES[p], e) for p, e in row["peers"].items()),
+        ]:
             if entry.get("mismatch"):
                 add(f"- ✗ {row['case']}, {who}: {entry['mismatch']}.")
             elif entry.get("status") in ("error", "crashed", "timeout"):
@@ -1279,6 +1503,7 @@ def versions(peers) -> str:
     if "ort" in peers:
         import onnx
         import onnxruntime
+
         parts.append(f"ONNX Runtime {onnxruntime.__version__} (onnx {onnx.__version__})")
     return ", ".join(parts)
 
@@ -1294,23 +1519,47 @@ def parse_list(text: str, allowed, what: str) -> list[str]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", action="append", metavar="TEXT",
-                   help="run the cases whose name contains TEXT (case-insensitive; repeat for several); see --list")
-    p.add_argument("--isa", default=",".join(ISA_LEVELS),
-                   help="ISA levels of tensorops_native to measure, comma-separated (default: %(default)s)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--only",
+        action="append",
+        metavar="TEXT",
+        help="run the cases whose name contains TEXT (case-insensitive; repeat for several); see --list",
+    )
+    p.add_argument(
+        "--isa",
+        default=",".join(ISA_LEVELS),
+        help="ISA levels of tensorops_native to measure, comma-separated (default: %(default)s)",
+    )
     p.add_argument("--peers", default=",".join(PEERS), help="peers to measure (default: %(default)s, or none)")
     p.add_argument("--peers-only", action="store_true", help="do not measure tensorops_native")
     p.add_argument("--repeat", type=int, help="timed calls per contender (default: adaptive, see --budget)")
-    p.add_argument("--rounds", type=int, default=20,
-                   help="rounds that alternate the contenders; each contender's timed calls are spread evenly over them (default: %(default)s)")
-    p.add_argument("--budget", type=float, default=0.2,
-                   help="seconds of timed calls per contender when --repeat is not given (default: %(default)s)")
-    p.add_argument("--cold", action="store_true",
-                   help="evict the caches before every timed call (inputs and outputs in DRAM), for all contenders and memcpy")
-    p.add_argument("--cpu", type=int, default=min(os.sched_getaffinity(0)),
-                   help="the CPU that every contender runs on (default: the first one allowed, %(default)s)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=20,
+        help="rounds that alternate the contenders; each contender's timed calls are spread evenly over them "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=0.2,
+        help="seconds of timed calls per contender when --repeat is not given (default: %(default)s)",
+    )
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="evict the caches before every timed call (inputs and outputs in DRAM), for all contenders and memcpy",
+    )
+    p.add_argument(
+        "--cpu",
+        type=int,
+        default=min(os.sched_getaffinity(0)),
+        help="the CPU that every contender runs on (default: the first one allowed, %(default)s)",
+    )
     p.add_argument("--json", metavar="PATH", help="also write the raw results as JSON")
     p.add_argument("--list", action="store_true", help="print the case names and exit")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -1350,8 +1599,9 @@ def main(argv=None) -> int:
         for i, case in enumerate(cases, 1):
             row = run_case(case, args, peers, workers)
             rows.append(row)
-            summary = ", ".join(f"{k} {cell(e, row['memcpy_us'])}" for k, e in
-                                [*row["ours"].items(), *row["peers"].items()])
+            summary = ", ".join(
+                f"{k} {cell(e, row['memcpy_us'])}" for k, e in [*row["ours"].items(), *row["peers"].items()]
+            )
             log(f"[{i}/{len(cases)}] {case.name}: memcpy {fmt_us(row['memcpy_us'])} us; x memcpy: {summary}")
     finally:
         for worker in workers.values():

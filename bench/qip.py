@@ -19,6 +19,7 @@ VNNI peak: 2 x 64 multiply-adds per cycle (two vpdpbusd zmm per cycle) at --ghz;
 exceed it. The default clock is the one measured on this machine kind with a dependent
 imul chain (3-cycle latency), see --ghz.
 """
+
 from __future__ import annotations
 
 import os
@@ -44,20 +45,26 @@ SEED_RATIO = {(1, 1024, 1024): 0.73, (16, 1024, 1024): 0.83, (128, 4096, 1024): 
 TARGET_RATIO = 0.9
 
 OURS = (  # (label, algorithm): what each ISA level selects, by CPU
-    ("tensorops avx512 (amx)", "amx"),                  # level avx512, CPU with AMX-INT8
-    ("tensorops avx512 (vnni)", "avx512-vnni"),         # level avx512, CPU without AMX
-    ("tensorops avx2 (avx-vnni)", "avx2-vnni"),         # level avx2, CPU with AVX-VNNI
-    ("tensorops avx2 (widening)", "avx2"),              # level avx2, CPU without AVX-VNNI
-    ("tensorops scalar", "scalar"),                     # level scalar
+    ("tensorops avx512 (amx)", "amx"),  # level avx512, CPU with AMX-INT8
+    ("tensorops avx512 (vnni)", "avx512-vnni"),  # level avx512, CPU without AMX
+    ("tensorops avx2 (avx-vnni)", "avx2-vnni"),  # level avx2, CPU with AVX-VNNI
+    ("tensorops avx2 (widening)", "avx2"),  # level avx2, CPU without AVX-VNNI
+    ("tensorops scalar", "scalar"),  # level scalar
 )
-INFO_PREFIX = {"avx512-amx": "amx", "avx512-vnni": "avx512-vnni", "avx2-vnni": "avx2-vnni", "avx2": "avx2",
-               "scalar": "scalar"}
+INFO_PREFIX = {
+    "avx512-amx": "amx",
+    "avx512-vnni": "avx512-vnni",
+    "avx2-vnni": "avx2-vnni",
+    "avx2": "avx2",
+    "scalar": "scalar",
+}
 
 
 def auto_algorithm():
     """The algorithm this process selects by itself (CPU and TENSOROPS_ISA)."""
-    qip = tn.QuantizedInnerProduct(np.zeros((4, 1), np.int8), b_scale=[1.0], a_scale=1.0, a_zero=0, c_scale=1.0,
-                                   c_zero=0)
+    qip = tn.QuantizedInnerProduct(
+        np.zeros((4, 1), np.int8), b_scale=[1.0], a_scale=1.0, a_zero=0, c_scale=1.0, c_zero=0
+    )
     return INFO_PREFIX[qip.info.split(":")[0]]
 
 
@@ -71,8 +78,16 @@ def make_problem(m, n, k, seed=0):
 
 def ours(algorithm, m, b, b_scale):
     try:
-        qip = tn.QuantizedInnerProduct(b, b_scale=b_scale, a_scale=A_SCALE, a_zero=A_ZERO, c_scale=C_SCALE,
-                                       c_zero=C_ZERO, max_m=m, algorithm=algorithm)
+        qip = tn.QuantizedInnerProduct(
+            b,
+            b_scale=b_scale,
+            a_scale=A_SCALE,
+            a_zero=A_ZERO,
+            c_scale=C_SCALE,
+            c_zero=C_ZERO,
+            max_m=m,
+            algorithm=algorithm,
+        )
     except ValueError:
         return None, None
     return qip.forward, qip.info
@@ -80,23 +95,30 @@ def ours(algorithm, m, b, b_scale):
 
 def onnxruntime_peer(m, b, b_scale):
     try:
-        import onnx
         import onnxruntime as ort
         from onnx import TensorProto, helper, numpy_helper
     except ImportError:
         return None, None
     k, n = b.shape
-    inits = [numpy_helper.from_array(np.array(A_SCALE, np.float32), "a_scale"),
-             numpy_helper.from_array(np.array(A_ZERO, np.uint8), "a_zero"),
-             numpy_helper.from_array(b, "b"),
-             numpy_helper.from_array(b_scale, "b_scale"),
-             numpy_helper.from_array(np.zeros(n, np.int8), "b_zero"),
-             numpy_helper.from_array(np.array(C_SCALE, np.float32), "c_scale"),
-             numpy_helper.from_array(np.array(C_ZERO, np.uint8), "c_zero")]
-    node = helper.make_node("QLinearMatMul", ["a", "a_scale", "a_zero", "b", "b_scale", "b_zero", "c_scale",
-                                              "c_zero"], ["c"])
-    graph = helper.make_graph([node], "qip", [helper.make_tensor_value_info("a", TensorProto.UINT8, [m, k])],
-                              [helper.make_tensor_value_info("c", TensorProto.UINT8, [m, n])], inits)
+    inits = [
+        numpy_helper.from_array(np.array(A_SCALE, np.float32), "a_scale"),
+        numpy_helper.from_array(np.array(A_ZERO, np.uint8), "a_zero"),
+        numpy_helper.from_array(b, "b"),
+        numpy_helper.from_array(b_scale, "b_scale"),
+        numpy_helper.from_array(np.zeros(n, np.int8), "b_zero"),
+        numpy_helper.from_array(np.array(C_SCALE, np.float32), "c_scale"),
+        numpy_helper.from_array(np.array(C_ZERO, np.uint8), "c_zero"),
+    ]
+    node = helper.make_node(
+        "QLinearMatMul", ["a", "a_scale", "a_zero", "b", "b_scale", "b_zero", "c_scale", "c_zero"], ["c"]
+    )
+    graph = helper.make_graph(
+        [node],
+        "qip",
+        [helper.make_tensor_value_info("a", TensorProto.UINT8, [m, k])],
+        [helper.make_tensor_value_info("c", TensorProto.UINT8, [m, n])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     model.ir_version = 10
     so = ort.SessionOptions()
@@ -117,8 +139,9 @@ def torch_peer(engine, m, b, b_scale):
     torch.backends.quantized.engine = engine
     warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
     scales = torch.from_numpy(b_scale.astype(np.float64))
-    w = torch._make_per_channel_quantized_tensor(torch.from_numpy(np.ascontiguousarray(b.T)), scales,
-                                                 torch.zeros(b.shape[1], dtype=torch.int64), 0)
+    w = torch._make_per_channel_quantized_tensor(
+        torch.from_numpy(np.ascontiguousarray(b.T)), scales, torch.zeros(b.shape[1], dtype=torch.int64), 0
+    )
     packed = torch.ops.quantized.linear_prepack(w, None)
 
     def run(a):
@@ -152,17 +175,25 @@ def measure(contenders, a, budget):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--m", type=int, action="append", help="M values (default 1, 16, 128)")
-    parser.add_argument("--ghz", type=float, default=DEFAULT_GHZ, help=f"core clock for the VNNI peak "
-                        f"(default {DEFAULT_GHZ}, measured on this machine kind)")
+    parser.add_argument(
+        "--ghz",
+        type=float,
+        default=DEFAULT_GHZ,
+        help=f"core clock for the VNNI peak (default {DEFAULT_GHZ}, measured on this machine kind)",
+    )
     parser.add_argument("--budget", type=float, default=3.0, help="seconds of round-robin timing per shape")
     parser.add_argument("--no-scalar", action="store_true", help="skip the scalar reference (slow for M = 128)")
     args = parser.parse_args()
     peak = 2 * 64 * args.ghz * 1e9  # multiply-adds per second
 
-    print(f"# Quantized inner product, one thread: {platform.processor() or platform.machine()}, "
-          f"ISA level {tn.isa()}, features {' '.join(tn.cpu_features())}")
-    print(f"VNNI peak assumed: 2 x 64 int8 multiply-adds per cycle at {args.ghz} GHz = "
-          f"{peak / 1e9:.0f} G multiply-adds/s = {2 * peak / 1e9:.0f} int8 Gops/s. Medians of round-robin runs.\n")
+    print(
+        f"# Quantized inner product, one thread: {platform.processor() or platform.machine()}, "
+        f"ISA level {tn.isa()}, features {' '.join(tn.cpu_features())}"
+    )
+    print(
+        f"VNNI peak assumed: 2 x 64 int8 multiply-adds per cycle at {args.ghz} GHz = "
+        f"{peak / 1e9:.0f} G multiply-adds/s = {2 * peak / 1e9:.0f} int8 Gops/s. Medians of round-robin runs.\n"
+    )
     auto = auto_algorithm()
     best_label = next(label for label, algorithm in OURS if algorithm == auto)
     print(f"This process selects `{auto}` by itself: the summary compares that row with the targets.\n")
@@ -177,9 +208,11 @@ def main() -> None:
                 fn, info = ours(algorithm, m, b, b_scale)
                 if fn is not None:
                     contenders[label], infos[label] = fn, info
-            for label, (fn, info) in (("ONNX Runtime", onnxruntime_peer(m, b, b_scale)),
-                                      ("PyTorch fbgemm", torch_peer("fbgemm", m, b, b_scale)),
-                                      ("PyTorch onednn", torch_peer("onednn", m, b, b_scale))):
+            for label, (fn, info) in (
+                ("ONNX Runtime", onnxruntime_peer(m, b, b_scale)),
+                ("PyTorch fbgemm", torch_peer("fbgemm", m, b, b_scale)),
+                ("PyTorch onednn", torch_peer("onednn", m, b, b_scale)),
+            ):
                 if fn is not None:
                     contenders[label], infos[label] = fn, info
             # Agreement check (the peers round differently in places: count, do not fail).
@@ -187,8 +220,7 @@ def main() -> None:
             slow = {k: v for k, v in contenders.items() if k != "tensorops scalar"}
             times = measure(slow, a, args.budget)
             if "tensorops scalar" in contenders:
-                times.update(measure({"tensorops scalar": contenders["tensorops scalar"]}, a,
-                                     min(args.budget, 0.3)))
+                times.update(measure({"tensorops scalar": contenders["tensorops scalar"]}, a, min(args.budget, 0.3)))
             ort = np.median(times["ONNX Runtime"]) if "ONNX Runtime" in times else None
             macs = m * n * k
             print(f"## M={m} N={n} K={k}  ({macs / 1e6:.0f} M multiply-adds)\n")
@@ -200,8 +232,10 @@ def main() -> None:
                 out = contenders[label](a)
                 out = out.int_repr().numpy() if hasattr(out, "int_repr") else np.asarray(out)
                 diff = int(np.count_nonzero(out != base))
-                print(f"| {label} | {med * 1e6:.1f} | {ratio} | {2 * macs / med / 1e9:.0f} | "
-                      f"{100 * macs / med / peak:.0f}% | {diff} |")
+                print(
+                    f"| {label} | {med * 1e6:.1f} | {ratio} | {2 * macs / med / 1e9:.0f} | "
+                    f"{100 * macs / med / peak:.0f}% | {diff} |"
+                )
                 if label == best_label:
                     summary.append(((m, n, k), med, ort))
             print()
@@ -216,8 +250,10 @@ def main() -> None:
         ratio = med / ort if ort else float("nan")
         mark = "ok" if ratio <= target else "MISSED"
         macs = shape[0] * shape[1] * shape[2]
-        print(f"| {shape} | {med * 1e6:.1f} | {ort * 1e6 if ort else float('nan'):.1f} | {ratio:.2f}x | "
-              f"<= {target:.2f}x {mark} | {100 * macs / med / peak:.0f}% |")
+        print(
+            f"| {shape} | {med * 1e6:.1f} | {ort * 1e6 if ort else float('nan'):.1f} | {ratio:.2f}x | "
+            f"<= {target:.2f}x {mark} | {100 * macs / med / peak:.0f}% |"
+        )
 
 
 if __name__ == "__main__":

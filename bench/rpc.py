@@ -29,7 +29,7 @@ loopback. Then prints
    server's tensorops_forward_batch_requests histogram over the cell, from /metrics).
 
 Everything is measured --runs times (default 3, the servers stay up) and every printed cell
-is the median over the runs (of per-run medians for times; ratios are taken within a run).
+is the median over the runs (of per-run med for times; ratios are taken within a run).
 
     python bench/rpc.py                         # the full tables
     python bench/rpc.py --quick                 # a quick check that everything runs (1 run)
@@ -37,6 +37,7 @@ is the median over the runs (of per-run medians for times; ratios are taken with
 
 Times are wall-clock; always compare with the echo of the same run. No assertions.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,13 +53,21 @@ import time
 import urllib.request
 from concurrent import futures
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 ECHO_METHOD = "/bench.Echo/Echo"
 MAX_MESSAGE = 256 * 1024 * 1024
-SIZES = {"4K": 4 << 10, "16K": 16 << 10, "64K": 64 << 10, "256K": 256 << 10, "1M": 1 << 20, "4M": 4 << 20,
-         "16M": 16 << 20}
+SIZES = {
+    "4K": 4 << 10,
+    "16K": 16 << 10,
+    "64K": 64 << 10,
+    "256K": 256 << 10,
+    "1M": 1 << 20,
+    "4M": 4 << 20,
+    "16M": 16 << 20,
+}
 PARTS = ("latency", "throughput", "kserve", "batching")
 AIO_IN_FLIGHT = 64
 ECHO_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE)]
@@ -67,12 +76,14 @@ ECHO_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_sen
 # ---------------------------------------------------------------------------------------
 # Servers
 
+
 def serve_echo(workers: int) -> None:
     """The sync echo server (run in a subprocess): prints its port, serves until stdin closes."""
     import grpc
 
     handler = grpc.method_handlers_generic_handler(
-        "bench.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(lambda request, context: request)})
+        "bench.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(lambda request, context: request)}
+    )
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=ECHO_OPTIONS)
     server.add_generic_rpc_handlers((handler,))
     port = server.add_insecure_port("127.0.0.1:0")
@@ -93,21 +104,26 @@ def serve_echo_aio() -> None:
 
     async def main():
         server = grpc.aio.server(options=ECHO_OPTIONS)
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-            "bench.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(echo)}),))
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("bench.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(echo)}),)
+        )
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         print(port, flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
         await server.stop(0)
+
     asyncio.run(main())
 
 
 def start_echo(procs: list, workers: int, aio: bool = False):
     """(process, port) of an echo server; the process is added to `procs` at once."""
-    proc = subprocess.Popen([sys.executable, __file__, "--serve-echo-aio" if aio else "--serve-echo",
-                             "--workers", str(workers)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve-echo-aio" if aio else "--serve-echo", "--workers", str(workers)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     procs.append(proc)
     line = proc.stdout.readline()
     if not line.strip():
@@ -117,11 +133,27 @@ def start_echo(procs: list, workers: int, aio: bool = False):
 
 def start_tensorops_server(procs: list, workers: int, *flags: str, metrics: bool = False):
     """(process, port, metrics port or None) of a tensorops-server; added to `procs` at once."""
-    proc = subprocess.Popen([sys.executable, "-m", "tensorops_server", "--port", "0",
-                             "--metrics-port", "0" if metrics else "-1",
-                             "--workers", str(workers), "--max-message-bytes", str(MAX_MESSAGE),
-                             "--max-tensor-bytes", str(MAX_MESSAGE), *flags],
-                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tensorops_server",
+            "--port",
+            "0",
+            "--metrics-port",
+            "0" if metrics else "-1",
+            "--workers",
+            str(workers),
+            "--max-message-bytes",
+            str(MAX_MESSAGE),
+            "--max-tensor-bytes",
+            str(MAX_MESSAGE),
+            *flags,
+        ],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
     procs.append(proc)
     seen = []
     for line in proc.stderr:
@@ -176,6 +208,7 @@ def batch_histogram(metrics_port: int) -> tuple[float, float]:
 # ---------------------------------------------------------------------------------------
 # Workloads
 
+
 def layer_norm_input(nbytes: int):
     channels = 64
     rows = max(1, nbytes // (4 * channels))
@@ -187,26 +220,37 @@ def layer_norm_input(nbytes: int):
 OPERATIONS = {
     # name: (function name, kernels it needs, input builder)
     "layer_norm_channels": ("layer_norm_channels", ("SynetNormalizeLayerForwardV2",), layer_norm_input),
-    "softmax": ("softmax", ("SynetSoftmax32f",),
-                lambda n: ((np.random.default_rng(0).standard_normal((max(1, n // 4096), 1024)).astype(np.float32),),
-                           {})),
-    "unary": ("unary", ("SynetUnaryOperation32f",),
-              lambda n: ((np.random.default_rng(0).standard_normal(max(1, n // 4)).astype(np.float32), "neg"), {})),
-    "eltwise": ("eltwise", ("SynetEltwiseLayerForward",),
-                lambda n: (([np.ones(max(1, n // 8), np.float32)] * 2, "sum"), {})),
+    "softmax": (
+        "softmax",
+        ("SynetSoftmax32f",),
+        lambda n: ((np.random.default_rng(0).standard_normal((max(1, n // 4096), 1024)).astype(np.float32),), {}),
+    ),
+    "unary": (
+        "unary",
+        ("SynetUnaryOperation32f",),
+        lambda n: ((np.random.default_rng(0).standard_normal(max(1, n // 4)).astype(np.float32), "neg"), {}),
+    ),
+    "eltwise": (
+        "eltwise",
+        ("SynetEltwiseLayerForward",),
+        lambda n: (([np.ones(max(1, n // 8), np.float32)] * 2, "sum"), {}),
+    ),
 }
 
 
 def available(kernels) -> bool:
     import tensorops_native as tn
+
     report = tn.kernels()
     return all(report.get(k, "missing") != "missing" for k in kernels)
 
 
 def qip_available() -> bool:
     import tensorops_native as tn
-    return hasattr(tn, "QuantizedInnerProduct") and \
-        all(v != "missing" for k, v in tn.kernels().items() if "Quantized" in k)
+
+    return hasattr(tn, "QuantizedInnerProduct") and all(
+        v != "missing" for k, v in tn.kernels().items() if "Quantized" in k
+    )
 
 
 def qip_session_parameters(k: int = 1024, n: int = 1024):
@@ -234,16 +278,19 @@ def _arg_names(fname: str) -> list[str]:
     import inspect
 
     import tensorops_native as tn
-    return [p for p in inspect.signature(getattr(tn, fname)).parameters]
+
+    return list(inspect.signature(getattr(tn, fname)).parameters)
 
 
 def _request_bytes(fname: str, args, kwargs) -> bytes:
     from tensorops.protocol import wire
-    return wire.build_request(wire.OPERATIONS[fname], dict(zip(_arg_names(fname), args), **kwargs)).data
+
+    return wire.build_request(wire.OPERATIONS[fname], dict(zip(_arg_names(fname), args, strict=False), **kwargs)).data
 
 
 def _echo_channel(port: int):
     import grpc
+
     channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=ECHO_OPTIONS)
     return channel, channel.unary_unary(ECHO_METHOD, _registered_method=True)
 
@@ -251,8 +298,9 @@ def _echo_channel(port: int):
 # ---------------------------------------------------------------------------------------
 # Latency
 
+
 def latency_run(target: str, echo_ports: dict, op_name: str, sizes: dict, base_repeat: int) -> dict:
-    """{payload label: (sync echo s, aio echo s, tensorops s, kernel s)}, medians of one run."""
+    """{payload label: (sync echo s, aio echo s, tensorops s, kernel s)}, med of one run."""
     import tensorops
     import tensorops_native as tn
 
@@ -261,15 +309,13 @@ def latency_run(target: str, echo_ports: dict, op_name: str, sizes: dict, base_r
     sync_channel, sync_echo = _echo_channel(echo_ports["sync"])
     aio_channel, aio_echo = _echo_channel(echo_ports["aio"])
     try:
-        with tensorops.Client(target, max_message_bytes=MAX_MESSAGE) as client, \
-                tensorops.Client(target, max_message_bytes=MAX_MESSAGE, shared_memory=True,
-                                 shared_memory_prefix="tensorops_bench_") as shared_client:
+        with tensorops.Client(target, max_message_bytes=MAX_MESSAGE) as client:
             fn = getattr(client, fname)
             native = getattr(tn, fname)
             for label, nbytes in sizes.items():
                 args, kwargs = build(nbytes)
                 request = _request_bytes(fname, args, kwargs)
-                sides = [lambda: sync_echo(request), lambda: aio_echo(request), lambda: fn(*args, **kwargs)]
+                sides = [partial(sync_echo, request), partial(aio_echo, request), partial(fn, *args, **kwargs)]
                 repeat = repeats_for(nbytes, base_repeat)
                 # alternate short runs of each, so drifts of the machine hit all alike while
                 # each side runs as it would in a loop of its own calls
@@ -279,12 +325,12 @@ def latency_run(target: str, echo_ports: dict, op_name: str, sizes: dict, base_r
                     for side in sides:
                         side()
                 for _ in range(0, repeat, block):
-                    for side, t in zip(sides, times):
+                    for side, t in zip(sides, times, strict=True):
                         for _ in range(block):
                             start = time.perf_counter()
                             side()
                             t.append(time.perf_counter() - start)
-                k = median_time(lambda: native(*args, **kwargs), repeat)
+                k = median_time(partial(native, *args, **kwargs), repeat)
                 results[label] = tuple(statistics.median(t) for t in times) + (k,)
     finally:
         sync_channel.close()
@@ -293,13 +339,23 @@ def latency_run(target: str, echo_ports: dict, op_name: str, sizes: dict, base_r
 
 
 def print_latency(op_name: str, sizes: dict, runs: list[dict]) -> None:
-    print(f"\n## Latency: {op_name}, one blocking client, ms per call "
-          f"(median over {len(runs)} run{'s' if len(runs) > 1 else ''} of the per-run median)\n")
-    print("| payload | sync echo ms | aio echo ms | tensorops ms | tensorops / sync echo | kernel ms "
-          "| tensorops / (sync echo + kernel) |")
+    print(
+        f"\n## Latency: {op_name}, one blocking client, ms per call "
+        f"(median over {len(runs)} run{'s' if len(runs) > 1 else ''} of the per-run median)\n"
+    )
+    print(
+        "| payload | sync echo ms | aio echo ms | tensorops ms | tensorops / sync echo | kernel ms "
+        "| tensorops / (sync echo + kernel) |"
+    )
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    print_rows(sizes, runs, [lambda s, a, c, k: s, lambda s, a, c, k: a, lambda s, a, c, k: c],
-               [lambda s, a, c, k: c / s], [lambda s, a, c, k: k], [lambda s, a, c, k: c / (s + k)])
+    print_rows(
+        sizes,
+        runs,
+        [lambda s, a, c, k: s, lambda s, a, c, k: a, lambda s, a, c, k: c],
+        [lambda s, a, c, k: c / s],
+        [lambda s, a, c, k: k],
+        [lambda s, a, c, k: c / (s + k)],
+    )
 
 
 def print_rows(sizes: dict, runs: list[dict], *columns) -> None:
@@ -318,9 +374,10 @@ def print_rows(sizes: dict, runs: list[dict], *columns) -> None:
 # ---------------------------------------------------------------------------------------
 # KServe V2: tritonclient over the wire and through system shared memory
 
+
 def kserve_available() -> bool:
     try:
-        import tritonclient.grpc  # noqa: F401
+        import tritonclient.grpc
         import tritonclient.utils.shared_memory  # noqa: F401
     except ImportError:
         return False
@@ -343,13 +400,16 @@ def kserve_run(target: str, echo_port: int, op_name: str, sizes: dict, base_repe
     tiny = bytes(4 << 10)
     triton = tc.InferenceServerClient(target)
     try:
-        with tensorops.Client(target, max_message_bytes=MAX_MESSAGE) as client, \
-                tensorops.Client(target, max_message_bytes=MAX_MESSAGE, shared_memory=True,
-                                 shared_memory_prefix="tensorops_bench_") as shared_client:
+        with (
+            tensorops.Client(target, max_message_bytes=MAX_MESSAGE) as client,
+            tensorops.Client(
+                target, max_message_bytes=MAX_MESSAGE, shared_memory=True, shared_memory_prefix="tensorops_bench_"
+            ) as shared_client,
+        ):
             for label, nbytes in sizes.items():
                 args, kwargs = build(nbytes)
-                arrays = {n: a for n, a in zip(names, args) if isinstance(a, np.ndarray)}
-                parameters = {n: v for n, v in zip(names, args) if not isinstance(v, np.ndarray)}
+                arrays = {n: a for n, a in zip(names, args, strict=False) if isinstance(a, np.ndarray)}
+                parameters = {n: v for n, v in zip(names, args, strict=False) if not isinstance(v, np.ndarray)}
                 parameters.update(kwargs)
                 x = arrays["x"]
                 wire_inputs = []
@@ -372,13 +432,15 @@ def kserve_run(target: str, echo_port: int, op_name: str, sizes: dict, base_repe
                     x_shared[...] = x
                     y_shared = shared_client.shared_array(x.shape, x.dtype)
                     zero_args = (x_shared,) + tuple(args[1:])
-                    sides = [lambda: getattr(client, fname)(*args, **kwargs),
-                             lambda: getattr(shared_client, fname)(*args, **kwargs),
-                             lambda: getattr(shared_client, fname)(*zero_args, out=y_shared, **kwargs),
-                             lambda: triton.infer(fname, wire_inputs, parameters=parameters),
-                             lambda: triton.infer(fname, shm_inputs, parameters=parameters, outputs=[y_out]),
-                             lambda: getattr(tn, fname)(*args, **kwargs),
-                             lambda: echo(tiny)]
+                    sides = [
+                        partial(getattr(client, fname), *args, **kwargs),
+                        partial(getattr(shared_client, fname), *args, **kwargs),
+                        partial(getattr(shared_client, fname), *zero_args, out=y_shared, **kwargs),
+                        partial(triton.infer, fname, wire_inputs, parameters=parameters),
+                        partial(triton.infer, fname, shm_inputs, parameters=parameters, outputs=[y_out]),
+                        partial(getattr(tn, fname), *args, **kwargs),
+                        lambda: echo(tiny),
+                    ]
                     repeat = repeats_for(nbytes, base_repeat)
                     results[label] = tuple(median_time(side, repeat) for side in sides)
                 finally:
@@ -391,42 +453,55 @@ def kserve_run(target: str, echo_port: int, op_name: str, sizes: dict, base_repe
 
 
 def print_kserve(op_name: str, sizes: dict, runs: list[dict]) -> None:
-    print(f"\n## KServe V2: {op_name} through tritonclient, ms per call (median over {len(runs)} "
-          f"run{'s' if len(runs) > 1 else ''} of the per-run median)\n")
-    print("tritonclient shm: x read from a registered region and y written into one (and left there); the "
-          "other (small) inputs in the message. SDK shm: tensorops.Client(shared_memory=True) given NumPy "
-          "arrays, which copies x into its region and y out of it into a new array. SDK zero-copy: the same "
-          "client given x in a client.shared_array and out= another (read and written in place, as tritonclient "
-          "shm). Kernel: the in-process call (a new result each time). Target: shm <= 1.5 x (kernel + 4 KB "
-          "echo).\n")
-    print("| payload | SDK ms | SDK shm ms | SDK zero-copy ms | tritonclient ms | tritonclient shm ms | kernel ms "
-          "| 4 KB echo ms | SDK shm / (kernel + echo) | SDK zero-copy / (kernel + echo) "
-          "| tritonclient shm / (kernel + echo) |")
+    print(
+        f"\n## KServe V2: {op_name} through tritonclient, ms per call (median over {len(runs)} "
+        f"run{'s' if len(runs) > 1 else ''} of the per-run median)\n"
+    )
+    print(
+        "tritonclient shm: x read from a registered region and y written into one (and left there); the "
+        "other (small) inputs in the message. SDK shm: tensorops.Client(shared_memory=True) given NumPy "
+        "arrays, which copies x into its region and y out of it into a new array. SDK zero-copy: the same "
+        "client given x in a client.shared_array and out= another (read and written in place, as tritonclient "
+        "shm). Kernel: the in-process call (a new result each time). Target: shm <= 1.5 x (kernel + 4 KB "
+        "echo).\n"
+    )
+    print(
+        "| payload | SDK ms | SDK shm ms | SDK zero-copy ms | tritonclient ms | tritonclient shm ms | kernel ms "
+        "| 4 KB echo ms | SDK shm / (kernel + echo) | SDK zero-copy / (kernel + echo) "
+        "| tritonclient shm / (kernel + echo) |"
+    )
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     # SDK, SDK shm, SDK zero-copy, tritonclient, tritonclient shm, kernel, echo
     times = [lambda *r, i=i: r[i] for i in range(7)]
-    print_rows(sizes, runs, times, [lambda t, ts, tz, w, m, k, e: ts / (k + e),
-                                    lambda t, ts, tz, w, m, k, e: tz / (k + e),
-                                    lambda t, ts, tz, w, m, k, e: m / (k + e)])
+    print_rows(
+        sizes,
+        runs,
+        times,
+        [
+            lambda t, ts, tz, w, m, k, e: ts / (k + e),
+            lambda t, ts, tz, w, m, k, e: tz / (k + e),
+            lambda t, ts, tz, w, m, k, e: m / (k + e),
+        ],
+    )
 
 
 # ---------------------------------------------------------------------------------------
 # Throughput
 
+
 @dataclass
 class Cell:
-    rate: float             # calls/s
-    cpu_per_call: float     # server CPU seconds per call
-    cpu_cores: float        # server CPU seconds per second
-    p50: float              # seconds per call
+    rate: float  # calls/s
+    cpu_per_call: float  # server CPU seconds per call
+    cpu_cores: float  # server CPU seconds per second
+    p50: float  # seconds per call
     p99: float
     batch: float = float("nan")  # forwards per kernel call (batching servers only)
 
 
 def _cell(calls: int, elapsed: float, cpu: float, latencies, batch=float("nan")) -> Cell:
     p50, p99 = np.percentile(latencies, [50, 99]) if len(latencies) else (float("nan"),) * 2
-    return Cell(calls / elapsed, cpu / calls if calls else float("nan"), cpu / elapsed, float(p50), float(p99),
-                batch)
+    return Cell(calls / elapsed, cpu / calls if calls else float("nan"), cpu / elapsed, float(p50), float(p99), batch)
 
 
 def throughput(make_call, clients: int, duration: float, pid: int, metrics_port: int | None = None) -> Cell:
@@ -454,10 +529,11 @@ def throughput(make_call, clients: int, duration: float, pid: int, metrics_port:
                     times.append(time.perf_counter() - start)
             except threading.BrokenBarrierError:
                 pass
-            except Exception as exc:  # noqa: BLE001 - reported by the main thread
+            except Exception as exc:
                 errors.append(exc)
                 ready.abort()
                 stop_event.set()
+
         threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
         for t in threads:
             t.start()
@@ -514,9 +590,11 @@ def aio_throughput(target: str, fname: str, args, kwargs, in_flight: int, durati
                     start = time.perf_counter()
                     await fn(*args, **kwargs)
                     times.append(time.perf_counter() - start)
+
             await asyncio.gather(*(worker() for _ in range(in_flight)))
             elapsed = time.perf_counter() - begin
             return _cell(len(times), elapsed, cpu_seconds(pid) - cpu0, times)
+
     return asyncio.run(run())
 
 
@@ -529,15 +607,18 @@ def throughput_workloads(target: str, echo_ports: dict, op_name: str):
     small_request = _request_bytes(fname, small_args, small_kwargs)
     workloads = []
     for kind in ("sync", "aio"):
+
         def echo_call(port=echo_ports[kind]):
             channel, echo = _echo_channel(port)
             return (lambda: echo(small_request)), channel.close
+
         workloads.append((f"{kind} echo 64 KB", kind, echo_call))
 
     def op_call():
         c = tensorops.Client(target, max_message_bytes=MAX_MESSAGE)
         fn = getattr(c, fname)
         return (lambda: fn(*small_args, **small_kwargs)), c.close
+
     workloads.append((f"{op_name} 64 KB", "tensorops", op_call))
 
     heavy = heavy_workload(target)
@@ -546,8 +627,7 @@ def throughput_workloads(target: str, echo_ports: dict, op_name: str):
     return workloads
 
 
-def throughput_run(target: str, echo_ports: dict, pids: dict, op_name: str, client_counts,
-                   duration: float) -> dict:
+def throughput_run(target: str, echo_ports: dict, pids: dict, op_name: str, client_counts, duration: float) -> dict:
     """{(workload label, clients): Cell}; clients is 'aio' for the asyncio client row."""
     fname, _, build = OPERATIONS[op_name]
     results = {}
@@ -556,19 +636,24 @@ def throughput_run(target: str, echo_ports: dict, pids: dict, op_name: str, clie
             results[label, n] = throughput(make, n, duration, pids[kind])
         if label == f"{op_name} 64 KB":
             args, kwargs = build(64 << 10)
-            results[label, "aio"] = aio_throughput(target, fname, args, kwargs, AIO_IN_FLIGHT, duration,
-                                                   pids["tensorops"])
+            results[label, "aio"] = aio_throughput(
+                target, fname, args, kwargs, AIO_IN_FLIGHT, duration, pids["tensorops"]
+            )
     return results
 
 
 def print_throughput(runs: list[dict], client_counts, duration: float, workers: int) -> None:
     n_runs = len(runs)
-    print(f"\n## Throughput at 64 KB: calls/s and server CPU, {duration:g} s per cell, median over {n_runs} "
-          f"run{'s' if n_runs > 1 else ''}; tensorops server workers = {workers}\n")
-    print("Blocking clients are threads with one channel each. Ratios are taken within a run: "
-          "'vs 1 client' to the same workload with 1 client, '/ sync echo' to the sync echo with as many "
-          f"clients (the aio client row: with {client_counts[-1]}). Server CPU is utime + stime of the "
-          "server process over the cell; 'cores' is CPU seconds per second.\n")
+    print(
+        f"\n## Throughput at 64 KB: calls/s and server CPU, {duration:g} s per cell, median over {n_runs} "
+        f"run{'s' if n_runs > 1 else ''}; tensorops server workers = {workers}\n"
+    )
+    print(
+        "Blocking clients are threads with one channel each. Ratios are taken within a run: "
+        "'vs 1 client' to the same workload with 1 client, '/ sync echo' to the sync echo with as many "
+        f"clients (the aio client row: with {client_counts[-1]}). Server CPU is utime + stime of the "
+        "server process over the cell; 'cores' is CPU seconds per second.\n"
+    )
     print("| workload | clients | calls/s | vs 1 client | / sync echo | server CPU µs/call | server CPU cores |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     sync_label = "sync echo 64 KB"
@@ -576,21 +661,18 @@ def print_throughput(runs: list[dict], client_counts, duration: float, workers: 
         for n in [c for c in list(client_counts) + ["aio"] if (label, c) in runs[0]]:
             cells = [run[label, n] for run in runs]
             ref_n = client_counts[-1] if n == "aio" else n
-
-            def med(f):
-                return statistics.median(f(run, run[label, n]) for run in runs)
-            rate = med(lambda run, c: c.rate)
-            vs_one = med(lambda run, c: c.rate / run[label, client_counts[0]].rate)
-            vs_sync = med(lambda run, c: c.rate / run[sync_label, ref_n].rate)
+            rate = statistics.median(run[label, n].rate for run in runs)
+            vs_one = statistics.median(run[label, n].rate / run[label, client_counts[0]].rate for run in runs)
+            vs_sync = statistics.median(run[label, n].rate / run[sync_label, ref_n].rate for run in runs)
             cpu = statistics.median(c.cpu_per_call for c in cells)
             cores = statistics.median(c.cpu_cores for c in cells)
             who = f"1 aio channel, {AIO_IN_FLIGHT} in flight" if n == "aio" else str(n)
-            print(f"| {label} | {who} | {rate:.0f} | {vs_one:.2f}x | {vs_sync:.2f} | {cpu * 1e6:.0f} "
-                  f"| {cores:.2f} |")
+            print(f"| {label} | {who} | {rate:.0f} | {vs_one:.2f}x | {vs_sync:.2f} | {cpu * 1e6:.0f} | {cores:.2f} |")
 
 
 def _server_workers(target: str) -> int:
     import tensorops
+
     with tensorops.Client(target) as c:
         return c.info()["workers"]
 
@@ -610,6 +692,7 @@ def heavy_workload(target: str):
             c = tensorops.Client(target, max_message_bytes=MAX_MESSAGE)
             s = c.quantized_inner_product(b, **params)
             return (lambda: s.forward(a)), (lambda: (s.close(), c.close()))
+
         return f"qip forward {m}x{k}x{n}", make
     if available(("SynetUnaryOperation32f",)):
         x = rng.standard_normal(64 << 10).astype(np.float32)
@@ -617,6 +700,7 @@ def heavy_workload(target: str):
         def make():
             c = tensorops.Client(target, max_message_bytes=MAX_MESSAGE)
             return (lambda: c.unary(x, "tanh")), c.close
+
         return "unary tanh 256 KB", make
     return None
 
@@ -624,12 +708,14 @@ def heavy_workload(target: str):
 # ---------------------------------------------------------------------------------------
 # Batching
 
+
 class SharedSession:
     """One quantized inner-product session (B 1024 x 1024 int8) on a server, opened once on
     its own client; every client thread gets its own channel forwarding to this session."""
 
     def __init__(self, target: str):
         import tensorops
+
         self.target = target
         b, params = qip_session_parameters()
         self.owner = tensorops.Client(target, max_message_bytes=MAX_MESSAGE)
@@ -642,6 +728,7 @@ class SharedSession:
 
     def make_call(self):
         import tensorops
+
         c = tensorops.Client(self.target, max_message_bytes=MAX_MESSAGE)
         # the same session (same id, same state) bound to this thread's own client and
         # channel; never closed itself: that would release the shared session
@@ -668,26 +755,39 @@ def batching_run(servers: dict, client_counts, duration: float) -> dict:
 
 def print_batching(runs: list[dict], client_counts, duration: float) -> None:
     n_runs = len(runs)
-    print(f"\n## Batching: quantized inner-product session forwards of one row (A 1 x 1024 uint8, B 1024 x 1024 "
-          f"int8), {duration:g} s per cell, median over {n_runs} run{'s' if n_runs > 1 else ''}\n")
-    print("Blocking clients are threads, each with its own tensorops.Client (channel), all forwarding to ONE "
-          "session opened once on a separate client. Batching off: a server with --max-batch-rows 1; on: the "
-          "defaults. Forwards per kernel call: mean of tensorops_forward_batch_requests (sum / count over the "
-          "cell) from the server's /metrics.\n")
-    print("| clients | batching off calls/s | batching on calls/s | on / off | off p50 ms | on p50 ms | off p99 ms "
-          "| on p99 ms | forwards per kernel call (off / on) | server CPU µs/call (off / on) |")
+    print(
+        f"\n## Batching: quantized inner-product session forwards of one row (A 1 x 1024 uint8, B 1024 x 1024 "
+        f"int8), {duration:g} s per cell, median over {n_runs} run{'s' if n_runs > 1 else ''}\n"
+    )
+    print(
+        "Blocking clients are threads, each with its own tensorops.Client (channel), all forwarding to ONE "
+        "session opened once on a separate client. Batching off: a server with --max-batch-rows 1; on: the "
+        "defaults. Forwards per kernel call: mean of tensorops_forward_batch_requests (sum / count over the "
+        "cell) from the server's /metrics.\n"
+    )
+    print(
+        "| clients | batching off calls/s | batching on calls/s | on / off | off p50 ms | on p50 ms | off p99 ms "
+        "| on p99 ms | forwards per kernel call (off / on) | server CPU µs/call (off / on) |"
+    )
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for n in client_counts:
-        def med(mode, attr):
-            return statistics.median(getattr(run[n, mode], attr) for run in runs)
+        med = {
+            (mode, attr): statistics.median(getattr(run[n, mode], attr) for run in runs)
+            for mode in ("off", "on")
+            for attr in ("rate", "p50", "p99", "batch", "cpu_per_call")
+        }
+
         ratio = statistics.median(run[n, "on"].rate / run[n, "off"].rate for run in runs)
-        print(f"| {n} | {med('off', 'rate'):.0f} | {med('on', 'rate'):.0f} | {ratio:.2f}x "
-              f"| {med('off', 'p50') * 1e3:.3f} | {med('on', 'p50') * 1e3:.3f} | {med('off', 'p99') * 1e3:.3f} "
-              f"| {med('on', 'p99') * 1e3:.3f} | {med('off', 'batch'):.2f} / {med('on', 'batch'):.2f} "
-              f"| {med('off', 'cpu_per_call') * 1e6:.0f} / {med('on', 'cpu_per_call') * 1e6:.0f} |")
+        print(
+            f"| {n} | {med['off', 'rate']:.0f} | {med['on', 'rate']:.0f} | {ratio:.2f}x "
+            f"| {med['off', 'p50'] * 1e3:.3f} | {med['on', 'p50'] * 1e3:.3f} | {med['off', 'p99'] * 1e3:.3f} "
+            f"| {med['on', 'p99'] * 1e3:.3f} | {med['off', 'batch']:.2f} / {med['on', 'batch']:.2f} "
+            f"| {med['off', 'cpu_per_call'] * 1e6:.0f} / {med['on', 'cpu_per_call'] * 1e6:.0f} |"
+        )
 
 
 # ---------------------------------------------------------------------------------------
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -696,16 +796,22 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=200, help="calls per size at 256 KB (scaled by size)")
     p.add_argument("--clients", default="1,4,16")
     p.add_argument("--duration", type=float, default=3.0, help="seconds per throughput cell")
-    p.add_argument("--runs", type=int, default=None,
-                   help="times everything is measured; each cell is the median over the runs (default 3, 1 with "
-                        "--quick)")
+    p.add_argument(
+        "--runs",
+        type=int,
+        default=None,
+        help="times everything is measured; each cell is the median over the runs (default 3, 1 with --quick)",
+    )
     p.add_argument("--only", default=",".join(PARTS), help="comma list of the parts to run: " + ", ".join(PARTS))
     p.add_argument("--workers", type=int, default=max(4, 2 * (os.cpu_count() or 1)))
     p.add_argument("--quick", action="store_true", help="few repeats, short cells, one run: to check it runs")
-    p.add_argument("--retain-freed-buffers", action="store_true",
-                   help="give this (client) process the server's malloc setting, "
-                        "tensorops.retain_freed_buffers(), for the echo and tensorops alike; by default the "
-                        "client runs as a user's would, with glibc malloc untouched")
+    p.add_argument(
+        "--retain-freed-buffers",
+        action="store_true",
+        help="give this (client) process the server's malloc setting, "
+        "tensorops.retain_freed_buffers(), for the echo and tensorops alike; by default the "
+        "client runs as a user's would, with glibc malloc untouched",
+    )
     p.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--serve-echo-aio", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -731,10 +837,13 @@ def main() -> None:
     client_counts = [int(n) for n in args.clients.split(",")]
     import tensorops
     import tensorops_native as tn
+
     retained = tensorops.retain_freed_buffers() if args.retain_freed_buffers else False
-    print(f"# tensorops RPC benchmark: ISA {tn.isa()}, {os.cpu_count()} CPUs, server workers {args.workers}, "
-          f"client malloc {'retaining freed buffers' if retained else 'default'}, {runs} "
-          f"run{'s' if runs > 1 else ''}")
+    print(
+        f"# tensorops RPC benchmark: ISA {tn.isa()}, {os.cpu_count()} CPUs, server workers {args.workers}, "
+        f"client malloc {'retaining freed buffers' if retained else 'default'}, {runs} "
+        f"run{'s' if runs > 1 else ''}"
+    )
     if "kserve" in parts and (not kserve_available() or "x" not in _arg_names(fname)):
         print("\n(kserve: needs tritonclient[grpc] and an operation with input x, skipped)")
         parts.remove("kserve")
@@ -751,8 +860,9 @@ def main() -> None:
             for kind in ("sync", "aio"):
                 proc, echo_ports[kind] = start_echo(procs, args.workers, aio=kind == "aio")
                 pids[kind] = proc.pid
-            proc, port, _ = start_tensorops_server(procs, args.workers, "--allow-shared-memory", "true",
-                                                   "--shared-memory-prefix", "tensorops_bench_")
+            proc, port, _ = start_tensorops_server(
+                procs, args.workers, "--allow-shared-memory", "true", "--shared-memory-prefix", "tensorops_bench_"
+            )
             pids["tensorops"] = proc.pid
             target = f"127.0.0.1:{port}"
         batching_servers = {}
@@ -770,8 +880,9 @@ def main() -> None:
                 if part == "latency":
                     results[part].append(latency_run(target, echo_ports, args.op, sizes, args.repeat))
                 elif part == "throughput":
-                    results[part].append(throughput_run(target, echo_ports, pids, args.op, client_counts,
-                                                        args.duration))
+                    results[part].append(
+                        throughput_run(target, echo_ports, pids, args.op, client_counts, args.duration)
+                    )
                 elif part == "kserve":
                     results[part].append(kserve_run(target, echo_ports["sync"], args.op, sizes, args.repeat))
                 else:
@@ -788,7 +899,7 @@ def main() -> None:
         for shared in sessions:
             try:
                 shared.close()
-            except Exception as exc:  # noqa: BLE001 - the servers are stopped anyway
+            except Exception as exc:
                 print(f"closing a session: {exc}", file=sys.stderr)
         for proc in reversed(procs):
             stop(proc)

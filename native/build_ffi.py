@@ -10,6 +10,7 @@ TENSOROPS_SANITIZE=1 builds the extension under AddressSanitizer and UndefinedBe
 (`make test-sanitize`); the interpreter then needs the ASan runtime preloaded. Unset (the
 default), the build is unchanged.
 """
+
 import os
 import pathlib
 import re
@@ -20,8 +21,11 @@ NATIVE = pathlib.Path(__file__).resolve().parent
 HEADER = NATIVE / "include" / "tensorops.h"
 # Any UB finding aborts (no recovery), so that a test run cannot pass with one; -g gives
 # the reports file and line numbers.
-SANITIZE_FLAGS = (["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer", "-g"]
-                  if os.environ.get("TENSOROPS_SANITIZE") == "1" else [])
+SANITIZE_FLAGS = (
+    ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer", "-g"]
+    if os.environ.get("TENSOROPS_SANITIZE") == "1"
+    else []
+)
 
 
 def header_cdef(text: str) -> str:
@@ -50,7 +54,8 @@ ffibuilder.set_source(
         "-fno-math-errno",
         "-Wall",
         "-Wno-unused-function",
-    ] + SANITIZE_FLAGS,
+    ]
+    + SANITIZE_FLAGS,
     extra_link_args=SANITIZE_FLAGS,
     libraries=["m"],
 )

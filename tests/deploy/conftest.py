@@ -2,14 +2,26 @@
 test-deploy` starts a private one and sets TENSOROPS_DEPLOY_TESTS=1, under which a missing
 engine or tool is a failure, never a skip. Elsewhere (a plain `pytest tests`) they are
 skipped with that reason."""
+
 from __future__ import annotations
 
 import os
 
 import pytest
 
-from dockertools import BASE_IMAGE, DEPLOY, ENVOY_IMAGE, SERVER_IMAGE, STEPS, docker, documented, engine_problem, \
-    extra_ca_pem, require, run
+from dockertools import (
+    BASE_IMAGE,
+    DEPLOY,
+    ENVOY_IMAGE,
+    SERVER_IMAGE,
+    STEPS,
+    docker,
+    documented,
+    engine_problem,
+    extra_ca_pem,
+    require,
+    run,
+)
 
 
 @pytest.fixture(scope="session")

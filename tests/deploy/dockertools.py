@@ -1,5 +1,6 @@
 """Helpers of the container tests: the docker and docker-compose commands, the build's
 extra CA, per-replica metrics, step timings."""
+
 from __future__ import annotations
 
 import json
@@ -32,7 +33,7 @@ MAX_BUILD_ARG_BYTES = 128 * 1024
 DOC_COMMANDS = {
     "build": "docker build -f deploy/Dockerfile -t tensorops:latest .",
     "run": "docker run -d --name tensorops --read-only --tmpfs /tmp --cap-drop ALL "
-           "--security-opt no-new-privileges:true -p 127.0.0.1:50051:50051 -p 127.0.0.1:9100:9100 tensorops:latest",
+    "--security-opt no-new-privileges:true -p 127.0.0.1:50051:50051 -p 127.0.0.1:9100:9100 tensorops:latest",
     "health": "docker inspect --format '{{.State.Health.Status}}' tensorops",
     "health-cli": "docker exec tensorops tensorops-health",
     "stop": "docker stop -t 40 tensorops",
@@ -42,7 +43,7 @@ DOC_COMMANDS = {
     "compose-down": "docker-compose -f deploy/compose.yaml down",
     "kustomize": "kubectl kustomize --load-restrictor LoadRestrictionsNone deploy/k8s",
     "validate": "kubernetes-validate -k 1.33.0 --strict deploy/k8s/server-config.yaml deploy/k8s/server.yaml "
-                "deploy/k8s/balancer.yaml deploy/k8s/services.yaml deploy/k8s/autoscaling.yaml",
+    "deploy/k8s/balancer.yaml deploy/k8s/services.yaml deploy/k8s/autoscaling.yaml",
     "hadolint": "hadolint deploy/Dockerfile deploy/envoy.Dockerfile",
     "promtool": "promtool check config deploy/prometheus.yml",
 }
@@ -59,12 +60,12 @@ def documented(key: str, **replace: list[str]) -> list[str]:
 
 
 WORDS = {  # the words `documented` may replace
-    "name": "tensorops",               # the container's name
-    "grpc": "127.0.0.1:50051:50051",   # the published ports
+    "name": "tensorops",  # the container's name
+    "grpc": "127.0.0.1:50051:50051",  # the published ports
     "metrics": "127.0.0.1:9100:9100",
-    "image": "tensorops:latest",       # the image (arguments before it go to `docker run`)
-    "context": ".",                    # the build context (arguments before it go to `docker build`)
-    "tool": "",                        # placeholder, see `tool_command`
+    "image": "tensorops:latest",  # the image (arguments before it go to `docker run`)
+    "context": ".",  # the build context (arguments before it go to `docker build`)
+    "tool": "",  # placeholder, see `tool_command`
 }
 
 
@@ -110,6 +111,7 @@ class Steps:
 
             def __exit__(self, *exc):
                 steps.record(name, time.monotonic() - self.start)
+
         return _Timer()
 
 
@@ -117,11 +119,20 @@ STEPS = Steps()
 
 
 def run(*args, check=True, timeout=600, env=None, capture=True, **kwargs) -> subprocess.CompletedProcess:
-    r = subprocess.run(list(args), capture_output=capture, text=True, timeout=timeout, env=env or ENV,
-                       cwd=kwargs.pop("cwd", ROOT), **kwargs)
+    r = subprocess.run(
+        list(args),
+        capture_output=capture,
+        text=True,
+        timeout=timeout,
+        env=env or ENV,
+        cwd=kwargs.pop("cwd", ROOT),
+        **kwargs,
+    )
     if check and r.returncode != 0:
-        raise AssertionError(f"{' '.join(map(str, args))} exited with {r.returncode}:\n"
-                             f"{(r.stdout or '')[-4000:]}\n{(r.stderr or '')[-4000:]}")
+        raise AssertionError(
+            f"{' '.join(map(str, args))} exited with {r.returncode}:\n"
+            f"{(r.stdout or '')[-4000:]}\n{(r.stderr or '')[-4000:]}"
+        )
     return r
 
 
@@ -132,8 +143,14 @@ def docker(*args, **kwargs) -> subprocess.CompletedProcess:
 def compose(project: str, *args, env=None, **kwargs) -> subprocess.CompletedProcess:
     """docker-compose -f deploy/compose.yaml ARGS for the project (COMPOSE_PROJECT_NAME, so
     that the documented commands run unchanged)."""
-    return run("docker-compose", "-f", "deploy/compose.yaml", *args,
-               env=dict(ENV, COMPOSE_PROJECT_NAME=project, **(env or {})), **kwargs)
+    return run(
+        "docker-compose",
+        "-f",
+        "deploy/compose.yaml",
+        *args,
+        env=dict(ENV, COMPOSE_PROJECT_NAME=project, **(env or {})),
+        **kwargs,
+    )
 
 
 def compose_documented(project: str, key: str, env=None, **kwargs) -> subprocess.CompletedProcess:
@@ -146,15 +163,22 @@ def compose_documented(project: str, key: str, env=None, **kwargs) -> subprocess
 def engine_problem() -> str | None:
     """None when the engine answers, else why not."""
     try:
-        r = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True,
-                           text=True, timeout=30, env=ENV)
+        r = subprocess.run(
+            ["docker", "version", "--format", "{{.Server.Version}}"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=ENV,
+        )
     except FileNotFoundError:
         return "no docker command on PATH"
     except subprocess.TimeoutExpired:
         return "docker version did not answer within 30 s"
     if r.returncode != 0:
-        return f"the Docker engine does not answer (DOCKER_HOST={os.environ.get('DOCKER_HOST', '')!r}): " \
-               f"{r.stderr.strip()[-500:]}"
+        return (
+            f"the Docker engine does not answer (DOCKER_HOST={os.environ.get('DOCKER_HOST', '')!r}): "
+            f"{r.stderr.strip()[-500:]}"
+        )
     return None
 
 
@@ -178,9 +202,11 @@ def extra_ca_pem(bundle: str | None = None) -> str:
     extra = [c for c in _PEM.findall(path.read_text(errors="replace")) if "".join(c.split()) not in stock]
     text = "\n".join(extra)
     if len(text.encode()) > MAX_BUILD_ARG_BYTES:
-        raise AssertionError(f"{len(extra)} extra CA certificates from {path} make {len(text)} bytes, more than a "
-                             f"build argument holds ({MAX_BUILD_ARG_BYTES}); set TENSOROPS_BUILD_CA_FILE to a file "
-                             "with only the CA that is needed")
+        raise AssertionError(
+            f"{len(extra)} extra CA certificates from {path} make {len(text)} bytes, more than a "
+            f"build argument holds ({MAX_BUILD_ARG_BYTES}); set TENSOROPS_BUILD_CA_FILE to a file "
+            "with only the CA that is needed"
+        )
     return text
 
 
@@ -199,8 +225,10 @@ def wait_healthy(container: str, timeout: float = 90.0) -> float:
         if not state["Running"]:
             raise AssertionError(f"{container} exited ({state['ExitCode']}):\n{logs(container)}")
         if time.monotonic() - start > timeout:
-            raise AssertionError(f"{container} not healthy after {timeout} s: {status}; "
-                                 f"{json.dumps(state.get('Health'))[-1500:]}\n{logs(container)}")
+            raise AssertionError(
+                f"{container} not healthy after {timeout} s: {status}; "
+                f"{json.dumps(state.get('Health'))[-1500:]}\n{logs(container)}"
+            )
         time.sleep(0.5)
 
 
@@ -214,8 +242,9 @@ def published_port(container: str, port: int) -> int:
     return int(out.rsplit(":", 1)[1])
 
 
-GET_SCRIPT = ("import sys, urllib.request; "
-              "sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())")
+GET_SCRIPT = (
+    "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())"
+)
 
 
 def get_inside(container: str, url: str) -> str:
@@ -255,8 +284,13 @@ while time.time() < limit:
 def watch_unhealthy(balancer: str, host: str, limit: float = 20.0) -> subprocess.Popen:
     """Start watching `host` (ip:port) in the balancer; `.communicate()` gives "time flags"
     once the balancer stopped calling it healthy, nothing if it did not within `limit` s."""
-    return subprocess.Popen(["docker", "exec", balancer, "python3", "-c", UNHEALTHY_SCRIPT, host, str(limit)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    return subprocess.Popen(
+        ["docker", "exec", balancer, "python3", "-c", UNHEALTHY_SCRIPT, host, str(limit)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
 
 
 def address(container: str) -> str:

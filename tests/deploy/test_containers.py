@@ -2,6 +2,7 @@
 
 Only loopback and the containers started here receive traffic: the published ports are
 bound to 127.0.0.1."""
+
 from __future__ import annotations
 
 import re
@@ -14,11 +15,28 @@ import pytest
 
 import tensorops
 import tensorops_native as tn
-from dockertools import MAX_IMAGE_BYTES, STEPS, address, compose, compose_documented, docker, documented, envoy_stats, \
-    extra_ca_pem, inspect, logs, metric_value, metrics, published_port, run, wait_healthy, watch_unhealthy
-from rpc_server import free_port
+from dockertools import (
+    MAX_IMAGE_BYTES,
+    STEPS,
+    address,
+    compose,
+    compose_documented,
+    docker,
+    documented,
+    envoy_stats,
+    extra_ca_pem,
+    inspect,
+    logs,
+    metric_value,
+    metrics,
+    published_port,
+    run,
+    wait_healthy,
+    watch_unhealthy,
+)
 from rpc_cases import cases, qip_params, qip_problem, same
 from rpc_load import Load
+from rpc_server import free_port
 
 CALL_TIMEOUT = 30
 
@@ -27,8 +45,7 @@ def run_container(image: str, *args: str, name: str | None = None) -> str:
     """A server container started with the README's `docker run`: read-only root, tmpfs
     /tmp, ports on 127.0.0.1 only (host ports picked by Docker); `args` before the image."""
     name = name or f"tensorops-test-{uuid.uuid4().hex[:8]}"
-    run(*documented("run", name=[name], grpc=["127.0.0.1::50051"], metrics=["127.0.0.1::9100"],
-                    image=[*args, image]))
+    run(*documented("run", name=[name], grpc=["127.0.0.1::50051"], metrics=["127.0.0.1::9100"], image=[*args, image]))
     return name
 
 
@@ -40,12 +57,14 @@ def container(server_image):
         name = run_container(server_image, *args)
         started.append(name)
         return name
+
     yield start
     for name in started:
         docker("rm", "-f", name, check=False)
 
 
 # ---- the image itself
+
 
 def test_image_size(server_image):
     size = int(docker("image", "inspect", server_image, "--format", "{{.Size}}").stdout)
@@ -54,12 +73,14 @@ def test_image_size(server_image):
 
 
 def test_image_has_no_build_tools_or_build_ca(server_image):
-    script = ("for c in gcc cc c++ x86_64-linux-gnu-gcc-12 make pip pip3; do command -v $c && echo FOUND $c; done; "
-              "for p in gcc gcc-12 cpp libc6-dev python3-dev python3.11-dev libpython3.11-dev python3-pip "
-              "ca-certificates; do dpkg-query -W -f '${Status} ${Package}\\n' $p 2>/dev/null "
-              "| grep ' installed ' && echo FOUND $p; done; "
-              "ls -d /usr/include/python3* /usr/local/share/ca-certificates/* 2>/dev/null && echo FOUND headers-or-ca; "
-              "true")
+    script = (
+        "for c in gcc cc c++ x86_64-linux-gnu-gcc-12 make pip pip3; do command -v $c && echo FOUND $c; done; "
+        "for p in gcc gcc-12 cpp libc6-dev python3-dev python3.11-dev libpython3.11-dev python3-pip "
+        "ca-certificates; do dpkg-query -W -f '${Status} ${Package}\\n' $p 2>/dev/null "
+        "| grep ' installed ' && echo FOUND $p; done; "
+        "ls -d /usr/include/python3* /usr/local/share/ca-certificates/* 2>/dev/null && echo FOUND headers-or-ca; "
+        "true"
+    )
     out = docker("run", "--rm", "--entrypoint", "sh", server_image, "-c", script).stdout
     assert "FOUND" not in out, out
     ca = extra_ca_pem()
@@ -67,8 +88,21 @@ def test_image_has_no_build_tools_or_build_ca(server_image):
         marker = ca.splitlines()[1]
         history = docker("history", "--no-trunc", server_image).stdout
         assert marker not in history and "EXTRA_CA_CERT" not in history
-        r = docker("run", "--rm", "--user", "0", "--entrypoint", "grep", server_image, "-rlF", marker,
-                   "/etc", "/usr/local", "/opt", check=False)
+        r = docker(
+            "run",
+            "--rm",
+            "--user",
+            "0",
+            "--entrypoint",
+            "grep",
+            server_image,
+            "-rlF",
+            marker,
+            "/etc",
+            "/usr/local",
+            "/opt",
+            check=False,
+        )
         assert r.returncode == 1 and not r.stdout, r.stdout
 
 
@@ -103,6 +137,7 @@ def test_user_is_not_root(server_image, container):
 
 # ---- one container
 
+
 def test_healthcheck_and_bit_exact_results(container):
     name = container()
     with STEPS.timed("single container: healthy"):
@@ -121,6 +156,7 @@ def test_healthcheck_and_bit_exact_results(container):
     assert info["isa"] == tn.isa()  # the same CPU: the same kernels picked at run time
     # The metrics endpoint is published too (TENSOROPS_METRICS_HOST=0.0.0.0 in the image).
     import urllib.request
+
     with urllib.request.urlopen(f"http://127.0.0.1:{published_port(name, 9100)}/metrics", timeout=10) as r:
         text = r.read().decode()
     assert metric_value(text, "tensorops_request_duration_seconds_count", operation="softmax") >= 1
@@ -158,10 +194,11 @@ def test_docker_stop_during_calls_loses_none(container):
                 began = time.monotonic()
                 try:
                     got = c.layer_norm_channels(x, scale, shift, format="nhwc")
-                except Exception as exc:  # noqa: BLE001 - every failure is reported
+                except Exception as exc:
                     failures.append(repr(exc))
                     return
                 done.append((time.monotonic(), time.monotonic() - began, same(expected, got)))
+
     threads = [threading.Thread(target=caller) for _ in range(4)]
     for t in threads:
         t.start()
@@ -179,8 +216,10 @@ def test_docker_stop_during_calls_loses_none(container):
     assert all(ok for _, _, ok in done)
     after = sum(1 for t, _, _ in done if t > stopping)
     worst = max(seconds for _, seconds, _ in done)
-    STEPS.note(f"docker stop during calls (4 threads of 8 MiB calls, no client retry): {len(done)} calls, "
-               f"0 failed, all exact; {after} completed after the stop began; worst latency {worst * 1000:.0f} ms")
+    STEPS.note(
+        f"docker stop during calls (4 threads of 8 MiB calls, no client retry): {len(done)} calls, "
+        f"0 failed, all exact; {after} completed after the stop began; worst latency {worst * 1000:.0f} ms"
+    )
     assert after >= 1  # calls were in flight when SIGTERM came
     state = inspect(name)["State"]
     assert state["ExitCode"] == 0, logs(name)  # drained and exited, not killed
@@ -252,6 +291,7 @@ def test_compose_runs_with_the_memory_limits_of_the_file(stack):
     """The limits and tmpfs sizes that test_memory_limits.py checks against the caps are the
     ones the engine applies (docker-compose 1.29 honours mem_limit and tmpfs options)."""
     from test_memory_limits import compose_services, quantity
+
     services = compose_services()
     for service in (*REPLICAS, "balancer"):
         host = inspect(stack.container(service))["HostConfig"]
@@ -318,8 +358,10 @@ def test_lost_replica_under_load(stack):
     qip = qip_problem(21, m=5, k=64, n=32)
     balancer = stack.container("balancer")
     before = envoy_stats(balancer)
-    with Load(stack.target, threads=3, rate=40, max_attempts=1) as load, \
-            Load(stack.target, threads=3, rate=20, session=qip) as sessions:
+    with (
+        Load(stack.target, threads=3, rate=40, max_attempts=1) as load,
+        Load(stack.target, threads=3, rate=20, session=qip) as sessions,
+    ):
         load.wait_opened()
         sessions.wait_opened()
         time.sleep(1.0)
@@ -334,17 +376,30 @@ def test_lost_replica_under_load(stack):
             seen = watcher.communicate(timeout=60)[0].split()
             time.sleep(max(0.0, killed + 5 - time.time()))  # and the load goes on
     after = envoy_stats(balancer)
-    delta = {k: after.get(k, 0) - before.get(k, 0) for k in
-             ("upstream_rq_retry", "upstream_rq_retry_success", "upstream_cx_connect_fail",
-              "outlier_detection.ejections_enforced_total", "health_check.failure")}
-    noticed = (f"at most {float(seen[0]) - killed:.2f} s after `docker kill` began ({seen[1]}; the command "
-               f"took {delivered - killed:.2f} s)" if seen else "not seen within 20 s")
+    delta = {
+        k: after.get(k, 0) - before.get(k, 0)
+        for k in (
+            "upstream_rq_retry",
+            "upstream_rq_retry_success",
+            "upstream_cx_connect_fail",
+            "outlier_detection.ejections_enforced_total",
+            "health_check.failure",
+        )
+    }
+    noticed = (
+        f"at most {float(seen[0]) - killed:.2f} s after `docker kill` began ({seen[1]}; the command "
+        f"took {delivered - killed:.2f} s)"
+        if seen
+        else "not seen within 20 s"
+    )
     worst = max(load.latencies + sessions.latencies)
-    STEPS.note(f"lost replica: docker kill of {victim} holding {int(held[victim])} of {int(sum(held.values()))} "
-               f"sessions; stateless {load.summary()}; sessions {sessions.summary()}, re-created "
-               f"{sum(sessions.recreated)} time(s); out of the balancer {noticed}; worst latency "
-               f"{worst * 1000:.0f} ms; Envoy retried {delta['upstream_rq_retry']} call(s) "
-               f"({delta['upstream_rq_retry_success']} succeeded); Envoy: {delta}")
+    STEPS.note(
+        f"lost replica: docker kill of {victim} holding {int(held[victim])} of {int(sum(held.values()))} "
+        f"sessions; stateless {load.summary()}; sessions {sessions.summary()}, re-created "
+        f"{sum(sessions.recreated)} time(s); out of the balancer {noticed}; worst latency "
+        f"{worst * 1000:.0f} ms; Envoy retried {delta['upstream_rq_retry']} call(s) "
+        f"({delta['upstream_rq_retry_success']} succeeded); Envoy: {delta}"
+    )
     assert load.failures == [] and load.wrong == 0, load.failures[:5]
     assert sessions.failures == [] and sessions.wrong == 0, sessions.failures[:5]
     assert load.calls > 0 and sessions.calls > 0

@@ -2,6 +2,7 @@
 (strict: no unknown field), the kustomize build, the manifests' consistency with the image
 and the server's settings, the Prometheus configuration (promtool), the compose file's
 shape, the Dockerfiles (hadolint) and the native build flags."""
+
 from __future__ import annotations
 
 import os
@@ -46,8 +47,9 @@ def documents(path: Path) -> list[dict]:
 
 def built() -> list[dict]:
     """`kubectl kustomize` of deploy/k8s, exactly as the docs apply it."""
-    out = subprocess.run(tool_command("kustomize", tool("kubectl")), cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        tool_command("kustomize", tool("kubectl")), cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
@@ -192,6 +194,7 @@ def test_server_settings_are_known_flags():
     """Every TENSOROPS_* the ConfigMap sets is a setting of this server (a typo would be
     silently ignored), except settings of the balancer work not merged here yet."""
     from tensorops_server import config
+
     known = {config.env_name(f.name) for f in config.fields(config.Config)}
     pending = {"TENSOROPS_DRAIN_DELAY", "TENSOROPS_MAX_CONNECTION_AGE", "TENSOROPS_INSTANCE_NAME"} - known
     unknown = set(server_settings()) - known - pending

@@ -16,6 +16,7 @@ flow-control window each way)) and its heap cap (the overload manager sheds stre
 refuses requests below it) + memory-backed volumes + ENVOY_OVERHEAD.
 
 docs/deploy-containers.md ("Memory limits") explains the numbers."""
+
 from __future__ import annotations
 
 import re
@@ -44,7 +45,7 @@ ENVOY_WORKERS = 2
 # cache of its files).
 HEADROOM = 1.2
 
-_UNITS = {"": 1, "k": 1000, "m": 1000 ** 2, "g": 1000 ** 3, "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30}
+_UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30}
 
 
 def quantity(text: str | int, docker: bool = False) -> int:
@@ -71,6 +72,7 @@ def image_environment() -> dict[str, str]:
 
 def server_config(environment: dict[str, str], args: list[str]):
     from tensorops_server import config
+
     return config.load(args, {**image_environment(), **environment})
 
 
@@ -88,8 +90,9 @@ def server_worst_case(cfg, memory_volumes: int) -> dict[str, int]:
 
 def envoy_config() -> dict:
     """deploy/envoy.yaml as Envoy loads it (rendered with its defaults)."""
-    out = subprocess.run([sys.executable, str(DEPLOY / "render-envoy.py"), "-o", "-"], capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, str(DEPLOY / "render-envoy.py"), "-o", "-"], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     return yaml.safe_load(out.stdout)
 
@@ -106,7 +109,8 @@ def envoy_worst_case(memory_volumes: int, args: list[str]) -> dict[str, int]:
         trigger = actions[f"envoy.overload_actions.{name}"]
         assert trigger["name"] == "envoy.resource_monitors.fixed_heap", name
         assert (trigger.get("threshold") or trigger["scaled"])[
-            "value" if "threshold" in trigger else "saturation_threshold"] < 1, name
+            "value" if "threshold" in trigger else "saturation_threshold"
+        ] < 1, name
     # what the buffers may hold: every stream the cluster admits (active and pending) with
     # its retry buffer and a full flow-control window each way
     (listener,) = cfg["static_resources"]["listeners"]
@@ -120,8 +124,7 @@ def envoy_worst_case(memory_volumes: int, args: list[str]) -> dict[str, int]:
     # one stream alone stays below the point where the largest streams are reset
     reset_at = actions["envoy.overload_actions.reset_high_memory_stream"]["scaled"]["scaling_threshold"]
     assert per_stream < reset_at * heap_cap
-    return {"buffers or heap cap": min(buffers, heap_cap), "memory volumes": memory_volumes,
-            "overhead": ENVOY_OVERHEAD}
+    return {"buffers or heap cap": min(buffers, heap_cap), "memory volumes": memory_volumes, "overhead": ENVOY_OVERHEAD}
 
 
 def check(container: Container, parts: dict[str, int]) -> None:
@@ -129,14 +132,21 @@ def check(container: Container, parts: dict[str, int]) -> None:
     detail = ", ".join(f"{k} {v / MiB:.0f} MiB" for k, v in parts.items())
     assert container.limit >= need, (
         f"{container.where}: memory limit {container.limit / MiB:.0f} MiB is below the worst case "
-        f"{need / MiB:.0f} MiB ({detail}, x{HEADROOM} headroom)")
+        f"{need / MiB:.0f} MiB ({detail}, x{HEADROOM} headroom)"
+    )
 
 
 # ---- Kubernetes
 
+
 def k8s_documents() -> list[dict]:
-    return [d for p in sorted(K8S.glob("*.yaml")) if p.name != "kustomization.yaml"
-            for d in yaml.safe_load_all(p.read_text()) if d]
+    return [
+        d
+        for p in sorted(K8S.glob("*.yaml"))
+        if p.name != "kustomization.yaml"
+        for d in yaml.safe_load_all(p.read_text())
+        if d
+    ]
 
 
 def k8s_containers(image: str):
@@ -154,12 +164,19 @@ def k8s_containers(image: str):
             for source in c.get("envFrom", []):
                 environment.update(config_maps[source["configMapRef"]["name"]])
             environment.update({e["name"]: e["value"] for e in c.get("env", []) if "value" in e})
-            memory_volumes = sum(quantity(volumes[m["name"]]["emptyDir"]["sizeLimit"])
-                                 for m in c.get("volumeMounts", [])
-                                 if volumes[m["name"]].get("emptyDir", {}).get("medium") == "Memory")
+            memory_volumes = sum(
+                quantity(volumes[m["name"]]["emptyDir"]["sizeLimit"])
+                for m in c.get("volumeMounts", [])
+                if volumes[m["name"]].get("emptyDir", {}).get("medium") == "Memory"
+            )
             limit = quantity(c["resources"]["limits"]["memory"])
-            found.append((Container(f"deploy/k8s {dep['metadata']['name']}/{c['name']}", limit, memory_volumes),
-                          environment, c.get("args", [])))
+            found.append(
+                (
+                    Container(f"deploy/k8s {dep['metadata']['name']}/{c['name']}", limit, memory_volumes),
+                    environment,
+                    c.get("args", []),
+                )
+            )
     assert found, f"no container runs {image}"
     return found
 
@@ -178,8 +195,13 @@ def test_k8s_server_limit_holds_its_caps():
     for container, environment, args in k8s_containers("tensorops"):
         cfg = server_config(environment, args)
         # the caps are the manifests' own choice, not defaults that may change
-        for name in ("TENSOROPS_MAX_INFLIGHT_BYTES", "TENSOROPS_MAX_PENDING_REQUESTS", "TENSOROPS_MAX_MESSAGE_BYTES",
-                     "TENSOROPS_MAX_SESSION_BYTES", "TENSOROPS_ALLOW_SHARED_MEMORY"):
+        for name in (
+            "TENSOROPS_MAX_INFLIGHT_BYTES",
+            "TENSOROPS_MAX_PENDING_REQUESTS",
+            "TENSOROPS_MAX_MESSAGE_BYTES",
+            "TENSOROPS_MAX_SESSION_BYTES",
+            "TENSOROPS_ALLOW_SHARED_MEMORY",
+        ):
             assert name in environment, f"{container.where}: {name} is not set"
         check(container, server_worst_case(cfg, container.memory_volumes))
 
@@ -190,6 +212,7 @@ def test_k8s_balancer_limit_holds_its_buffers():
 
 
 # ---- compose
+
 
 def compose_services() -> dict[str, dict]:
     return yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]
@@ -212,8 +235,9 @@ def test_compose_server_limit_holds_its_caps(name):
     environment = {k: str(v) for k, v in service["environment"].items()}
     for setting in ("TENSOROPS_MAX_INFLIGHT_BYTES", "TENSOROPS_MAX_PENDING_REQUESTS", "TENSOROPS_MAX_SESSION_BYTES"):
         assert setting in environment, f"{container.where}: {setting} is not set"
-    check(container, server_worst_case(server_config(environment, service.get("command", [])),
-                                       container.memory_volumes))
+    check(
+        container, server_worst_case(server_config(environment, service.get("command", [])), container.memory_volumes)
+    )
 
 
 def test_compose_balancer_limit_holds_its_buffers():
@@ -223,6 +247,7 @@ def test_compose_balancer_limit_holds_its_buffers():
 
 
 # ---- the checks themselves
+
 
 def test_a_limit_below_the_caps_is_caught():
     """The defaults (1 GiB in flight, 65 x 64 MiB arriving, 1 GiB of sessions) in the 2 GiB
@@ -235,7 +260,7 @@ def test_a_limit_below_the_caps_is_caught():
 
 
 def test_quantities():
-    assert quantity("2Gi") == 2 << 30 and quantity("512Mi") == 512 << 20 and quantity("1G") == 10 ** 9
+    assert quantity("2Gi") == 2 << 30 and quantity("512Mi") == 512 << 20 and quantity("1G") == 10**9
     assert quantity("2g", docker=True) == 2 << 30 and quantity("64m", docker=True) == 64 << 20
     assert quantity("300", docker=True) == 300
 
@@ -243,8 +268,12 @@ def test_quantities():
 def test_metrics_are_reachable_by_prometheus():
     """The server binds its metrics to loopback unless told otherwise: every server
     container is told to listen on all its interfaces, on the port Prometheus scrapes."""
-    scraped = {t.rsplit(":", 1)[1] for job in yaml.safe_load((DEPLOY / "prometheus.yml").read_text())["scrape_configs"]
-               for sc in job["static_configs"] for t in sc["targets"]}
+    scraped = {
+        t.rsplit(":", 1)[1]
+        for job in yaml.safe_load((DEPLOY / "prometheus.yml").read_text())["scrape_configs"]
+        for sc in job["static_configs"]
+        for t in sc["targets"]
+    }
     for container, environment, args in k8s_containers("tensorops"):
         cfg = server_config(environment, args)
         assert (cfg.metrics_host, cfg.metrics_port) == ("0.0.0.0", 9100), container.where

@@ -1,6 +1,7 @@
 """`make test-deploy` is never skipped silently: without an engine the container tests fail
 with the reason, and the engine script refuses to run, saying why, when it cannot start the
 engine. Outside `make test-deploy` the same tests are skipped with the reason."""
+
 from __future__ import annotations
 
 import os
@@ -17,9 +18,23 @@ def pytest_without_engine(tmp_path, required: bool) -> subprocess.CompletedProce
     env.pop("TENSOROPS_DEPLOY_TESTS", None)
     if required:
         env["TENSOROPS_DEPLOY_TESTS"] = "1"
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider",
-                           "tests/deploy/test_containers.py::test_image_size"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-rfEs",
+            "-p",
+            "no:cacheprovider",
+            "tests/deploy/test_containers.py::test_image_size",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_container_tests_fail_without_an_engine_under_make_test_deploy(tmp_path):
@@ -42,12 +57,19 @@ def test_engine_script_fails_with_the_reason_without_root(tmp_path):
     nothing of an engine that may be running (its own socket and state are elsewhere).
     The script reaches that user's shell on its standard input, opened here: the checkout
     may lie in a directory only its owner can enter (a home directory, `mktemp -d`)."""
-    env = dict(os.environ, TENSOROPS_DOCKER_SOCK=str(tmp_path / "engine.sock"),
-               TENSOROPS_DOCKER_ROOT=str(tmp_path / "root"))
+    env = dict(
+        os.environ, TENSOROPS_DOCKER_SOCK=str(tmp_path / "engine.sock"), TENSOROPS_DOCKER_ROOT=str(tmp_path / "root")
+    )
     with ENGINE_SCRIPT.open("rb") as script:
-        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "bash", "-s",
-                            "run", "true"], stdin=script, cwd="/", env=env, capture_output=True, text=True,
-                           timeout=60)
+        r = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "bash", "-s", "run", "true"],
+            stdin=script,
+            cwd="/",
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert r.returncode == 1, r.stderr
     assert "ERROR: the engine needs root (dockerd), running as uid 65534" in r.stderr, r.stderr
     assert not (tmp_path / "root").exists()

@@ -16,6 +16,7 @@ exception other than WireError from the codec.
 
 docs/security-testing.md has more.
 """
+
 import hashlib
 import pathlib
 import shlex
@@ -28,9 +29,9 @@ import atheris
 with atheris.instrument_imports(include=["tensorops"]):
     from tensorops.protocol import codec
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from wire_cases import CASES, CODECS, MESSAGE_CLASSES, check, encode  # noqa: E402
+from wire_cases import CASES, CODECS, MESSAGE_CLASSES, check, encode
 
 
 def test_one_input(data: bytes) -> None:
@@ -45,8 +46,10 @@ def seeds():
         yield bytes([MESSAGE_CLASSES.index(cls)]) + raw
     for index, cls in enumerate(MESSAGE_CLASSES):
         message_codec = CODECS[cls]
-        tensors = {name: codec.encode_tensor(np.arange(6, dtype=np.float32).reshape(2, 3), name, 1)
-                   for name in message_codec.numbers}
+        tensors = {
+            name: codec.encode_tensor(np.arange(6, dtype=np.float32).reshape(2, 3), name, 1)
+            for name in message_codec.numbers
+        }
         tensors.update({name: [tensors[name]] * 2 for name in message_codec.repeated})
         for in_place in (False, True):
             yield bytes([index]) + encode(message_codec, cls(), tensors, in_place=in_place)
