@@ -15,7 +15,7 @@ import math
 import numbers
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Generic, Literal, TypeAlias, TypeVar, cast, overload
+from typing import Any, Generic, Literal, TypeAlias, TypeVar, cast, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -32,9 +32,12 @@ UnaryOp: TypeAlias = Literal["abs", "ceil", "cos", "erf", "exp", "floor", "log",
 ActivationName: TypeAlias = Literal["identity", "linear", "relu", "leaky_relu", "parametric_softplus", "elu", "celu",
                                     "scaled_elu", "sigmoid", "hard_sigmoid", "tanh", "scaled_tanh", "softplus",
                                     "softsign", "thresholded_relu", "shrink", "gelu"]
+# Numbers: Python's or NumPy's scalars.
+Real: TypeAlias = "float | np.floating[Any] | np.integer[Any]"
+Integer: TypeAlias = "int | np.integer[Any]"
 # normalize's fused activation: a name, or (name, *parameters) with at most two parameters.
-Activation: TypeAlias = ActivationName | tuple[ActivationName] | tuple[ActivationName, float] | \
-    tuple[ActivationName, float, float]
+Activation: TypeAlias = ActivationName | tuple[ActivationName] | tuple[ActivationName, Real] | \
+    tuple[ActivationName, Real, Real]
 Algorithm: TypeAlias = Literal["scalar", "avx2", "avx2-vnni", "avx512-vnni", "amx"]
 ComputeDType: TypeAlias = "Literal['float32'] | type[np.float32] | np.dtype[np.float32]"
 
@@ -213,14 +216,14 @@ class Operations(Generic[F32, Floats, Pair, U8, Session]):
         checked_timeout, checked_metadata = self._begin(timeout, metadata)
         return self._open_session(arguments, checked_timeout, checked_metadata)
 
-    def normalize_l2(self, x: Float32Input, scale: Values, *, eps: float = 1e-10, across_spatial: bool = False,
+    def normalize_l2(self, x: Float32Input, scale: Values, *, eps: Real = 1e-10, across_spatial: bool = False,
                      format: Format = "nchw", out: Float32Input | None = None, timeout: Timeout = None,
                      metadata: Metadata = None) -> F32:
         """L2 normalization with per-channel scale (SimdSynetNormalizeLayerForward)."""
         return cast(F32, self._call_into("normalize_l2", dict(x=x, scale=scale, eps=eps, across_spatial=across_spatial,
                                                               format=format), out, timeout, metadata))
 
-    def layer_norm_channels(self, x: FloatInput, scale: Values, shift: Values, *, eps: float = 1e-5,
+    def layer_norm_channels(self, x: FloatInput, scale: Values, shift: Values, *, eps: Real = 1e-5,
                             format: Format = "nchw", out: FloatInput | None = None, timeout: Timeout = None,
                             metadata: Metadata = None) -> Floats:
         """Layer normalization across channels (SimdSynetNormalizeLayerForwardV2; 16bV2 for
@@ -228,14 +231,14 @@ class Operations(Generic[F32, Floats, Pair, U8, Session]):
         return cast(Floats, self._call_into("layer_norm_channels", dict(x=x, scale=scale, shift=shift, eps=eps,
                                                                         format=format), out, timeout, metadata))
 
-    def layer_norm_spatial(self, x: Float32Input, scale: Values, shift: Values, *, eps: float = 1e-5,
+    def layer_norm_spatial(self, x: Float32Input, scale: Values, shift: Values, *, eps: Real = 1e-5,
                            format: Format = "nchw", out: Float32Input | None = None, timeout: Timeout = None,
                            metadata: Metadata = None) -> F32:
         """Layer normalization across spatial positions (SimdSynetNormalizeLayerForwardV3)."""
         return cast(F32, self._call_into("layer_norm_spatial", dict(x=x, scale=scale, shift=shift, eps=eps,
                                                                     format=format), out, timeout, metadata))
 
-    def channel_norm(self, x: Float32Input, scale: Values, shift: Values, *, eps: float = 1e-5,
+    def channel_norm(self, x: Float32Input, scale: Values, shift: Values, *, eps: Real = 1e-5,
                      format: Format = "nchw", out: Float32Input | None = None, timeout: Timeout = None,
                      metadata: Metadata = None) -> F32:
         """Channel-norm scaling (SimdSynetNormalizeLayerForwardV4)."""
@@ -255,19 +258,19 @@ class Operations(Generic[F32, Floats, Pair, U8, Session]):
         return cast(F32, self._call_into("eltwise", dict(inputs=inputs, op=op, weights=weights), out, timeout,
                                          metadata))
 
-    def lrn_cross_channels(self, x: Float32Input, half: int, k: Values, *, format: Format = "nchw",
+    def lrn_cross_channels(self, x: Float32Input, half: Integer, k: Values, *, format: Format = "nchw",
                            out: Float32Input | None = None, timeout: Timeout = None, metadata: Metadata = None) -> F32:
         """Local response normalization across channels (SimdSynetLrnLayerCrossChannels)."""
         return cast(F32, self._call_into("lrn_cross_channels", dict(x=x, half=half, k=k, format=format), out,
                                          timeout, metadata))
 
     def shuffle(self, x0: Float32Input, x1: Float32Input, *, type: ShuffleType | int, format: Format = "nchw",
-                channels: Sequence[int] | None = None, timeout: Timeout = None, metadata: Metadata = None) -> Pair:
+                channels: Sequence[Integer] | None = None, timeout: Timeout = None, metadata: Metadata = None) -> Pair:
         """Channel shuffle of two tensors (SimdSynetShuffleLayerForward); returns (y0, y1)."""
         return cast(Pair, self._call_into("shuffle", dict(x0=x0, x1=x1, type=type, format=format, channels=channels),
                                           None, timeout, metadata))
 
-    def softmax(self, x: FloatInput, axis: int = -1, *, out: FloatInput | None = None, timeout: Timeout = None,
+    def softmax(self, x: FloatInput, axis: Integer = -1, *, out: FloatInput | None = None, timeout: Timeout = None,
                 metadata: Metadata = None) -> Floats:
         """Softmax along `axis` (SimdSynetSoftmax32f, Softmax16b for BF16 x)."""
         return cast(Floats, self._call_into("softmax", dict(x=x, axis=axis), out, timeout, metadata))
@@ -284,9 +287,10 @@ class Operations(Generic[F32, Floats, Pair, U8, Session]):
         return cast(F32, self._call_into("unary", dict(x=x, op=op), out, timeout, metadata))
 
     def normalize(self, x: FloatInput, scale: Values | None = None, bias: Values | None = None, *,
-                  axes: int | Sequence[int], num_groups: int = 1, eps: float = 1e-5, normalize_variance: bool = True,
-                  activation: Activation | None = None, compute_dtype: ComputeDType | None = None,
-                  out: FloatInput | None = None, timeout: Timeout = None, metadata: Metadata = None) -> Floats:
+                  axes: Integer | Sequence[Integer], num_groups: Integer = 1, eps: Real = 1e-5,
+                  normalize_variance: bool = True, activation: Activation | None = None,
+                  compute_dtype: ComputeDType | None = None, out: FloatInput | None = None, timeout: Timeout = None,
+                  metadata: Metadata = None) -> Floats:
         """Generic normalization (TensorRT INormalization, DirectML MVN1): mean and variance
         over `axes` (indices or a TensorRT bitmask), optional groups, scale, bias and fused
         activation; FP32, FP16 or BF16 x."""
@@ -297,20 +301,20 @@ class Operations(Generic[F32, Floats, Pair, U8, Session]):
                                             out, timeout, metadata))
 
     @overload
-    def quantized_inner_product(self, b: Int8Input, /, *, b_scale: Values, a_scale: float, a_zero: int,
-                                c_scale: float, c_zero: int, bias: Values | None = None, trans_b: bool = False,
-                                max_m: int | None = None, algorithm: Algorithm | None = None,
+    def quantized_inner_product(self, b: Int8Input, /, *, b_scale: Values, a_scale: Real, a_zero: Integer,
+                                c_scale: Real, c_zero: Integer, bias: Values | None = None, trans_b: bool = False,
+                                max_m: Integer | None = None, algorithm: Algorithm | None = None,
                                 timeout: Timeout = None, metadata: Metadata = None) -> Session: ...
 
     @overload
-    def quantized_inner_product(self, a: UInt8Input, b: Int8Input, /, *, b_scale: Values, a_scale: float,
-                                a_zero: int, c_scale: float, c_zero: int, bias: Values | None = None,
+    def quantized_inner_product(self, a: UInt8Input, b: Int8Input, /, *, b_scale: Values, a_scale: Real,
+                                a_zero: Integer, c_scale: Real, c_zero: Integer, bias: Values | None = None,
                                 trans_b: bool = False, max_m: None = None, algorithm: Algorithm | None = None,
                                 timeout: Timeout = None, metadata: Metadata = None) -> U8: ...
 
-    def quantized_inner_product(self, *arrays: UInt8Input | Int8Input, b_scale: Values, a_scale: float,
-                                a_zero: int, c_scale: float, c_zero: int, bias: Values | None = None,
-                                trans_b: bool = False, max_m: int | None = None, algorithm: Algorithm | None = None,
+    def quantized_inner_product(self, *arrays: UInt8Input | Int8Input, b_scale: Values, a_scale: Real,
+                                a_zero: Integer, c_scale: Real, c_zero: Integer, bias: Values | None = None,
+                                trans_b: bool = False, max_m: Integer | None = None, algorithm: Algorithm | None = None,
                                 timeout: Timeout = None, metadata: Metadata = None) -> Session | U8:
         """UINT8 x INT8 -> UINT8 matrix product with requantization
         (SimdSynetQuantizedInnerProduct*).
@@ -333,8 +337,8 @@ class Operations(Generic[F32, Floats, Pair, U8, Session]):
             return self._session(dict(b=arrays[0], max_m=max_m, **params), timeout, metadata)
         raise TypeError(f"quantized_inner_product() takes b (a session) or a, b (one call), got {len(arrays)} arrays")
 
-    def QuantizedInnerProduct(self, b: Int8Input, *, b_scale: Values, a_scale: float, a_zero: int, c_scale: float,
-                              c_zero: int, bias: Values | None = None, trans_b: bool = False, max_m: int = 1,
+    def QuantizedInnerProduct(self, b: Int8Input, *, b_scale: Values, a_scale: Real, a_zero: Integer, c_scale: Real,
+                              c_zero: Integer, bias: Values | None = None, trans_b: bool = False, max_m: Integer = 1,
                               algorithm: Algorithm | None = None, timeout: Timeout = None,
                               metadata: Metadata = None) -> Session:
         """A quantized inner-product session for a constant B (as
