@@ -9,7 +9,7 @@ import os
 import secrets
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Self, TypedDict, TypeVar, Union, cast, overload
+from typing import Any, Literal, Self, TypedDict, TypeVar, Union, Unpack, cast, overload
 
 import grpc
 import grpc.aio
@@ -40,10 +40,11 @@ _OTHER_ADDRESS_SCHEMES = ("unix:", "unix-abstract:", "vsock:", "xds:", "google-c
 SESSION_KEY_HEADER = "x-tensorops-session-key"
 
 # The client-side load-balancing policies a Client accepts (gRPC names).
-LOAD_BALANCING_POLICIES = ("round_robin", "pick_first")
+LoadBalancing = Literal["round_robin", "pick_first"]
+LOAD_BALANCING_POLICIES: tuple[LoadBalancing, ...] = ("round_robin", "pick_first")
 
 
-def default_load_balancing(target: str) -> str:
+def default_load_balancing(target: str) -> LoadBalancing:
     """round_robin for a target that names several servers: a list of addresses
     ("ipv4:a:p,b:p") or an explicit DNS name ("dns:///name:port", whose name may resolve to
     many); pick_first otherwise. pick_first reconnects at the next call after a lone server
@@ -291,7 +292,7 @@ class ClientBase(Operations[F32, Floats, Pair, U8, Session]):
                  server_name_override: str | None = None, token: str | None = None,
                  allow_insecure_token: bool = False,
                  max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES, max_attempts: int = 4,
-                 options: ChannelOptions = (), load_balancing: str | None = None):
+                 options: ChannelOptions = (), load_balancing: LoadBalancing | None = None):
         self.target = target = normalize_target(target)
         self.timeout = check_timeout(timeout)
         self._credentials = channel_credentials(credentials, root_certificates, certificate_chain, private_key)
@@ -373,6 +374,24 @@ class ClientBase(Operations[F32, Floats, Pair, U8, Session]):
         return None if self._shared is None else self._shared.off_reason
 
 
+class ClientOptions(TypedDict, total=False):
+    """The keyword arguments of ClientBase, as Client and tensorops.aio.Client pass them on
+    (described on ClientBase; a test holds the two lists together)."""
+    timeout: float | None
+    metadata: Metadata
+    credentials: grpc.ChannelCredentials | None
+    root_certificates: PEM | None
+    certificate_chain: PEM | None
+    private_key: PEM | None
+    server_name_override: str | None
+    token: str | None
+    allow_insecure_token: bool
+    max_message_bytes: int
+    max_attempts: int
+    options: ChannelOptions
+    load_balancing: LoadBalancing | None
+
+
 class Client(ClientBase[Float32Array, FloatArray, Float32Pair, UInt8Array, "QuantizedInnerProductSession"]):
     """Blocking client: `Client("localhost:50051")`, one method per operation (NumPy in,
     NumPy out), per-call `timeout` and `metadata`, errors as TensorOpsError subclasses.
@@ -400,7 +419,7 @@ class Client(ClientBase[Float32Array, FloatArray, Float32Pair, UInt8Array, "Quan
 
     def __init__(self, target: str = DEFAULT_TARGET, *, shared_memory: bool = False,
                  shared_memory_prefix: str = "tensorops_", shared_memory_min_bytes: int = MIN_BYTES,
-                 **kwargs: Any):
+                 **kwargs: Unpack[ClientOptions]):
         super().__init__(target, **kwargs)
         self._channel = self._open_channel(self._options)
         self._shared = SharedMemoryTransport(self._invoke, shared_memory_prefix, shared_memory_min_bytes) \

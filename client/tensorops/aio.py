@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, Self, TypeVar, cast, overload
+from typing import Any, Self, TypeVar, Unpack, cast, overload
 
 import grpc
 import grpc.aio
@@ -16,8 +16,8 @@ import numpy as np
 import numpy.typing as npt
 
 from .protocol import wire
-from ._client import (DEFAULT_TARGET, ClientBase, ServerInfo, SessionBase, SessionInfo, encode, server_info,
-                      session_info)
+from ._client import (DEFAULT_TARGET, ClientBase, ClientOptions, ServerInfo, SessionBase, SessionInfo, encode,
+                      server_info, session_info)
 from ._client import Client as BlockingClient
 from ._operations import (ArrayOf, DTypeChoice, Float32Array, Float32Pair, FloatArray, Metadata, NamedArray, Pairs,
                           Scalar, Shape, Timeout, UInt8Array, UInt8Input, result_into)
@@ -41,7 +41,7 @@ class Client(ClientBase[Awaitable[Float32Array], Awaitable[FloatArray], Awaitabl
 
     def __init__(self, target: str = DEFAULT_TARGET, *, shared_memory: bool = False,
                  shared_memory_prefix: str = "tensorops_", shared_memory_min_bytes: int = MIN_BYTES,
-                 **kwargs: Any):
+                 **kwargs: Unpack[ClientOptions]):
         super().__init__(target, **kwargs)
         self._channel = self._open_channel(self._options)
         # Shared memory (see tensorops.Client) through a blocking client of its own, whose

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import inspect
 import typing
 from pathlib import Path
 
@@ -129,6 +130,9 @@ WRONG_CALLS = [
     ("client.lrn_cross_channels(x, np.float32(2), (1.0, 1.0, 1.0))", "Argument 2"),
     ("client.layer_norm_spatial(x, [1.0], [0.0], eps=None)", 'Argument "eps"'),
     ("session.forward(b)", "Argument 1"),
+    ("tensorops.Client('localhost:50051', timeout='5')", 'Argument "timeout"'),
+    ("tensorops.aio.Client(load_balancing='random')", 'Argument "load_balancing"'),
+    ("tensorops.Client(shared_memory=True, max_attempts=2.5)", 'Argument "max_attempts"'),
 ]
 
 
@@ -229,3 +233,11 @@ def test_typed_dicts_follow_the_messages(described, message):
             assert hints[f.name] == list[scalars[f.type]], f.name  # type: ignore[misc]
         else:
             assert hints[f.name] is scalars[f.type], f.name
+
+
+def test_client_options_are_the_base_clients_keywords():
+    """What Client and tensorops.aio.Client pass on to ClientBase is what it takes."""
+    keywords = [p.name for p in inspect.signature(_client.ClientBase.__init__).parameters.values()
+                if p.kind is p.KEYWORD_ONLY]
+    assert list(typing.get_type_hints(_client.ClientOptions)) == keywords
+    assert typing.get_args(_client.LoadBalancing) == _client.LOAD_BALANCING_POLICIES
