@@ -23,7 +23,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool
 from grpc_reflection.v1alpha import reflection_pb2
 from grpc_reflection.v1alpha._async import ReflectionServicer
 
-from .service import add_handlers
+from .pipeline import add_handlers
 
 V1ALPHA_SERVICE = reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection"].full_name
 V1_SERVICE = "grpc.reflection.v1.ServerReflection"

@@ -1,5 +1,6 @@
-"""The server process: a grpc.aio server with the TensorOps service, the KServe V2 inference
-service (kserve.py), health and reflection (v1 and v1alpha), the session store and its
+"""The server process: a grpc.aio server with the TensorOps service (service.py) and the
+KServe V2 inference service (kserve), both served through one call pipeline
+(pipeline.py), health and reflection (v1 and v1alpha), the session store and its
 sweeper, and the Prometheus endpoint.
 
 The asyncio event loop runs on a thread of its own, so the server is started and stopped
@@ -19,14 +20,13 @@ import tensorops_native
 from tensorops.protocol import wire
 
 from . import kserve, optable, reflection, shm, tls
-from .auth import Authenticator
 from .config import Config
-from .execution import Executor
 from .health import HealthService
 from .logs import LOGGER, fields
 from .metrics import MAX_CONNECTIONS as MAX_METRICS_CONNECTIONS
 from .metrics import Metrics
-from .service import Service, add_handlers
+from .pipeline import CallPipeline, add_handlers
+from .service import Service
 from .sessions import SessionStore, Sweeper
 
 log = logging.getLogger(LOGGER)
@@ -43,10 +43,8 @@ class TensorOpsServer:
                                   max_bytes_per_owner=config.max_session_bytes_per_caller, ttl=config.session_ttl,
                                   on_evict=lambda reason: self.metrics.evictions.labels(reason).inc())
         self.metrics.watch_sessions(self.store)
-        self.executor = Executor(config.workers, config.inline_bytes)
-        self.auth = Authenticator(config.auth_tokens, config.auth_token_file,
-                                  certificates=bool(config.tls_client_ca))
-        self.service = Service(config, self.metrics, self.store, self.table, self.executor, self.auth, qip_class)
+        self.pipeline = CallPipeline(config, self.metrics)  # every call of both endpoints
+        self.service = Service(self.pipeline, self.store, self.table, qip_class)  # tensorops.v1
         self.shared_memory = shm.SharedMemory(
             allowed=config.allow_shared_memory, prefix=config.shared_memory_prefix,
             max_regions=config.max_shared_memory_regions, max_bytes=config.max_shared_memory_bytes,
@@ -98,7 +96,7 @@ class TensorOpsServer:
         self.store.close_all()
         self.shared_memory.close_all()
         self.metrics.stop()
-        self.executor.shutdown()
+        self.pipeline.executor.shutdown()
         self._close_loop()
 
     def _on_loop(self, coroutine):
@@ -157,10 +155,10 @@ class TensorOpsServer:
         delay = min(drain_delay, grace)
         if delay > 0:
             await asyncio.sleep(delay)
-        self.service.admission.begin_drain()  # calls from now on: UNAVAILABLE, retried elsewhere
+        self.pipeline.begin_drain()  # calls from now on: UNAVAILABLE, retried elsewhere
         await self.grpc_server.stop(grace - delay)
         await self.service.batcher.wait_idle()
-        self.service.admission.close()
+        self.pipeline.admission.close()
 
 
 # Descriptors kept free for everything but client connections: the metrics endpoint's

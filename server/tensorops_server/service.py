@@ -1,29 +1,20 @@
-"""The handlers of tensorops.v1.TensorOps, produced from the op table, plus the session and
-server-info calls. Every handler is a coroutine of the grpc.aio server and runs inside one
-wrapper (`Instrumented`) that owns the cross-cutting concerns: metrics, logs, the mapping of
-failures to status codes, and the refusal to start work for a call that was cancelled or
-whose deadline passed. Where each computation runs (event loop or worker) is decided by
-the Executor (see execution.py); session forwards go through the ForwardBatcher.
+"""The tensorops.v1.TensorOps servicer: the behaviors of its RPCs (one per operation of the
+op table, the session calls and GetServerInfo) and its handler table, built through the
+call pipeline (pipeline.py), which owns everything else about a call (auth, admission,
+deadline, metrics, logs, status mapping, the memory account). Each behavior takes the
+decoded request, its CallState and the request's size, and returns the serialized
+response. Where each computation runs (event loop or worker) is decided with the
+Executor (see execution.py); session forwards go through the ForwardBatcher.
 
 Requests and responses are bytes: the codec decodes the Tensor payloads in place and
-writes the response payloads with one copy (see tensorops.protocol.codec). A request of up to
---inline-bytes is decoded by gRPC's deserializer on the event loop (fast); a larger one is
-decoded on a worker after its call was admitted (`deferred`).
-
-Every call has one memory account (admission.py) from its admission until gRPC has sent
-its response, or the call ended: a unary call's is closed by the context's done
-callback, which grpc.aio runs once the response and status were written to the
-connection (a client that does not read keeps it until its connection closes); a stream
-passes `send` so that each response is charged until it was written."""
+writes the response payloads with one copy (see tensorops.protocol.codec)."""
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import socket
 import time
-from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Callable
 
 import grpc
 import numpy as np
@@ -34,192 +25,26 @@ from tensorops.v1 import tensorops_pb2
 
 from . import errors, optable
 from .batching import ForwardBatcher
-from .config import Config
-from .admission import Admission
-from .auth import Authenticator
 from .execution import RESPONSE_OVERHEAD, CallState, Executor, in_row_blocks, qip_rows_per_block, reserve_result
 from .logs import LOGGER, fields
-from .metrics import Metrics
+from .pipeline import CallPipeline, message_decoder
+from .pipeline import Incoming, Rpc as Instrumented, deferred  # noqa: F401 (the KServe endpoint's, until it uses the pipeline)
 from .sessions import SessionStore
 
 log = logging.getLogger(LOGGER)
 
 
-
-@dataclass
-class Incoming:
-    """A request as the deserializer leaves it: decoded, or the reason it could not be, or
-    (`later`) still to be decoded, by calling it, on a worker."""
-    decoded: codec.Decoded | None
-    error: codec.WireError | None
-    nbytes: int
-    later: Callable[[], "Incoming"] | None = None
-
-
-def deferred(decode: Callable[[bytes], Incoming], inline_bytes: int) -> Callable[[bytes], Incoming]:
-    """A request deserializer that decodes at once (on the event loop) only requests of up
-    to `inline_bytes`; larger ones are decoded by Instrumented on a worker, once admitted."""
-    def deserialize(raw: bytes) -> Incoming:
-        if len(raw) <= inline_bytes:
-            return decode(raw)
-        return Incoming(None, None, len(raw), functools.partial(decode, raw))
-    return deserialize
-
-
-def deserializer(message_codec: codec.MessageCodec) -> Callable[[bytes], Incoming]:
-    name = message_codec.message_class.DESCRIPTOR.full_name
-
-    def decode(raw: bytes) -> Incoming:
-        try:
-            return Incoming(message_codec.decode(raw), None, len(raw))
-        except codec.WireError as exc:  # reported by the handler as INVALID_ARGUMENT
-            if exc.field == "message" and exc.message.startswith("cannot parse"):  # the protobuf runtime's words
-                exc = codec.WireError("message", f"the request is not a valid {name} message in the "
-                                       "protobuf binary encoding")
-            return Incoming(None, exc, len(raw))
-    return decode
-
-
-def add_handlers(server: grpc.aio.Server, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
-    """Serve `handlers` (method name -> handler) as `service`: the one way the server adds
-    its handlers (the TensorOps handlers of Service.handlers(), each an Instrumented
-    stream-unary handler, and reflection's). The same handler objects are registered by
-    method and also offered through a generic handler, as grpcio's generated code does:
-    the asyncio server of grpcio 1.81 (the oldest release supported) never consults
-    registered handlers, so without the generic one every call would be UNIMPLEMENTED."""
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
-    server.add_registered_method_handlers(service, handlers)
-
-
-class Instrumented:
-    """The wrapper around every handler: receives the request (within the admission
-    limits), admits the call, runs its behavior and records the outcome."""
-
-    def __init__(self, label: str, behavior: Callable[[codec.Decoded, CallState, int], Awaitable[bytes]],
-                 metrics: Metrics, admission: Admission, auth: Authenticator, max_response_bytes: int):
-        self.label = label
-        self.behavior = behavior
-        self.admission = admission
-        self.auth = auth
-        self.max_response_bytes = max_response_bytes
-        m = metrics
-        self._in_flight = m.in_flight.labels(label)
-        self._request_bytes = m.request_bytes.labels(label)
-        self._response_bytes = m.response_bytes.labels(label)
-        self._duration = m.request_duration
-        self._duration_ok = m.request_duration.labels(label, "OK")
-        self._errors = m.errors
-
-    async def handle(self, requests, context: grpc.aio.ServicerContext) -> bytes:
-        # Registered as a client-streaming method so that the request is read here, under
-        # the admission limits; on the wire it is a plain unary call.
-        response, status = await self.call(context)
-        if status is None:
-            return response
-        await context.abort_with_status(status)
-
-    async def call(self, context: grpc.aio.ServicerContext, incoming: Incoming | None = None,
-                   identity: str | None = None,
-                   send: Callable[[bytes], Awaitable[None]] | None = None) -> tuple[bytes | None, grpc.Status | None]:
-        """One call: (the response, None), or (None, the status it failed with). Without
-        `incoming`, the request is read here; a stream handler passes each request it read
-        (and the caller's identity, established once for the stream), and `send`, which
-        writes the response: the call's charge is held until it returns (without it, only
-        until the response was computed). A unary call's charge is held until the call
-        ended (the context's done callback, after gRPC wrote the response)."""
-        start = time.perf_counter()
-        code = grpc.StatusCode.OK
-        status = None
-        account = None
-        nbytes = 0
-        sending = False
-        unary = incoming is None  # the context is this call's alone
-        try:
-            if identity is None:
-                identity = self.auth.identify(context)  # before the request is read
-            if incoming is None:
-                incoming = await self.admission.receive(context)
-            nbytes = incoming.nbytes
-            self._request_bytes.inc(nbytes)
-            if incoming.error is not None:
-                raise errors.from_wire(incoming.error)
-            call = CallState(context, identity)
-            call.ensure_active()
-            account = call.account = self.admission.admit(nbytes)
-            self._in_flight.inc()
-            try:
-                if incoming.later is not None:  # a large request: decoded on a worker
-                    incoming = await self.admission.executor.offload(call, incoming.later)
-                    if incoming.error is not None:
-                        raise errors.from_wire(incoming.error)
-                response = await self.behavior(incoming.decoded, call, nbytes)
-            finally:
-                self._in_flight.dec()
-                account.stop_running()
-            if len(response) > self.max_response_bytes:
-                raise errors.exhausted(f"the response of {len(response)} bytes exceeds the limit of "
-                                       f"{self.max_response_bytes} bytes per message")
-            if call.deadline is not None and time.monotonic() > call.deadline:  # the caller gets nothing
-                code = grpc.StatusCode.DEADLINE_EXCEEDED
-            self._response_bytes.inc(len(response))
-            if send is not None:
-                sending = True
-                await send(response)
-            elif unary:  # closed once grpc has written the response (or the call ended)
-                context.add_done_callback(lambda _, account=account: account.close())
-                account = None
-            return response, None
-        except errors.Failure as failure:
-            code, status = failure.code, failure.status()
-        except MemoryError:
-            code = grpc.StatusCode.RESOURCE_EXHAUSTED
-            status = errors.Failure(code, "the server ran out of memory for this call").status()
-        except asyncio.CancelledError:
-            code = grpc.StatusCode.CANCELLED
-            raise
-        except Exception:
-            if sending:  # the peer went away: nobody to answer
-                code = grpc.StatusCode.CANCELLED
-                raise
-            code = grpc.StatusCode.INTERNAL
-            log.exception("call failed", extra=fields(operation=self.label, code=code.name, peer=context.peer()))
-            status = errors.Failure(code, "internal error (logged by the server)").status()
-        finally:
-            if account is not None:
-                account.close()
-            elapsed = time.perf_counter() - start
-            if code is grpc.StatusCode.OK:
-                self._duration_ok.observe(elapsed)
-            else:
-                self._duration.labels(self.label, code.name).observe(elapsed)
-                self._errors.labels(self.label, code.name).inc()
-            # One line per call. INTERNAL (a server bug) was logged above with its traceback;
-            # every other failure is a client's mistake or a refusal under load: one short
-            # line at debug level, so that a flood of bad calls cannot flood the log.
-            if code is not grpc.StatusCode.INTERNAL and log.isEnabledFor(logging.DEBUG):
-                details = {} if status is None else {"message": status.details[:200]}
-                log.debug("call" if code is grpc.StatusCode.OK else "call failed",
-                          extra=fields(operation=self.label, code=code.name, seconds=round(elapsed, 6),
-                                       request_bytes=nbytes, peer=context.peer(), **details))
-        return None, status
-
-
 class Service:
-    """Handler behaviors. Each takes the decoded request, its CallState and the request's
-    size, and returns the serialized response."""
+    """The tensorops.v1 servicer: its behaviors, and their handlers (`handlers()`), served
+    through `pipeline`."""
 
-    def __init__(self, config: Config, metrics: Metrics, store: SessionStore, table: dict[str, optable.Entry],
-                 executor: Executor, auth: Authenticator, qip_class=None):
-        self.config = config
-        self.metrics = metrics
+    def __init__(self, pipeline: CallPipeline, store: SessionStore, table: dict[str, optable.Entry], qip_class=None):
+        self.pipeline = pipeline
+        self.config = config = pipeline.config
+        self.metrics = metrics = pipeline.metrics
+        self.executor = executor = pipeline.executor
         self.store = store
         self.table = table
-        self.executor = executor
-        self.auth = auth
-        self.admission = Admission(
-            max_pending=config.max_pending_requests, read_timeout=config.read_timeout,
-            max_concurrent=config.max_concurrent_rpcs, max_inflight_bytes=config.max_inflight_bytes,
-            executor=executor)
         # The class of the session contexts: tensorops_native.QuantizedInnerProduct (tests
         # may give a stand-in with the same interface).
         self._qip_class = qip_class or getattr(tensorops_native, "QuantizedInnerProduct", None)
@@ -229,6 +54,10 @@ class Service:
         self.batcher = ForwardBatcher(
             executor, max_rows=config.max_batch_rows, window=config.batch_window_us / 1e6,
             result_limit=self.result_limit, observe=metrics.observe_batch, time_kernel=forward_timer.observe)
+
+    # The KServe endpoint reaches these until it builds its handlers with the pipeline.
+    admission = property(lambda self: self.pipeline.admission)
+    auth = property(lambda self: self.pipeline.auth)
 
     # ---- helpers
     @staticmethod
@@ -402,10 +231,6 @@ class Service:
         })
         handlers = {}
         for rpc, (label, behavior) in behaviors.items():
-            method = wire.SERVICE.methods_by_name[rpc]
-            message_codec = codec.MessageCodec(wire.message_class(method.input_type))
-            instrumented = Instrumented(label, behavior, self.metrics, self.admission, self.auth,
-                                        self.config.max_message_bytes)
-            handlers[rpc] = grpc.stream_unary_rpc_method_handler(
-                instrumented.handle, request_deserializer=deferred(deserializer(message_codec), self.config.inline_bytes))
+            request_class = wire.message_class(wire.SERVICE.methods_by_name[rpc].input_type)
+            handlers[rpc] = self.pipeline.handler(label, behavior, message_decoder(codec.MessageCodec(request_class)))
         return handlers
