@@ -1,15 +1,9 @@
 """KServe V2 tests: tritonclient (sync and asyncio) against a real server on an ephemeral
-loopback port, with the end-to-end tests' server fixtures and call cases."""
+loopback port, with the shared server fixtures and call cases (tests/support)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-
-from rpc_server import ServerProcess, server, start_server  # noqa: E402, F401 (fixtures)
+from rpc_server import ServerProcess, server, start_server  # noqa: F401 (fixtures)
 
 try:
     import tritonclient.grpc as tritonclient_grpc

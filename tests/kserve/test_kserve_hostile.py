@@ -452,22 +452,34 @@ def test_stream_answers_each_refusal_in_place_and_goes_on(target):
     assert np.array_equal(np.frombuffer(responses[3].infer_response.raw_output_contents[0], np.float32), [1, 2])
 
 
-def test_conversion_cache_keeps_only_short_values_and_at_most_its_size():
-    """In process: the per-model cache of parameter conversions never receives a value
-    that is refused for its length, and holds at most ARGUMENTS_CACHE_SIZE entries."""
+def test_parameters_are_measured_before_any_is_converted():
+    """In process: a value refused for its length is refused before any parameter is
+    converted (the unconvertible value beside it is not what is reported), and the values
+    become what the native function takes: the text forms read, canonical names, a bitmask
+    as its bits. Nothing is kept between calls: the same parameters convert the same."""
     from tensorops.kserve.v2 import inference_pb2
     from tensorops_server import errors, kserve, optable
 
-    model = kserve.operation_model(optable.build_table()["normalize"])
+    table = optable.build_table()
+    normalize = kserve.operation_model(table["normalize"])
 
     def parameters(**values):
-        return inference_pb2.ModelInferRequest(parameters={
-            name: inference_pb2.InferParameter(string_param=value) for name, value in values.items()}).parameters
+        request = inference_pb2.ModelInferRequest()
+        for name, value in values.items():
+            if isinstance(value, int):
+                request.parameters[name].int64_param = value
+            else:
+                request.parameters[name].string_param = value
+        return request.parameters
     for value in ("1" + " " * NAME, "float32" + " " * NAME):
         with pytest.raises(errors.Failure, match=f"at most {NAME} characters"):
-            kserve.request_arguments(model, parameters(axes=value, compute_dtype=value))
-    assert model.arguments_cache == {}
-    for axis in range(2 * kserve.ARGUMENTS_CACHE_SIZE):
-        message, _ = kserve.request_arguments(model, parameters(axes=f"{axis % 8}" + " " * (axis // 8)))
-        assert list(message.axes) == [axis % 8]
-    assert len(model.arguments_cache) == kserve.ARGUMENTS_CACHE_SIZE
+            kserve.request_attributes(normalize, parameters(axes=value, activation="not an activation(", eps=value))
+    for _ in range(2):
+        attributes, fmt = kserve.request_attributes(normalize, parameters(axes=" 1, 3 ", activation="Leaky_Relu( 0.5 )"))
+        assert (attributes, fmt) == ({"axes": [1, 3], "activation": ("leaky_relu", 0.5)}, 0)
+    assert kserve.request_attributes(normalize, parameters(axes=0b1010))[0] == {"axes": [1, 3]}
+    unary = kserve.operation_model(table["unary"])
+    assert kserve.request_attributes(unary, parameters(op="EXP"))[0] == {"op": "exp"}
+    assert kserve.request_attributes(unary, parameters(op=list(tn.UNARY_OPS).index("exp")))[0] == {"op": "exp"}
+    layout = kserve.operation_model(table["channel_sum"])
+    assert kserve.request_attributes(layout, parameters(format="NHWC")) == ({}, tensor_pb2.FORMAT_NHWC)

@@ -113,13 +113,16 @@ def test_statistics_count_successes_and_failures(start_server):
 def test_reflection_describes_the_service_under_its_wire_name(server):
     """grpcurl and other tools find inference.GRPCInferenceService through reflection, its
     types under package `inference` as clients know them."""
+    from google.protobuf import descriptor_pb2
+    from grpc_reflection.v1alpha import reflection_pb2
     from rpc_server import LIST_SERVICES, reflection_call
-    from test_rpc_observability import containing_symbol, file_protos
 
+    describe = reflection_pb2.ServerReflectionRequest(file_containing_symbol="inference.GRPCInferenceService")
     responses = reflection_call(server.target, "grpc.reflection.v1.ServerReflection",
-                                [LIST_SERVICES, containing_symbol("inference.GRPCInferenceService")])
+                                [LIST_SERVICES, describe.SerializeToString()])
     assert "inference.GRPCInferenceService" in {s.name for s in responses[0].list_services_response.service}
-    [proto] = file_protos(responses[1])
+    [proto] = [descriptor_pb2.FileDescriptorProto.FromString(f)
+               for f in responses[1].file_descriptor_response.file_descriptor_proto]
     assert (proto.name, proto.package) == ("inference/grpc_service.proto", "inference")
     methods = {m.name: (m.input_type, m.output_type) for m in proto.service[0].method}
     assert methods["ModelInfer"] == (".inference.ModelInferRequest", ".inference.ModelInferResponse")

@@ -15,20 +15,20 @@ Models (models.py):
   `a` runs its forward (output `c`), RepositoryModelUnload releases it. Like every session
   it belongs to its caller (auth.py) and expires or is evicted as the session store decides.
 
-A request is converted (conversion.py) into the tensorops.v1 request of the operation (a
-`codec.Decoded`) and computed by the very code that serves tensorops.v1 (Service.operation
-and its sessions), inside the same Instrumented wrapper (servicer.py): one place for
-arguments, limits, errors and metrics. Raw tensor contents are used in place (views of the
-received message), and results are written once into the response's `raw_output_contents`.
+A request is converted once (conversion.py) into the native arguments of its operation,
+by the table's rules and the functions that serve tensorops.v1, and computed by the very
+code that serves tensorops.v1 (Service.operation and its sessions), inside the same call
+pipeline (servicer.py): one place for arguments, limits, errors and metrics. Raw tensor
+contents are used in place (views of the received message), and results are written once
+into the response's `raw_output_contents`.
 
 The messages come from proto/tensorops/kserve/v2 (package tensorops.kserve.v2, wire-
 identical to Triton's `inference` package; that .proto says why the package differs).
 """
 from tensorops.kserve import SERVICE_NAME
 
-from .conversion import ARGUMENTS_CACHE_SIZE, request_arguments
+from .conversion import request_attributes
 from .models import Model, operation_model
 from .servicer import KServe, reflection_file
 
-__all__ = ["ARGUMENTS_CACHE_SIZE", "SERVICE_NAME", "KServe", "Model", "operation_model", "reflection_file",
-           "request_arguments"]
+__all__ = ["SERVICE_NAME", "KServe", "Model", "operation_model", "reflection_file", "request_attributes"]

@@ -1,27 +1,36 @@
-"""KServe requests and responses <-> what the operations take and give: the parameters
-and inputs of a ModelInferRequest as the tensorops.v1 request of the model's operation
-(raw contents used in place, typed contents, shared-memory regions), the results as a
-ModelInferResponse (each written once, into the message or its region), and the tensors of
-a RepositoryModelLoad as .npy files."""
+"""KServe requests and responses <-> what the operations take and give: the parameters and
+inputs of a ModelInferRequest as the operation's native arguments (raw contents used in
+place, typed contents, shared-memory regions), the results as a ModelInferResponse (each
+written once, into the message or its region), and the tensors of a RepositoryModelLoad as
+.npy files.
+
+A request parameter becomes its attribute in two steps: its KServe form (names, lists and
+activations travel as strings: "exp", "1,2,3", "relu(0.1)") is read as the Python API's
+value, which wire.attribute_value then checks and canonicalizes as the client's encoder
+does. The inputs become arrays, and the attributes a request leaves out their defaults, by
+the function that serves tensorops.v1 (optable.native_arguments): both endpoints make the
+same native call from the same arguments, converted once per call.
+"""
 from __future__ import annotations
 
+import functools
 import io
 import math
 import re
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 from tensorops.kserve import BYTE_SIZE as _BYTE_SIZE
-from tensorops.kserve import DATATYPES
 from tensorops.kserve import OFFSET as _OFFSET
 from tensorops.kserve import REGION as _REGION
 from tensorops.kserve.v2 import inference_pb2 as pb
-from tensorops.protocol import codec, wire
+from tensorops.protocol import codec, dtypes, table, wire
 from tensorops.protocol.codec import WireError
-from tensorops.v1 import tensor_pb2
+from tensorops.protocol.table import Kind
 
-from .. import errors
+from .. import errors, optable
 from ..execution import CallState
 from .models import FORMAT_PARAMETER, Model
 
@@ -30,8 +39,6 @@ from .models import FORMAT_PARAMETER, Model
 IGNORED_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "headers",
                                 "binary_data_output"})
 
-_DATATYPE_OF = {dtype: name for name, (_, dtype) in DATATYPES.items()}
-_WIRE_DTYPES = {code: dtype for code, dtype in DATATYPES.values()}
 # Typed contents: the field of InferTensorContents each datatype reads (16-bit floats: raw only).
 _CONTENTS = {"FP32": "fp32_contents", "FP64": "fp64_contents", "INT8": "int_contents", "INT32": "int_contents",
              "INT64": "int64_contents", "UINT8": "uint_contents"}
@@ -55,19 +62,19 @@ def choice_name(value) -> str:
 _ACTIVATION = re.compile(r"^\s*([A-Za-z_]+)\s*(?:\((.*)\))?\s*$")
 
 
-def _argument(op: wire.Operation, name: str, value) -> Any:
-    """An InferParameter's value (or a JSON value of a load config) as the Python API's
-    argument, refused in the protocol's terms when its type cannot be the argument's."""
-    kind, detail = op.request_plan[name]
+def _api_value(f: table.Field, value) -> Any:
+    """An InferParameter's value (or a JSON value of a load's config) as the Python API's
+    value of the attribute, refused in the protocol's terms when its type cannot be it."""
+    name = f.name
 
     def wrong(expected: str):
         return errors.invalid(name, f"expected {expected}, got {choice_name(value)} {value!r}")
     integer = isinstance(value, int) and not isinstance(value, bool)
-    if kind == wire.ENUM:
+    if f.kind is Kind.ENUM:
         if not (isinstance(value, str) or integer):
             raise wrong("a string_param (the name)")
         return value
-    if kind == wire.MESSAGE:  # normalize's activation: "name" or "name(p1, p2)"
+    if f.kind is Kind.MESSAGE:  # normalize's activation: "name" or "name(p1, p2)"
         match = _ACTIVATION.match(value) if isinstance(value, str) else None
         if match is None:
             raise wrong("a string_param: a name, or name(p1, p2, ...)")
@@ -76,25 +83,25 @@ def _argument(op: wire.Operation, name: str, value) -> Any:
         except ValueError:
             raise errors.invalid(name, f"the parameters of {value!r} must be numbers") from None
         return (match.group(1), *params)
-    if kind == wire.REPEATED:
+    if f.kind is Kind.REPEATED:
         if integer:
-            return value  # normalize's axes as a bitmask; elsewhere refused by the operation
+            return value  # a bitmask where the operation takes one (its notes say so); else refused
         if not isinstance(value, str):
             raise wrong("a string_param of comma-separated integers")
         try:
             return [int(v) for v in value.split(",") if v.strip()]
         except ValueError:
             raise errors.invalid(name, f"expected comma-separated integers, got {value!r}") from None
-    f = detail
-    if f.type == f.TYPE_DOUBLE:
+    d = f.descriptor
+    if d.type == d.TYPE_DOUBLE:
         if not (integer or isinstance(value, float)):
             raise wrong("a double_param")
         return float(value)
-    if f.type == f.TYPE_INT64:
+    if d.type == d.TYPE_INT64:
         if not integer:
             raise wrong("an int64_param")
         return value
-    if f.type == f.TYPE_BOOL:
+    if d.type == d.TYPE_BOOL:
         if not isinstance(value, bool):
             raise wrong("a bool_param")
         return value
@@ -103,27 +110,35 @@ def _argument(op: wire.Operation, name: str, value) -> Any:
     return value
 
 
-def _check_parameter_name(model: Model, name: str) -> None:
-    """Refuse a name that is none of the model's parameters."""
-    kind = model.op.request_plan.get(name)
-    if kind is None or kind[0] in (wire.TENSOR, wire.TENSORS) or name == "session_id":
-        errors.check_length("parameters.name", name)
-        known = ", ".join(model.parameters) or "none"
-        raise errors.invalid(name, f"model {model.name} has no parameter `{name}` (its parameters: {known})")
-
-
-def request_message(model: Model, arguments: dict[str, Any]):
-    """The tensorops.v1 request message (without tensors) holding the arguments, encoded
-    as a tensorops client would encode them (so that they are checked in one place)."""
-    op = model.op
-    converted = {}
-    for name, value in arguments.items():
-        _check_parameter_name(model, name)
-        converted[name] = _argument(op, name, value)
+def attribute(op: table.Operation, name: str, value) -> Any:
+    """The value of attribute `name` as the native function takes it, checked and made
+    canonical by wire.attribute_value (the client's encoder's one place for it too)."""
     try:
-        return op.request_class.FromString(wire.build_request(op, converted).data)
+        return wire.attribute_value(op, name, _api_value(op.field(name), value))
     except WireError as exc:
         raise errors.from_wire(exc) from None
+
+
+def unknown_parameter(model_name: str, name: str, known) -> errors.Failure:
+    errors.check_length("parameters.name", name)
+    return errors.invalid(name, f"model {model_name} has no parameter `{name}` (its parameters: "
+                                f"{', '.join(known) or 'none'})")
+
+
+def attributes_message(model_name: str, op: table.Operation, values: dict[str, Any]):
+    """The tensorops.v1 request message holding attributes in their KServe forms, for the
+    one call that takes a message (a session's creation): each checked and set as the
+    client's encoder sets it (wire.set_attribute), nothing encoded or parsed."""
+    message = op.request_class()
+    for name, value in values.items():
+        f = op.fields_by_name.get(name)
+        if f is None or f.is_tensor:
+            raise unknown_parameter(model_name, name, [a.name for a in op.attributes])
+        try:
+            wire.set_attribute(message, op, name, _api_value(f, value))
+        except WireError as exc:
+            raise errors.from_wire(exc) from None
+    return message
 
 
 def _typed_contents(name: str, datatype: str, contents, count: int) -> bytes:
@@ -133,7 +148,7 @@ def _typed_contents(name: str, datatype: str, contents, count: int) -> bytes:
     values = getattr(contents, field_name)
     if len(values) != count:
         raise errors.invalid(f"{name}.contents", f"expected {count} elements in {field_name}, got {len(values)}")
-    dtype = DATATYPES[datatype][1]
+    dtype = dtypes.BY_KSERVE[datatype].numpy
     arr = np.asarray(values, dtype=np.float64 if dtype.kind == "f" else np.int64)
     if dtype.kind in "iu" and arr.size:
         info = np.iinfo(dtype)
@@ -201,16 +216,16 @@ def input_tensors(model: Model, request, raws: list, fmt: int, regions: Regions 
                                                    f"({in_messages}), got {len(raws)}")
     j = 0  # the next raw buffer
     layout = model.op.layout
-    repeated = model.op.request_codec.repeated
-    tensors: dict[str, Any] = {name: [] for name in repeated}  # as the tensorops.v1 codec leaves them
+    stacked = {t.name for t in model.inputs if t.stacked}
+    tensors: dict[str, Any] = {name: [] for name in stacked}  # as the tensorops.v1 codec leaves them
     for tensor, where in zip(inputs, placed):
         name = tensor.name
         datatype = tensor.datatype
-        found = DATATYPES.get(datatype)
+        found = dtypes.BY_KSERVE.get(datatype)
         if found is None:
             errors.check_length(f"{name}.datatype", datatype)
-            raise errors.invalid(f"{name}.datatype", f"expected one of {', '.join(DATATYPES)}, got {datatype!r}")
-        code, dtype = found
+            raise errors.invalid(f"{name}.datatype", f"expected one of {', '.join(dtypes.BY_KSERVE)}, got {datatype!r}")
+        code, dtype = found.wire, found.numpy
         if len(tensor.shape) > codec.MAX_NDIM:  # before the dimensions are copied out of the message
             raise errors.invalid(f"{name}.shape", f"at most {codec.MAX_NDIM} dimensions, got {len(tensor.shape)}")
         shape = tensor.shape[:]  # a list, built faster than list(shape) by the protobuf runtime
@@ -240,7 +255,7 @@ def input_tensors(model: Model, request, raws: list, fmt: int, regions: Regions 
                 source = ""
             raise errors.invalid(name, f"{source}; {shape} of {datatype} takes {count * dtype.itemsize}")
         image = fmt if name in layout else 0
-        if name in repeated:  # the operands stacked along the first dimension
+        if name in stacked:  # the operands stacked along the first dimension
             if not shape or count < 0:
                 raise errors.invalid(f"{name}.shape", "expected the operands stacked along a first dimension, "
                                                       f"got shape {shape}")
@@ -256,56 +271,104 @@ def input_tensors(model: Model, request, raws: list, fmt: int, regions: Regions 
     return tensors
 
 
-# Conversions of request parameters kept per model (the same few recur call after call);
-# beyond this many, new ones are converted on every call. An entry holds at most one value
-# of MAX_NAME_CHARS per parameter of the model.
-ARGUMENTS_CACHE_SIZE = 64
-
-
-def request_arguments(model: Model, parameters) -> tuple[Any, int]:
-    """The tensorops.v1 request message (without tensors) holding a request's parameters,
-    and the format of its image tensors (wire enum). Parameters seen before, with values of
-    the same types, reuse their conversion (read only, like every decoded message): they
-    were converted then, and conversion depends on nothing else. Names and value sizes are
-    checked first, so that only the model's parameters, with short values, are converted
-    or kept."""
+def request_attributes(model: Model, parameters) -> tuple[dict[str, Any], int]:
+    """A request's parameters as the attributes the native function takes, and the format of
+    its image tensors (wire enum). Every name and value length is checked before any value
+    is converted. An empty list is not given, as an empty repeated field of tensorops.v1."""
     received = []
     for name, p in parameters.items():
         ignored = name in IGNORED_PARAMETERS
-        if not ignored and (name != FORMAT_PARAMETER or not model.op.layout):
-            _check_parameter_name(model, name)
-        choice = p.WhichOneof("parameter_choice")
-        if choice is None:
-            raise errors.invalid(name, f"parameter `{name}` has no value")
-        value = getattr(p, choice)
+        if not ignored and name not in model.parameters:
+            raise unknown_parameter(model.name, name, model.parameters)
+        value = parameter_value(name, p)
         if isinstance(value, (str, bytes)):
             errors.check_length(name, value)
         if not ignored:
-            received.append((name, choice, value))
-    key = tuple(received)
-    cache = model.arguments_cache
-    converted = cache.get(key)
-    if converted is None:
-        arguments = {}
-        fmt = 0
-        for name, _, value in received:
-            if name == FORMAT_PARAMETER and model.op.layout:
-                try:
-                    fmt = wire.encode_format(value)
-                except WireError as exc:
-                    raise errors.from_wire(exc) from None
-                continue
-            arguments[name] = value
-        converted = request_message(model, arguments), fmt
-        if len(cache) < ARGUMENTS_CACHE_SIZE:
-            cache[key] = converted
-    return converted
+            received.append((name, value))
+    op = model.op
+    attributes = {}
+    fmt = 0
+    for name, value in received:
+        if name == FORMAT_PARAMETER and op.layout:
+            try:
+                fmt = wire.encode_format(value)
+            except WireError as exc:
+                raise errors.from_wire(exc) from None
+            continue
+        value = attribute(op, name, value)
+        if not (isinstance(value, list) and not value):
+            attributes[name] = value
+    return attributes, fmt
 
 
-def infer_request(model: Model, request, raws: list, regions: Regions | None = None) -> codec.Decoded:
-    """A ModelInferRequest as the tensorops.v1 request of the model's operation."""
-    message, fmt = request_arguments(model, request.parameters)
-    return codec.Decoded(message, input_tensors(model, request, raws, fmt, regions))
+@dataclass
+class Arguments:
+    """A ModelInferRequest converted for its model's operation: the attributes it gives,
+    canonical; its inputs as WireTensors over the received bytes; the format of its image
+    tensors (wire enum, 0: unspecified)."""
+
+    attributes: dict[str, Any]
+    tensors: dict[str, Any]
+    fmt: int = 0
+
+    def native(self, op: table.Operation, max_tensor_bytes: int | None,
+               reserve: Callable[[int, str], None] | None = None) -> dict[str, Any]:
+        """The native keyword arguments: the inputs as arrays, and the attributes not given
+        left to their defaults or refused as missing, by the function and in the words of
+        tensorops.v1 (to which they are unset fields); `reserve` is charged for a copy."""
+        kwargs = optable.native_arguments(op, self.inputs(op), max_tensor_bytes, skip=tuple(self.attributes),
+                                          reserve=reserve)
+        return self._with_attributes(kwargs)
+
+    def inputs(self, op: table.Operation) -> codec.Decoded:
+        """The inputs as a tensorops.v1 request of `op` whose attributes are all unset."""
+        return codec.Decoded(_empty_message(op.request_class), self.tensors)
+
+    def shapes(self, op: table.Operation) -> dict[str, Any]:
+        """The native keyword arguments with each input as an array of its shape and dtype
+        that holds no memory (zero strides): what the table's result_shapes reads, before
+        the inputs are converted. None for an input the operation will refuse."""
+        return self._with_attributes({name: [_shaped(o) for o in t] if isinstance(t, list) else _shaped(t)
+                                      for name, t in self.tensors.items()})
+
+    def _with_attributes(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        kwargs.update(self.attributes)
+        if self.fmt:
+            kwargs["format"] = dtypes.FORMAT_NAMES[self.fmt]
+        return kwargs
+
+
+@functools.cache
+def _empty_message(request_class):
+    """A request with no field set, one per class: only read."""
+    return request_class()
+
+
+def _shaped(tensor: codec.WireTensor) -> np.ndarray | None:
+    found = dtypes.BY_WIRE.get(tensor.dtype)
+    if found is None or len(tensor.shape) > codec.MAX_NDIM or min(tensor.shape, default=0) < 0:
+        return None
+    try:
+        return np.broadcast_to(np.empty((), found.numpy), tuple(tensor.shape))
+    except ValueError:  # more elements than NumPy describes: the codec refuses the tensor
+        return None
+
+
+@dataclass(frozen=True)
+class KServeEntry(optable.Entry):
+    """An operation as the KServe endpoint runs it: its entry, with the native arguments
+    made from converted parameters (Arguments) instead of a tensorops.v1 request, so that
+    Service.operation runs it exactly as it runs tensorops.v1's calls."""
+
+    def arguments(self, request: Arguments, max_tensor_bytes: int | None,  # type: ignore[override]
+                  reserve: Callable[[int, str], None] | None = None) -> tuple[dict, int]:
+        return request.native(self.op, max_tensor_bytes, reserve), request.fmt
+
+
+def infer_request(model: Model, request, raws: list, regions: Regions | None = None) -> Arguments:
+    """A ModelInferRequest as the arguments of the model's operation."""
+    attributes, fmt = request_attributes(model, request.parameters)
+    return Arguments(attributes, input_tensors(model, request, raws, fmt, regions), fmt)
 
 
 def requested_outputs(model: Model, request) -> tuple[tuple[str, tuple | None], ...]:
@@ -354,8 +417,8 @@ def infer_response(model: Model, request, outputs: tuple, result, limit: int, re
     payloads = []
     for name, placed in outputs:
         value = results[names.index(name)]
-        arr, _ = codec.wire_array(value, name)
-        out = pb.ModelInferResponse.InferOutputTensor(name=name, datatype=_DATATYPE_OF[arr.dtype], shape=arr.shape)
+        arr, code = codec.wire_array(value, name)
+        out = pb.ModelInferResponse.InferOutputTensor(name=name, datatype=dtypes.BY_WIRE[code].kserve, shape=arr.shape)
         if placed is not None:
             region, offset, size = placed
             nbytes = arr.nbytes
@@ -407,31 +470,21 @@ def npy_tensor(key: str, data: bytes, call: CallState) -> codec.WireTensor:
     return codec.WireTensor(list(shape), code, 0, payload)
 
 
-def output_in_region(model: Model, decoded: codec.Decoded, outputs: tuple, regions: Regions):
+def output_in_region(model: Model, arguments: Arguments, outputs: tuple, regions: Regions) -> np.ndarray | None:
     """The array in its shared-memory region that the kernel writes the result into
-    (tensorops_native's `out=`), when the operation takes one, its one result's shape
-    follows from its first input (that input's shape and dtype; channel_sum: (batch,
-    channels) float32), and the request places that output there; None otherwise (the
-    result is then copied into the region)."""
+    (tensorops_native's `out=`), when the operation takes one, has one result whose shape
+    and dtype the table gives from the arguments (result_shapes), and the request places
+    that output there; None otherwise (the result is then copied into the region)."""
     entry = model.entry
     if entry is None or "out" not in entry.parameters or len(model.outputs) != 1 or outputs[0][1] is None:
         return None
-    first = decoded.tensors.get(model.inputs[0].name)
-    if isinstance(first, list):  # eltwise's operands
-        first = first[0] if first else None
-    dtype = _WIRE_DTYPES.get(first.dtype) if first is not None else None
-    if dtype is None or min(first.shape, default=0) < 0:
-        return None  # the operation refuses the input, naming it
-    shape = tuple(first.shape)
-    if model.name == "channel_sum":
-        if len(shape) < 2:
-            return None
-        shape, dtype = (shape[0], shape[-1] if first.format == tensor_pb2.FORMAT_NHWC else shape[1]), \
-            np.dtype(np.float32)
+    shapes = model.op.result_shapes(arguments.shapes(model.op))
+    if shapes is None:
+        return None  # the operation refuses the arguments, naming them
+    (shape, dtype), = shapes
     nbytes = math.prod(shape) * dtype.itemsize
     region, offset, size = outputs[0][1]
     if nbytes > size:
         return None  # refused after the call, with the result's size
     out = np.frombuffer(regions(region, offset, nbytes, f"outputs.{outputs[0][0]}.{_REGION}"), dtype)
     return out.reshape(shape) if out.flags.aligned else None
-

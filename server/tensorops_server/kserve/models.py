@@ -77,16 +77,17 @@ class Statistics:
         self.last_inference_ms = int(time.time() * 1000)
 
 
-def _field_kind(f) -> str:
-    """How a non-tensor request field travels as an InferParameter, in words."""
-    if f.enum_type is not None:
-        names = ", ".join(wire.enum_names(f.enum_type)[n] for n in sorted(wire.enum_names(f.enum_type)))
-        return f"string, one of {names}"
-    if f.message_type is not None:
+def _field_kind(f: table.Field) -> str:
+    """How an attribute travels as an InferParameter, in words."""
+    if f.kind is table.Kind.ENUM:
+        names = wire.enum_names(f.enum)
+        return f"string, one of {', '.join(names[n] for n in sorted(names))}"
+    if f.kind is table.Kind.MESSAGE:
         return "string: a name, or name(p1, p2, ...) with the parameters"
-    if f.is_repeated:
+    if f.kind is table.Kind.REPEATED:
         return "string of comma-separated integers"
-    return {f.TYPE_DOUBLE: "double", f.TYPE_INT64: "int64", f.TYPE_BOOL: "bool", f.TYPE_STRING: "string"}[f.type]
+    d = f.descriptor
+    return {d.TYPE_DOUBLE: "double", d.TYPE_INT64: "int64", d.TYPE_BOOL: "bool", d.TYPE_STRING: "string"}[d.type]
 
 
 def _describe_parameters(op: table.Operation) -> dict[str, str]:
@@ -94,7 +95,7 @@ def _describe_parameters(op: table.Operation) -> dict[str, str]:
     for attribute in op.attributes:
         needed = "required" if attribute.required else f"optional, default {attribute.default!r}"
         extra = f" ({op.notes[attribute.name]})" if attribute.name in op.notes else ""
-        out[attribute.name] = f"{_field_kind(attribute.descriptor)}{extra}; {needed}"
+        out[attribute.name] = f"{_field_kind(attribute)}{extra}; {needed}"
     if op.layout:
         out[FORMAT_PARAMETER] = f"string, nchw or nhwc: the layout of {' and '.join(op.layout)}; optional, default 'nchw'"
     return out

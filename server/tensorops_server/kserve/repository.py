@@ -10,12 +10,12 @@ from typing import Any
 import grpc
 
 from tensorops.kserve.v2 import inference_pb2 as pb
-from tensorops.protocol import codec, wire
+from tensorops.protocol import codec, table
 
 from .. import errors
 from ..execution import CallState
 from ..service import Service
-from .conversion import choice_name, npy_tensor, parameter_value, request_message
+from .conversion import attributes_message, choice_name, npy_tensor, parameter_value
 from .models import VERSION, Model, operation_model, session_model
 
 _CONFIG = "config"
@@ -48,12 +48,10 @@ def _config_arguments(value) -> dict[str, Any]:
 
 def load_request(request, call: CallState) -> codec.Decoded:
     """A RepositoryModelLoadRequest as the CreateQuantizedInnerProduct request."""
-    op = wire.CREATE_SESSION
-    model = Model(request.model_name, op, (), (), {name: "" for name, (kind, _) in op.request_plan.items()
-                                                   if kind not in (wire.TENSOR, wire.TENSORS)})
+    op = table.CREATE_SESSION
     arguments: dict[str, Any] = {}
     tensors: dict[str, Any] = {}
-    tensor_names = op.request_codec.numbers
+    tensor_names = [f.name for f in op.inputs]
     for key, p in request.parameters.items():
         errors.check_length("parameters.name", key)
         value = parameter_value(key, p)
@@ -68,7 +66,7 @@ def load_request(request, call: CallState) -> codec.Decoded:
             tensors[name] = npy_tensor(key, value, call)
         else:
             raise errors.invalid(key, f"unknown parameter `{key}`: expected `config` and `file:<tensor>`")
-    return codec.Decoded(request_message(model, arguments), tensors)
+    return codec.Decoded(attributes_message(request.model_name, op, arguments), tensors)
 
 
 class Repository:

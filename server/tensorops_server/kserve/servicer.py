@@ -22,7 +22,7 @@ from ..reflection import renamed
 from ..service import Incoming, Instrumented, Service, deferred
 from ..shm import SharedMemory
 from . import models
-from .conversion import infer_request, infer_response, output_in_region, requested_outputs
+from .conversion import Arguments, KServeEntry, infer_request, infer_response, output_in_region, requested_outputs
 from .models import PLATFORM, Model
 from .repository import Repository
 
@@ -89,23 +89,24 @@ class KServe:
         self.service = service
         self.shm = shm
         self.repository = Repository(service)
-        # The behaviors of the operations, returning the result arrays (not a message).
-        self._compute = {name: service.operation(entry, encode=lambda result, fmt: result)
+        # The behaviors of the operations, taking converted requests and returning the
+        # result arrays (not a message).
+        self._compute = {name: service.operation(KServeEntry(entry.op, entry.native), encode=lambda result, fmt: result)
                          for name, entry in service.table.items()}
         self.ready = True
 
     def model(self, name: str, version: str, identity: str) -> Model:
         return self.repository.model(name, version, identity)
 
-    async def _run(self, model: Model, decoded: codec.Decoded, call: CallState, nbytes: int, shared_bytes: int,
+    async def _run(self, model: Model, arguments: Arguments, call: CallState, nbytes: int, shared_bytes: int,
                    extra: dict):
-        if model.entry is None:
-            return await self.repository.forward(model, decoded, call)
+        if model.entry is None:  # a session: its forward takes `a` (a session model has no parameters)
+            return await self.repository.forward(model, arguments.inputs(model.op), call)
         # In shared memory, the kernel is the call's only work on its tensors: a short
         # one runs on the loop, where a thread hand-off would cost more than it.
         inline = None if not shared_bytes else (self.service.executor.inline(nbytes) and
                                                 shared_bytes <= self.service.config.inline_shared_memory_bytes)
-        return await self._compute[model.name](decoded, call, nbytes + shared_bytes, extra, inline)
+        return await self._compute[model.name](arguments, call, nbytes + shared_bytes, extra, inline)
 
     # ---- inference
     async def infer(self, decoded: codec.Decoded, call: CallState, nbytes: int, wrap: int | None = None) -> bytes:
@@ -118,12 +119,10 @@ class KServe:
         regions = self.shm.for_call(call.identity)
         try:
             outputs = requested_outputs(model, request)
-            request_in = infer_request(model, request, decoded.tensors["raw"], regions.view)
-            extra = {}
-            out = output_in_region(model, request_in, outputs, regions.view)
-            if out is not None:
-                extra["out"] = out
-            result = await self._run(model, request_in, call, nbytes, regions.nbytes, extra)
+            arguments = infer_request(model, request, decoded.tensors["raw"], regions.view)
+            out = output_in_region(model, arguments, outputs, regions.view)
+            extra = {} if out is None else {"out": out}
+            result = await self._run(model, arguments, call, nbytes, regions.nbytes, extra)
             response = infer_response(model, request, outputs, result, self.service.config.max_message_bytes,
                                       regions.view, written=out, wrap=wrap)
             regions.check_intact()  # an object shrunk meanwhile voids what was read or written there
