@@ -7,11 +7,12 @@ name, so callers (and the gRPC server) can tell which field was wrong.
 Tensors that are not C-contiguous, or not in native byte order, are copied once into a
 contiguous native array; inputs are never modified.
 """
+
 from __future__ import annotations
 
 import math
 import numbers
-from typing import Iterable
+from collections.abc import Iterable
 
 import ml_dtypes
 import numpy as np
@@ -20,7 +21,7 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 F32 = np.dtype(np.float32)
 U16 = np.dtype(np.uint16)
 FLOAT32_MAX = float(np.finfo(np.float32).max)
-FLOAT32_ROUNDS_TO_INF = 2.0 ** 128 - 2.0 ** 103  # the smallest magnitude that float32 rounds to inf
+FLOAT32_ROUNDS_TO_INF = 2.0**128 - 2.0**103  # the smallest magnitude that float32 rounds to inf
 FORMATS = {"nchw": 0, "nhwc": 1}
 FORMAT_NAMES = {v: k for k, v in FORMATS.items()}
 
@@ -77,7 +78,9 @@ def bf16_tensor(value, name: str) -> np.ndarray:
         return value
     arr = _as_array(value, name)
     if arr.dtype != BF16 and not (arr.dtype.kind == "u" and arr.dtype.itemsize == 2):
-        raise ArgumentTypeError(name, f"expected a bfloat16 array (ml_dtypes.bfloat16 or uint16 bits), got dtype {arr.dtype}")
+        raise ArgumentTypeError(
+            name, f"expected a bfloat16 array (ml_dtypes.bfloat16 or uint16 bits), got dtype {arr.dtype}"
+        )
     return _native_contiguous(arr)
 
 
@@ -86,8 +89,9 @@ def is_bf16(value) -> bool:
     return dtype is not None and (dtype == BF16 or (dtype.kind == "u" and dtype.itemsize == 2))
 
 
-def f32_params(value, name: str, shape: tuple[int, ...], *,
-               other_format: tuple[int, tuple[int, ...]] | None = None) -> np.ndarray:
+def f32_params(
+    value, name: str, shape: tuple[int, ...], *, other_format: tuple[int, tuple[int, ...]] | None = None
+) -> np.ndarray:
     """Per-channel (or similar) float parameters: any real array-like of exactly `shape`,
     converted to contiguous float32. `other_format`, for parameters whose shape follows
     the image format: (the format x is read in, the shape the other format would expect),
@@ -110,8 +114,10 @@ def format_mistake(fmt: int) -> str:
     """What to add to an error that the other image format would explain."""
     given, other = FORMAT_NAMES[fmt], FORMAT_NAMES[1 - fmt]
     default = " (the default)" if given == "nchw" else ""
-    return (f", the shape for format='{other}': x is read as format='{given}'{default}; "
-            f"if x is {other.upper()}, pass format='{other}'")
+    return (
+        f", the shape for format='{other}': x is read as format='{given}'{default}; "
+        f"if x is {other.upper()}, pass format='{other}'"
+    )
 
 
 def finite_float(value, name: str, *, minimum: float | None = None) -> float:
@@ -155,9 +161,10 @@ def choice(value, name: str, names: dict[str, int]) -> int:
         key = value.lower()
         if key in names:
             return names[key]
-    elif isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
-        if int(value) in names.values():
-            return int(value)
+    elif (
+        isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)) and int(value) in names.values()
+    ):
+        return int(value)
     allowed = ", ".join(f"'{k}' ({v})" for k, v in names.items())
     raise ArgumentError(name, f"expected one of {allowed}, got {value!r}")
 
@@ -171,7 +178,9 @@ def image_dims(arr: np.ndarray, name: str, fmt: int) -> tuple[int, int, int]:
     NHWC is (batch, *spatial, channels)."""
     if arr.ndim < 2:
         layout = "(batch, channels, *spatial)" if fmt == 0 else "(batch, *spatial, channels)"
-        raise ArgumentError(name, f"expected at least 2 dimensions {layout} for format '{FORMAT_NAMES[fmt]}', got shape {arr.shape}")
+        raise ArgumentError(
+            name, f"expected at least 2 dimensions {layout} for format '{FORMAT_NAMES[fmt]}', got shape {arr.shape}"
+        )
     batch = arr.shape[0]
     if fmt == 0:
         channels, spatial_dims = arr.shape[1], arr.shape[2:]
@@ -193,8 +202,9 @@ def sequence(value, name: str) -> list:
     return list(value)
 
 
-def output(out, shape: tuple[int, ...], dtype: np.dtype, inputs: Iterable[np.ndarray] = (),
-           name: str = "out") -> np.ndarray:
+def output(
+    out, shape: tuple[int, ...], dtype: np.dtype, inputs: Iterable[np.ndarray] = (), name: str = "out"
+) -> np.ndarray:
     """The array a result is written into: a new one, or `out`, which must be exactly the
     result's (shape and dtype, C-contiguous, aligned, writeable, native byte order) and
     must not overlap an input (the kernels read inputs while they write). `name`: the
@@ -221,8 +231,11 @@ def output_pair(out, shapes, dtype: np.dtype, inputs: Iterable[np.ndarray] = ())
     if out is None:
         return np.empty(shapes[0], dtype), np.empty(shapes[1], dtype)
     if not isinstance(out, (tuple, list)) or len(out) != 2:
-        raise ArgumentTypeError("out", f"expected a pair of numpy.ndarray (y0, y1), got {type(out).__name__}"
-                                       + (f" of {len(out)}" if isinstance(out, (tuple, list)) else ""))
+        raise ArgumentTypeError(
+            "out",
+            f"expected a pair of numpy.ndarray (y0, y1), got {type(out).__name__}"
+            + (f" of {len(out)}" if isinstance(out, (tuple, list)) else ""),
+        )
     inputs = tuple(inputs)
     first = output(out[0], shapes[0], dtype, inputs, "out[0]")
     return first, output(out[1], shapes[1], dtype, inputs + (first,), "out[1]")

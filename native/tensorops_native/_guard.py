@@ -5,6 +5,7 @@ SIGBUS, which kills the process. In a GuardedMapping, such a fault instead repla
 whole mapping with zero pages, and `broken` becomes true: whatever was reading or writing
 it finishes on zeros, and the owner checks `broken` afterwards to discard that work.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """ISA level, CPU features and the kernel report."""
+
 from __future__ import annotations
 
 import os
@@ -7,11 +8,21 @@ from ._native import ffi, lib
 
 ISA_NAMES = ("scalar", "avx2", "avx512")
 CPU_FEATURES = {
-    "sse4.1": lib.TnCpuSse41, "avx": lib.TnCpuAvx, "avx2": lib.TnCpuAvx2, "fma": lib.TnCpuFma,
-    "f16c": lib.TnCpuF16c, "avx512f": lib.TnCpuAvx512f, "avx512bw": lib.TnCpuAvx512bw,
-    "avx512vl": lib.TnCpuAvx512vl, "avx512dq": lib.TnCpuAvx512dq, "avx512vnni": lib.TnCpuAvx512vnni,
-    "avx512bf16": lib.TnCpuAvx512bf16, "avx512fp16": lib.TnCpuAvx512fp16, "avxvnni": lib.TnCpuAvxVnni,
-    "os-avx": lib.TnCpuOsAvx, "os-avx512": lib.TnCpuOsAvx512,
+    "sse4.1": lib.TnCpuSse41,
+    "avx": lib.TnCpuAvx,
+    "avx2": lib.TnCpuAvx2,
+    "fma": lib.TnCpuFma,
+    "f16c": lib.TnCpuF16c,
+    "avx512f": lib.TnCpuAvx512f,
+    "avx512bw": lib.TnCpuAvx512bw,
+    "avx512vl": lib.TnCpuAvx512vl,
+    "avx512dq": lib.TnCpuAvx512dq,
+    "avx512vnni": lib.TnCpuAvx512vnni,
+    "avx512bf16": lib.TnCpuAvx512bf16,
+    "avx512fp16": lib.TnCpuAvx512fp16,
+    "avxvnni": lib.TnCpuAvxVnni,
+    "os-avx": lib.TnCpuOsAvx,
+    "os-avx512": lib.TnCpuOsAvx512,
 }
 
 

@@ -27,6 +27,7 @@ expanded into an fp32 array over the axes from its first varying one on: correct
 pattern, at the cost of that copy. The same expansion replaces very short segments (fewer
 than 16 values) when it is small.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,8 +44,8 @@ from ._native import ffi, lib
 F16 = np.dtype(np.float16)
 MAX_NDIM = 8
 _TYPE_CODES = {"float32": 0, "bfloat16": 7, "float16": 8}
-_SHORT_SEGMENT = 16           # segments shorter than this are worth expanding the parameters for
-_SMALL_EXPANSION = 1 << 16    # ... when the expanded parameter has at most this many values
+_SHORT_SEGMENT = 16  # segments shorter than this are worth expanding the parameters for
+_SMALL_EXPANSION = 1 << 16  # ... when the expanded parameter has at most this many values
 
 # DirectML's fused activations (the wire's Activation enum numbers them in this order from
 # 1; the value is TnActivationType). Each parameter has DirectML's typical default, or None
@@ -86,6 +87,7 @@ def _typed(check, value, name, **kwargs):
 # ---------------------------------------------------------------------------------------
 # Arguments
 
+
 def _input(x):
     if ck.is_bf16(x):
         x = _typed(ck.bf16_tensor, x, "x")
@@ -97,8 +99,11 @@ def _input(x):
         elif x.dtype.kind == "f" and x.dtype.itemsize == 4:
             code = _TYPE_CODES["float32"]
         else:
-            raise ArgumentTypeValueError("x", f"expected float32, float16 or bfloat16 (ml_dtypes.bfloat16, or uint16 "
-                                          f"holding BF16 bits), got dtype {x.dtype}")
+            raise ArgumentTypeValueError(
+                "x",
+                f"expected float32, float16 or bfloat16 (ml_dtypes.bfloat16, or uint16 "
+                f"holding BF16 bits), got dtype {x.dtype}",
+            )
         x = ck._native_contiguous(x)
     if not 1 <= x.ndim <= MAX_NDIM:
         raise ck.ArgumentError("x", f"expected 1 to {MAX_NDIM} dimensions, got {x.ndim} (shape {x.shape})")
@@ -160,7 +165,7 @@ def activation_spec(activation) -> tuple[int, tuple[float, float]]:
         count = f"{required} to {len(spec)}" if required != len(spec) else f"{len(spec)}"
         raise ck.ArgumentError("activation", f"{key!r} takes {count} parameters ({names}), got {len(given)}")
     values = []
-    for i, (pname, default) in enumerate(spec):
+    for i, (_, default) in enumerate(spec):
         v = _typed(ck.finite_float, given[i], "activation") if i < len(given) else default
         values.append(float(v))
     if key == "softplus" and values[0] < 1.0:
@@ -187,24 +192,34 @@ def _parameter(value, name: str, shape: tuple[int, ...], groups: int) -> np.ndar
     expanded to their channels)."""
     if value is None:
         return None
-    if type(value) is np.ndarray and value.dtype is ck.F32 and value.flags.c_contiguous and value.ndim == len(shape) \
-            and all(p == 1 or p == n for p, n in zip(value.shape, shape)):
-        return value   # the common case, checked cheaply
+    if (
+        type(value) is np.ndarray
+        and value.dtype is ck.F32
+        and value.flags.c_contiguous
+        and value.ndim == len(shape)
+        and all(p == 1 or p == n for p, n in zip(value.shape, shape, strict=True))
+    ):
+        return value  # the common case, checked cheaply
     if ck.is_bf16(value):
         arr = _typed(ck._as_array, value, name)
         arr = (arr.view(ck.BF16) if arr.dtype == ck.U16 else arr).astype(np.float32)
     else:
         arr = _typed(ck._as_array, value, name)
         if arr.dtype.kind not in "fiu":
-            raise ArgumentTypeValueError(name, f"expected float32, float16, bfloat16 or real numbers, got dtype {arr.dtype}")
+            raise ArgumentTypeValueError(
+                name, f"expected float32, float16, bfloat16 or real numbers, got dtype {arr.dtype}"
+            )
     ndim = len(shape)
     if arr.ndim > ndim:
         raise ck.ArgumentError(name, f"shape {arr.shape} has more dimensions than x {shape}")
     pshape = (1,) * (ndim - arr.ndim) + arr.shape
     arr = arr.reshape(pshape)
-    if any(p not in (1, n) for p, n in zip(pshape, shape)):
-        grouped = groups > 1 and pshape[1] == groups and \
-            all(p in (1, n) for i, (p, n) in enumerate(zip(pshape, shape)) if i != 1)
+    if any(p not in (1, n) for p, n in zip(pshape, shape, strict=True)):
+        grouped = (
+            groups > 1
+            and pshape[1] == groups
+            and all(p in (1, n) for i, (p, n) in enumerate(zip(pshape, shape, strict=True)) if i != 1)
+        )
         if not grouped:
             also = f" or per group {(1, groups) + (1,) * (ndim - 2)}" if groups > 1 else ""
             raise ck.ArgumentError(name, f"shape {arr.shape} is not broadcastable to x's shape {shape}{also}")
@@ -214,6 +229,7 @@ def _parameter(value, name: str, shape: tuple[int, ...], groups: int) -> np.ndar
 
 # ---------------------------------------------------------------------------------------
 # Canonical form
+
 
 class _Param:
     """A parameter during planning: its element strides over the working axes and, once it
@@ -247,10 +263,7 @@ def _contiguous(sizes) -> list[int]:
 
 def _chain(strides, sizes) -> bool:
     """One stride describes these axes together (all zero included)."""
-    for i in range(len(strides) - 1):
-        if strides[i] != strides[i + 1] * sizes[i + 1]:
-            return False
-    return True
+    return all(strides[i] == strides[i + 1] * sizes[i + 1] for i in range(len(strides) - 1))
 
 
 def _run_step(strides, sizes) -> int | None:
@@ -284,22 +297,24 @@ def _rows_splits(strides, sizes) -> dict[int, tuple[int, int]]:
 
 @dataclass(frozen=True)
 class _Plan:
-    rows: bool                   # rows kernel, else columns
-    dims: tuple[int, int, int]   # (outer, segments, segment size) or (outer, count, inner)
-    params: tuple                # per parameter: None or (expansion, period, outer stride, stride, step)
-    transpose: tuple | None      # (working shape, permutation, inverse, permuted shape)
+    rows: bool  # rows kernel, else columns
+    dims: tuple[int, int, int]  # (outer, segments, segment size) or (outer, count, inner)
+    params: tuple  # per parameter: None or (expansion, period, outer stride, stride, step)
+    transpose: tuple | None  # (working shape, permutation, inverse, permuted shape)
 
 
 @lru_cache(maxsize=512)
 def _plan(shape: tuple[int, ...], reduced: frozenset, groups: int, pshapes: tuple) -> _Plan:
     """How to run a normalization of x's shape, from the shapes alone."""
-    params = [None if ps is None else _Param([st if n > 1 else 0 for st, n in zip(_contiguous(ps), ps)])
-              for ps in pshapes]
+    params = [
+        None if ps is None else _Param([st if n > 1 else 0 for st, n in zip(_contiguous(ps), ps, strict=True)])
+        for ps in pshapes
+    ]
     sizes, marks, cols = [], [], [[] for _ in params]
     for i, n in enumerate(shape):
         parts = ((n, i in reduced, 1),)
         if i == 1 and groups > 1:
-            parts = ((groups, False, n // groups), (n // groups, True, 1))   # each group on its own
+            parts = ((groups, False, n // groups), (n // groups, True, 1))  # each group on its own
         for size, red, mult in parts:
             if size == 1:
                 continue
@@ -331,11 +346,23 @@ def _plan(shape: tuple[int, ...], reduced: frozenset, groups: int, pshapes: tupl
         nr = nk + marks[nk:].index(False)
         ko, rd, ki = slice(0, nk), slice(nk, nr), slice(nr, len(sizes))
         for p in present:
-            if _outer(p.strides[ko], sizes[ko]) is None or _run_step(p.strides[ki], sizes[ki]) is None or \
-                    not _chain(p.strides[rd], sizes[rd]):
+            if (
+                _outer(p.strides[ko], sizes[ko]) is None
+                or _run_step(p.strides[ki], sizes[ki]) is None
+                or not _chain(p.strides[rd], sizes[rd])
+            ):
                 p.expand(sizes, nk)
-        out = tuple(None if p is None else (p.expansion, *_outer(p.strides[ko], sizes[ko]), p.strides[nr - 1],
-                                            _run_step(p.strides[ki], sizes[ki])) for p in params)
+        out = tuple(
+            None
+            if p is None
+            else (
+                p.expansion,
+                *_outer(p.strides[ko], sizes[ko]),
+                p.strides[nr - 1],
+                _run_step(p.strides[ki], sizes[ki]),
+            )
+            for p in params
+        )
         return _Plan(False, (math.prod(sizes[ko]), math.prod(sizes[rd]), math.prod(sizes[ki])), out, transpose)
 
     ks, rs = sizes[:nk], sizes[nk:]
@@ -359,11 +386,13 @@ def _plan(shape: tuple[int, ...], reduced: frozenset, groups: int, pshapes: tupl
             m = common()
     if m > 0 and math.prod(rs[m:]) < _SHORT_SEGMENT:
         for p in present:
-            if 0 not in _rows_splits(p.strides[nk:], rs) and math.prod(sizes[p.first(nk):]) <= _SMALL_EXPANSION:
+            if 0 not in _rows_splits(p.strides[nk:], rs) and math.prod(sizes[p.first(nk) :]) <= _SMALL_EXPANSION:
                 p.expand(sizes, nk)
         m = common()
-    out = tuple(None if p is None else (p.expansion, *_outer(p.strides[:nk], ks), *_rows_splits(p.strides[nk:], rs)[m])
-                for p in params)
+    out = tuple(
+        None if p is None else (p.expansion, *_outer(p.strides[:nk], ks), *_rows_splits(p.strides[nk:], rs)[m])
+        for p in params
+    )
     return _Plan(True, (math.prod(ks), math.prod(rs[:m]), math.prod(rs[m:])), out, transpose)
 
 
@@ -378,13 +407,14 @@ def _param_buffer(arr: np.ndarray, expansion):
 @dataclass(frozen=True, eq=False)
 class _Call:
     """A validated call: everything but the arrays."""
+
     code: int
     plan: _Plan
     eps: float
     variance: bool
     act: int
     act_params: tuple[float, float]
-    pshapes: tuple   # the parameters' shapes with x's rank (None: absent)
+    pshapes: tuple  # the parameters' shapes with x's rank (None: absent)
 
     @cached_property
     def template(self):
@@ -395,7 +425,7 @@ class _Call:
         norm.normalizeVariance = self.variance
         norm.activation = self.act
         norm.activationParams = self.act_params
-        for spec, c in zip(self.plan.params, (norm.scale, norm.bias)):
+        for spec, c in zip(self.plan.params, (norm.scale, norm.bias), strict=True):
             if spec is not None:
                 _, c.period, c.outerStride, c.stride, c.step = spec
         return norm
@@ -403,7 +433,7 @@ class _Call:
 
 _F32_DTYPES = frozenset([ck.F32])
 _X_DTYPES = frozenset([ck.F32, F16, ck.BF16, ck.U16])
-_CALLS: dict = {}     # fast-path key -> _Call, for arguments of plain types
+_CALLS: dict = {}  # fast-path key -> _Call, for arguments of plain types
 _MAX_CALLS = 1024
 
 
@@ -439,8 +469,18 @@ def _fast_key(x, scale, bias, axes, num_groups, eps, normalize_variance, activat
         activation = tuple(map(_exact, activation))
     if compute_dtype is not None and type(compute_dtype) is not str:
         return None
-    return (x.dtype, x.shape, t is int, axes, num_groups, _exact(eps), normalize_variance, activation, compute_dtype,
-            *shapes)
+    return (
+        x.dtype,
+        x.shape,
+        t is int,
+        axes,
+        num_groups,
+        _exact(eps),
+        normalize_variance,
+        activation,
+        compute_dtype,
+        *shapes,
+    )
 
 
 def _exact(v):
@@ -457,8 +497,9 @@ def _validate(x, scale, bias, axes, num_groups, eps, normalize_variance, activat
     groups = _typed(ck.integer, num_groups, "num_groups", minimum=1)
     if groups > 1:
         if ndim < 2:
-            raise ck.ArgumentError("num_groups", f"group normalization needs at least 2 dimensions (N, C, ...), "
-                                                 f"got shape {shape}")
+            raise ck.ArgumentError(
+                "num_groups", f"group normalization needs at least 2 dimensions (N, C, ...), got shape {shape}"
+            )
         if shape[1] % groups:
             raise ck.ArgumentError("num_groups", f"{shape[1]} channels cannot be split into {groups} groups")
     eps = _typed(ck.finite_float, eps, "eps", minimum=0.0)
@@ -471,7 +512,7 @@ def _validate(x, scale, bias, axes, num_groups, eps, normalize_variance, activat
     return x, given, _Call(code, plan, eps, variance, act, act_params, pshapes)
 
 
-_ALIGNED_OUTPUT = 2 << 20   # outputs this large are written with streaming stores (see gnorm.h)
+_ALIGNED_OUTPUT = 2 << 20  # outputs this large are written with streaming stores (see gnorm.h)
 
 
 def _output_like(x: np.ndarray) -> np.ndarray:
@@ -481,11 +522,22 @@ def _output_like(x: np.ndarray) -> np.ndarray:
         return np.empty_like(x)
     buf = np.empty(x.nbytes + 64, np.uint8)
     start = -buf.ctypes.data % 64
-    return buf[start:start + x.nbytes].view(x.dtype).reshape(x.shape)
+    return buf[start : start + x.nbytes].view(x.dtype).reshape(x.shape)
 
 
-def normalize(x, scale=None, bias=None, *, axes, num_groups=1, eps=1e-5, normalize_variance=True, activation=None,
-              compute_dtype=None, out=None):
+def normalize(
+    x,
+    scale=None,
+    bias=None,
+    *,
+    axes,
+    num_groups=1,
+    eps=1e-5,
+    normalize_variance=True,
+    activation=None,
+    compute_dtype=None,
+    out=None,
+):
     """Generic normalization (TensorRT INormalization, DirectML MVN1):
     y = act((x - mean) / sqrt(var + eps) * scale + bias), or act((x - mean) * scale + bias)
     without variance normalization; mean and population variance over `axes`.
@@ -516,23 +568,25 @@ def normalize(x, scale=None, bias=None, *, axes, num_groups=1, eps=1e-5, normali
     call = _CALLS.get(key) if key is not None else None
     if call is None:
         x, given, call = _validate(x, scale, bias, axes, num_groups, eps, normalize_variance, activation, compute_dtype)
-        if key is not None and all(g is None or g is p or g.base is p for g, p in zip(given, (scale, bias))):
+        if key is not None and all(
+            g is None or g is p or g.base is p for g, p in zip(given, (scale, bias), strict=True)
+        ):
             if len(_CALLS) >= _MAX_CALLS:
                 _CALLS.clear()
             _CALLS[key] = call
     else:
-        given = [None if p is None else p.reshape(ps) for p, ps in zip((scale, bias), call.pshapes)]
+        given = [None if p is None else p.reshape(ps) for p, ps in zip((scale, bias), call.pshapes, strict=True)]
     y = _output_like(x) if out is None else ck.output(out, x.shape, x.dtype, (x, *given))
     plan = call.plan
-    if plan is None:   # an empty tensor
+    if plan is None:  # an empty tensor
         return y
     norm = ffi.new("TnNormalization *", call.template[0])
     keep = []
-    for arr, spec, c in zip(given, plan.params, (norm.scale, norm.bias)):
+    for arr, spec, c in zip(given, plan.params, (norm.scale, norm.bias), strict=True):
         if arr is not None:
             c.data = data = _param_buffer(arr, spec[0])
             keep.append(data)
-    src, dst = x, y   # C takes the raw bits of any dtype straight from the buffers
+    src, dst = x, y  # C takes the raw bits of any dtype straight from the buffers
     if plan.transpose is not None:
         work, perm, inverse, permuted = plan.transpose
         src = np.ascontiguousarray(x.reshape(work).transpose(perm))

@@ -7,6 +7,7 @@ never allocates), and passes NumPy memory to C with
 ffi.from_buffer: no copies. cffi releases the GIL during each kernel call, so threads
 calling these functions run in parallel.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,12 +18,25 @@ from . import _checks as ck
 from ._native import ffi, lib
 
 UNARY_OPS = {
-    "abs": 0, "ceil": 1, "cos": 2, "erf": 3, "exp": 4, "floor": 5, "log": 6, "neg": 7,
-    "not": 8, "rcp": 9, "round": 10, "rsqrt": 11, "sign": 12, "sin": 13, "sqrt": 14,
-    "tanh": 15, "zero": 16,
+    "abs": 0,
+    "ceil": 1,
+    "cos": 2,
+    "erf": 3,
+    "exp": 4,
+    "floor": 5,
+    "log": 6,
+    "neg": 7,
+    "not": 8,
+    "rcp": 9,
+    "round": 10,
+    "rsqrt": 11,
+    "sign": 12,
+    "sin": 13,
+    "sqrt": 14,
+    "tanh": 15,
+    "zero": 16,
 }
 ELTWISE_OPS = {"product": 0, "sum": 1, "max": 2, "min": 3}
-
 
 
 def _f32_ptr(arr):
@@ -63,8 +77,18 @@ def normalize_l2(x, scale, *, eps=1e-10, across_spatial=False, format="nchw", ou
     y = ck.output(out, x.shape, x.dtype, (x, scale))
     if x.size:
         buf = np.empty(max(spatial, channels, 1), np.float32)
-        lib.TnSynetNormalizeLayerForward(_f32_ptr(x), batch, channels, spatial, _f32_ptr(scale),
-                                         _eps_ptr(eps), int(across), fmt, _f32_ptr(buf), _f32_ptr(y))
+        lib.TnSynetNormalizeLayerForward(
+            _f32_ptr(x),
+            batch,
+            channels,
+            spatial,
+            _f32_ptr(scale),
+            _eps_ptr(eps),
+            int(across),
+            fmt,
+            _f32_ptr(buf),
+            _f32_ptr(y),
+        )
     return y
 
 
@@ -81,8 +105,18 @@ def _layer_norm(kernel, x, scale, shift, eps, format, out, *, bf16=False):
         data_ptr = _bf16_ptr if bf16 else _f32_ptr
         # the BF16 kernel takes no scratch: no allocation (one costs 15 us from cold caches)
         buf = ffi.NULL if bf16 else _f32_ptr(np.empty(max(spatial, channels, 1), np.float32))
-        kernel(data_ptr(x), batch, channels, spatial, _f32_ptr(scale), _f32_ptr(shift),
-               _eps_ptr(eps), fmt, buf, data_ptr(y))
+        kernel(
+            data_ptr(x),
+            batch,
+            channels,
+            spatial,
+            _f32_ptr(scale),
+            _f32_ptr(shift),
+            _eps_ptr(eps),
+            fmt,
+            buf,
+            data_ptr(y),
+        )
     return y
 
 
@@ -145,8 +179,9 @@ def eltwise(inputs, op, weights=None, *, out=None):
     if y.size:
         keep = [_f32_ptr(a) for a in arrays]
         src = ffi.new("float *[]", keep)
-        lib.TnSynetEltwiseLayerForward(src, _f32_ptr(w) if w is not None else ffi.NULL, len(arrays),
-                                       y.size, op, _f32_ptr(y))
+        lib.TnSynetEltwiseLayerForward(
+            src, _f32_ptr(w) if w is not None else ffi.NULL, len(arrays), y.size, op, _f32_ptr(y)
+        )
     return y
 
 
@@ -196,9 +231,9 @@ def _spatial_shape(shape, fmt):
 
 def shuffle(x0, x1, *, type, format="nchw", channels=None, out=None):
     """ShuffleNet channel shuffle of two tensors (SimdSynetShuffleLayerForward); returns
-    (y0, y1), written into `out` = (y0, y1) when given. type 0 splits the even and odd channels of concat(x0, x1); type 1
-    interleaves x0 and x1 and splits the result into channels = (channels0, channels1)
-    (default: equal halves)."""
+    (y0, y1), written into `out` = (y0, y1) when given. type 0 splits the even and odd
+    channels of concat(x0, x1); type 1 interleaves x0 and x1 and splits the result into
+    channels = (channels0, channels1) (default: equal halves)."""
     fmt = ck.tensor_format(format)
     kind = ck.choice(type, "type", {"split": 0, "interleave": 1})
     x0, b0, c0, s0 = _image(x0, fmt, "x0")
@@ -206,7 +241,9 @@ def shuffle(x0, x1, *, type, format="nchw", channels=None, out=None):
     if b1 != b0:
         raise ck.ArgumentError("x1", f"expected batch {b0} like x0, got {b1}")
     if x1.ndim != x0.ndim or _spatial_shape(x1.shape, fmt) != _spatial_shape(x0.shape, fmt):
-        raise ck.ArgumentError("x1", f"expected spatial dimensions {_spatial_shape(x0.shape, fmt)} like x0, got shape {x1.shape}")
+        raise ck.ArgumentError(
+            "x1", f"expected spatial dimensions {_spatial_shape(x0.shape, fmt)} like x0, got shape {x1.shape}"
+        )
     if kind == 0:
         if channels is not None:
             raise ck.ArgumentError("channels", "only type 'interleave' takes output channel counts")
@@ -229,7 +266,9 @@ def shuffle(x0, x1, *, type, format="nchw", channels=None, out=None):
             channels0 = ck.integer(pair[0], "channels[0]", minimum=0)
             channels1 = ck.integer(pair[1], "channels[1]", minimum=0)
             if channels0 + channels1 != total:
-                raise ck.ArgumentError("channels", f"must add up to {total} (twice the input channels), got {channels0} + {channels1}")
+                raise ck.ArgumentError(
+                    "channels", f"must add up to {total} (twice the input channels), got {channels0} + {channels1}"
+                )
         for name, c in (("channels[0]", channels0), ("channels[1]", channels1)):
             if c % 2:
                 raise ck.ArgumentError(name, f"type 'interleave' needs even output channel counts, got {c}")
@@ -237,8 +276,9 @@ def shuffle(x0, x1, *, type, format="nchw", channels=None, out=None):
         out1 = _with_channels(x0.shape, fmt, channels1)
     y0, y1 = ck.output_pair(out, (out0, out1), np.dtype(np.float32), (x0, x1))
     if b0 and s0 and (channels0 + channels1):
-        lib.TnSynetShuffleLayerForwardBatch(_f32_ptr(x0), _f32_ptr(x1), b0, channels0, channels1, s0,
-                                            _f32_ptr(y0), _f32_ptr(y1), fmt, kind)
+        lib.TnSynetShuffleLayerForwardBatch(
+            _f32_ptr(x0), _f32_ptr(x1), b0, channels0, channels1, s0, _f32_ptr(y0), _f32_ptr(y1), fmt, kind
+        )
     return y0, y1
 
 
@@ -251,7 +291,7 @@ def softmax(x, axis=-1, *, out=None):
     ax = ck.axis_index(axis, x.ndim)
     outer = math.prod(x.shape[:ax])
     count = x.shape[ax]
-    inner = math.prod(x.shape[ax + 1:])
+    inner = math.prod(x.shape[ax + 1 :])
     y = ck.output(out, x.shape, x.dtype, (x,))
     if x.size:
         if bf16:
@@ -281,8 +321,9 @@ def tiled_scale_2d(x, ver, hor, *, format="nchw", out=None):
         batch, height, width, channels = x.shape
     y = ck.output(out, x.shape, x.dtype, (x, ver, hor))
     if x.size:
-        lib.TnSynetTiledScale2D32fBatch(_f32_ptr(x), batch, channels, height, width, fmt, _f32_ptr(ver),
-                                        _f32_ptr(hor), _f32_ptr(y))
+        lib.TnSynetTiledScale2D32fBatch(
+            _f32_ptr(x), batch, channels, height, width, fmt, _f32_ptr(ver), _f32_ptr(hor), _f32_ptr(y)
+        )
     return y
 
 

@@ -18,6 +18,7 @@ Threads: ``forward`` may run from several threads at once on one object (cffi re
 the GIL around the C call); ``close`` waits for running forwards and then frees the
 context. Objects not closed are freed when garbage-collected.
 """
+
 from __future__ import annotations
 
 import threading
@@ -107,17 +108,23 @@ class _Params:
                 raise ck.ArgumentError("bias", f"expected shape ({self.n},), got shape {arr.shape}")
             limit = _INT32_MAX - _MAX_PRODUCT * self.k
             if arr.size and (int(arr.max()) > limit or int(arr.min()) < -limit):
-                raise ck.ArgumentError("bias", f"values must lie within +-{limit} (2**31 - 1 - 32640 * K) "
-                                       "so that the int32 sums cannot overflow")
+                raise ck.ArgumentError(
+                    "bias",
+                    f"values must lie within +-{limit} (2**31 - 1 - 32640 * K) so that the int32 sums cannot overflow",
+                )
             self.bias = np.ascontiguousarray(arr, dtype=np.int32)
 
     def set_params(self, ctx, with_b: bool) -> None:
         lib.TnSynetQuantizedInnerProductSetParams(
-            ctx, ffi.new("float *", float(self.a_scale)), ffi.new("uint8_t *", self.a_zero),
+            ctx,
+            ffi.new("float *", float(self.a_scale)),
+            ffi.new("uint8_t *", self.a_zero),
             ffi.from_buffer("int8_t[]", self.b) if with_b else ffi.NULL,
             ffi.from_buffer("float[]", self.b_scale),
             ffi.from_buffer("int32_t[]", self.bias) if self.bias is not None else ffi.NULL,
-            ffi.new("float *", float(self.c_scale)), ffi.new("uint8_t *", self.c_zero))
+            ffi.new("float *", float(self.c_scale)),
+            ffi.new("uint8_t *", self.c_zero),
+        )
 
     def check_a(self, a) -> np.ndarray:
         a = _typed_matrix(a, "a", np.uint8)
@@ -128,12 +135,16 @@ class _Params:
 
 def _init(m: int, p: _Params, const_b: bool, algorithm: int):
     ctx = lib.TnSynetQuantizedInnerProductInitAlgorithm(
-        m, p.n, p.k, _UINT8, _INT8, _UINT8, int(p.trans_b), int(const_b), int(p.bias is not None), algorithm)
+        m, p.n, p.k, _UINT8, _INT8, _UINT8, int(p.trans_b), int(const_b), int(p.bias is not None), algorithm
+    )
     if ctx == ffi.NULL:
         if algorithm != lib.TnQipAlgorithmAuto:
             name = next(k for k, v in ALGORITHMS.items() if v == algorithm)
-            raise ck.ArgumentError("algorithm", f"{name!r} is not available: this CPU lacks it, or it is above "
-                                   f"the ISA level in effect ({ISA_NAMES[lib.TnActiveIsa()]}, see TENSOROPS_ISA)")
+            raise ck.ArgumentError(
+                "algorithm",
+                f"{name!r} is not available: this CPU lacks it, or it is above "
+                f"the ISA level in effect ({ISA_NAMES[lib.TnActiveIsa()]}, see TENSOROPS_ISA)",
+            )
         raise MemoryError("quantized inner product: context allocation failed")
     return ctx
 
@@ -156,8 +167,9 @@ class QuantizedInnerProduct:
     implementation selected.
     """
 
-    def __init__(self, b, *, b_scale, a_scale, a_zero, c_scale, c_zero, bias=None, trans_b=False, max_m=1,
-                 algorithm=None):
+    def __init__(
+        self, b, *, b_scale, a_scale, a_zero, c_scale, c_zero, bias=None, trans_b=False, max_m=1, algorithm=None
+    ):
         self._ctx = None
         p = _Params(b, b_scale, a_scale, a_zero, c_scale, c_zero, bias, trans_b)
         self.max_m = ck.integer(max_m, "max_m", minimum=1, maximum=2**40)
@@ -227,9 +239,14 @@ class QuantizedInnerProduct:
                 size = int(lib.TnSynetQuantizedInnerProductExternalBufferSizeRows(ctx, m))
                 if len(self._sizes) < 256:
                     self._sizes[m] = size
-            lib.TnSynetQuantizedInnerProductForwardRows(ctx, m, ffi.from_buffer("uint8_t[]", a), ffi.NULL,
-                                                        self._scratch(size) if size else ffi.NULL,
-                                                        ffi.from_buffer("uint8_t[]", c))
+            lib.TnSynetQuantizedInnerProductForwardRows(
+                ctx,
+                m,
+                ffi.from_buffer("uint8_t[]", a),
+                ffi.NULL,
+                self._scratch(size) if size else ffi.NULL,
+                ffi.from_buffer("uint8_t[]", c),
+            )
         finally:
             self._leave()
         return c
@@ -260,8 +277,9 @@ class QuantizedInnerProduct:
         return f"QuantizedInnerProduct(N={self.n}, K={self.k}, trans_b={self.trans_b}, {state})"
 
 
-def quantized_inner_product(a, b, *, b_scale, a_scale, a_zero, c_scale, c_zero, bias=None, trans_b=False,
-                            algorithm=None) -> np.ndarray:
+def quantized_inner_product(
+    a, b, *, b_scale, a_scale, a_zero, c_scale, c_zero, bias=None, trans_b=False, algorithm=None
+) -> np.ndarray:
     """One-shot C = A x B requantized (the context takes B with the call: constB = false).
     Arguments as for QuantizedInnerProduct; a: uint8 (M, K)."""
     p = _Params(b, b_scale, a_scale, a_zero, c_scale, c_zero, bias, trans_b)
@@ -277,8 +295,12 @@ def quantized_inner_product(a, b, *, b_scale, a_scale, a_zero, c_scale, c_zero, 
         size = lib.TnSynetQuantizedInnerProductExternalBufferSize(ctx)
         buf = np.empty(size, np.uint8) if size else None
         lib.TnSynetQuantizedInnerProductForward(
-            ctx, ffi.from_buffer("uint8_t[]", a), ffi.from_buffer("uint8_t[]", p.b),
-            ffi.from_buffer("uint8_t[]", buf) if buf is not None else ffi.NULL, ffi.from_buffer("uint8_t[]", c))
+            ctx,
+            ffi.from_buffer("uint8_t[]", a),
+            ffi.from_buffer("uint8_t[]", p.b),
+            ffi.from_buffer("uint8_t[]", buf) if buf is not None else ffi.NULL,
+            ffi.from_buffer("uint8_t[]", c),
+        )
     finally:
         lib.TnRelease(ctx)
     return c
