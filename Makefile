@@ -220,4 +220,4 @@ bench-rpc: $(VENV)/.installed
 	$(PY) bench/rpc.py
 
 clean:
-	rm -rf $(VENV) $(SANITIZE_VENV) build native/build *.egg-info
+	rm -rf $(VENV) $(SANITIZE_VENV) build native/build *.egg-info tools/buf/node_modules
