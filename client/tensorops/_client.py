@@ -9,21 +9,48 @@ import os
 import secrets
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal, Self, TypedDict, TypeVar, Union, Unpack, cast, overload
+from typing import Any, Literal, Self, TypedDict, TypeVar, Unpack, cast, overload
 
 import grpc
 import grpc.aio
 import numpy as np
 import numpy.typing as npt
 
+from ._errors import (
+    ClientClosedError,
+    NotFoundError,
+    TensorOpsError,
+    explain_connection_failure,
+    from_rpc_error,
+    invalid_argument,
+)
+from ._operations import (
+    F32,
+    U8,
+    ArrayOf,
+    DTypeChoice,
+    Float32Array,
+    Float32Pair,
+    FloatArray,
+    Floats,
+    Metadata,
+    NamedArray,
+    Operations,
+    Pair,
+    Pairs,
+    Scalar,
+    Session,
+    Shape,
+    Timeout,
+    UInt8Array,
+    UInt8Input,
+    check_metadata,
+    check_timeout,
+    result_into,
+)
+from ._shared_memory import MIN_BYTES, SharedMemoryTransport
 from .protocol import wire
 from .protocol.codec import WireError
-from ._errors import (ClientClosedError, NotFoundError, TensorOpsError, explain_connection_failure, from_rpc_error,
-                      invalid_argument)
-from ._operations import (F32, U8, ArrayOf, DTypeChoice, Float32Array, Float32Pair, FloatArray, Floats, Metadata,
-                          NamedArray, Operations, Pair, Pairs, Scalar, Session, Shape, Timeout, UInt8Array, UInt8Input,
-                          check_metadata, check_timeout, result_into)
-from ._shared_memory import MIN_BYTES, SharedMemoryTransport
 from .v1 import tensorops_pb2
 
 DEFAULT_PORT = 50051  # the server's default port, also the port of a target that names none
@@ -53,9 +80,9 @@ def default_load_balancing(target: str) -> LoadBalancing:
         return "round_robin"
     return "pick_first"
 
-PEM = Union[bytes, str, "os.PathLike[str]"]
+PEM = bytes | str | os.PathLike[str]
 # gRPC channel arguments: (name, value) pairs or a mapping.
-ChannelOptions = Union[Iterable[tuple[str, object]], Mapping[str, object]]
+ChannelOptions = Iterable[tuple[str, object]] | Mapping[str, object]
 
 
 def retry_service_config(max_attempts: int, load_balancing: str = "round_robin", shuffle: bool = False) -> str:

@@ -19,8 +19,17 @@ from types import ModuleType
 from typing import Protocol, cast
 
 from ._errors import invalid_argument
-from ._operations import (Float32Array, Float32Pair, FloatArray, Metadata, Operations, Pairs, Timeout, UInt8Array,
-                          UInt8Input)
+from ._operations import (
+    Float32Array,
+    Float32Pair,
+    FloatArray,
+    Metadata,
+    Operations,
+    Pairs,
+    Timeout,
+    UInt8Array,
+    UInt8Input,
+)
 from .protocol.table import OPERATIONS
 
 

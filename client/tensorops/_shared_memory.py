@@ -33,7 +33,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Union, cast
+from typing import Any, TypeAlias, cast
 
 import grpc
 import numpy as np
@@ -41,10 +41,10 @@ import numpy.typing as npt
 
 from . import _operations
 from ._operations import Pairs
-from .protocol import wire
-from .protocol.codec import WireError, array_bytes, bytes_field, wire_array
 from .kserve import BYTE_SIZE, DATATYPES, OFFSET, REGION, method_path
 from .kserve.v2 import inference_pb2 as pb
+from .protocol import wire
+from .protocol.codec import WireError, array_bytes, bytes_field, wire_array
 
 MIN_BYTES = 64 << 10
 SMALL_TENSOR = 16 << 10  # tensors smaller than this travel in the message (raw_input_contents)
@@ -59,11 +59,11 @@ _OFF_CODES = (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.PERMISSION_DENIED, 
 
 
 # (path, request bytes, timeout, metadata) -> response bytes: the blocking client's _invoke.
-Invoke = Callable[[str, bytes, Union[float, None], Union[Pairs, None]], bytes]
+Invoke: TypeAlias = "Callable[[str, bytes, float | None, Pairs | None], bytes]"
 # A request parameter: the field of its InferParameter's oneof and its value.
-Parameter = tuple[str, Union[bool, int, float, str]]
+Parameter: TypeAlias = "tuple[str, bool | int | float | str]"
 # Where an input is: (region, byte size, offset), or None for the message itself.
-Place = Union[tuple[str, int, int], None]
+Place: TypeAlias = "tuple[str, int, int] | None"
 
 
 class _Unsupported(Exception):
@@ -218,7 +218,7 @@ class SharedMemoryTransport:
         try:
             request = pb.SystemSharedMemoryUnregisterRequest(name=name)
             self._invoke(method_path("SystemSharedMemoryUnregister"), request.SerializeToString(), timeout, metadata)
-        except Exception:  # noqa: BLE001 - the server unmaps it at shutdown anyway
+        except Exception:  # the server unmaps it at shutdown anyway
             pass
         self._release_memory(name, mapped)
 

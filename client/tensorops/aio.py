@@ -15,14 +15,37 @@ import grpc.aio
 import numpy as np
 import numpy.typing as npt
 
-from .protocol import wire
-from ._client import (DEFAULT_TARGET, ClientBase, ClientOptions, ServerInfo, SessionBase, SessionInfo, encode,
-                      server_info, session_info)
+from ._client import (
+    DEFAULT_TARGET,
+    ClientBase,
+    ClientOptions,
+    ServerInfo,
+    SessionBase,
+    SessionInfo,
+    encode,
+    server_info,
+    session_info,
+)
 from ._client import Client as BlockingClient
-from ._operations import (ArrayOf, DTypeChoice, Float32Array, Float32Pair, FloatArray, Metadata, NamedArray, Pairs,
-                          Scalar, Shape, Timeout, UInt8Array, UInt8Input, result_into)
-from ._shared_memory import MIN_BYTES
 from ._errors import NotFoundError
+from ._operations import (
+    ArrayOf,
+    DTypeChoice,
+    Float32Array,
+    Float32Pair,
+    FloatArray,
+    Metadata,
+    NamedArray,
+    Pairs,
+    Scalar,
+    Shape,
+    Timeout,
+    UInt8Array,
+    UInt8Input,
+    result_into,
+)
+from ._shared_memory import MIN_BYTES
+from .protocol import wire
 from .v1 import tensorops_pb2
 
 __all__ = ["Client", "QuantizedInnerProductSession"]

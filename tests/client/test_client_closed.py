@@ -63,7 +63,7 @@ async def outcome(obj, name: str) -> list:
 async def outcome_of(method, *args, **kwargs) -> list:
     try:
         await maybe_await(method(*args, **kwargs))
-    except Exception as exc:  # noqa: BLE001 - reported to the test
+    except Exception as exc:  # reported to the test
         return [type(exc).__name__, str(exc), isinstance(exc, ValueError)]
     return ["returned", "", False]
 
@@ -115,12 +115,12 @@ def racing_calls(target: str, rounds: int = 20) -> dict:
         client = tensorops.Client(target, timeout=30)
         closed = threading.Event()
 
-        def work(call):
+        def work(call, client=client, closed=closed):  # this round's (the threads end within it)
             while True:
                 try:
                     call(client)
                     ending = "returned"
-                except Exception as exc:  # noqa: BLE001 - counted for the test
+                except Exception as exc:  # counted for the test
                     ending = type(exc).__name__
                 with lock:
                     endings[ending] = endings.get(ending, 0) + 1
@@ -202,7 +202,8 @@ def test_the_method_lists_are_complete():
     """The generated cases reach the methods users call (a guard against an empty list)."""
     assert {"softmax", "info", "list_sessions", "shared_array", "quantized_inner_product"} <= \
         set(public_methods(tensorops.Client)) == set(public_methods(tensorops.aio.Client))
-    assert {"forward", "describe", "external_buffer_size_for"} == set(public_methods(tensorops.QuantizedInnerProductSession))
+    assert {"forward", "describe", "external_buffer_size_for"} == \
+        set(public_methods(tensorops.QuantizedInnerProductSession))
     assert {"forward", "external_buffer_size_for"} == set(public_methods(LocalSession))
 
 

@@ -10,10 +10,10 @@ of names declared for the type checker are compared with the protocol's own.
 """
 from __future__ import annotations
 
+import inspect
 import re
 import subprocess
 import sys
-import inspect
 import typing
 from pathlib import Path
 

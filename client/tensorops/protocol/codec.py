@@ -22,9 +22,9 @@ payload length equal to shape x element size, size limits) and names the offendi
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, cast
+from typing import Any, cast
 
 import numpy as np
 from google.protobuf.message import Message
@@ -203,7 +203,7 @@ def _runtime_reads(raw: bytes) -> bool:
     (both supported) differ on two points the in-place decoder must follow."""
     try:
         tensor_pb2.Tensor.FromString(raw)
-    except Exception:  # noqa: BLE001 - google.protobuf.message.DecodeError
+    except Exception:  # google.protobuf.message.DecodeError
         return False
     return True
 
