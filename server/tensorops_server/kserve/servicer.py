@@ -1,7 +1,7 @@
-"""The handlers of inference.GRPCInferenceService: each RPC's behavior inside the call
-pipeline that serves tensorops.v1 (admission, deadline, auth, metrics, logs, status
-mapping), over the models (models.py), the conversions (conversion.py) and the model
-repository (repository.py)."""
+"""The handlers of inference.GRPCInferenceService: each RPC's behavior, made a handler by the
+call pipeline that serves tensorops.v1 too (pipeline.py: auth, admission, deadline,
+metrics, logs, status mapping), over the models (models.py), the conversions
+(conversion.py) and the model repository (repository.py)."""
 from __future__ import annotations
 
 import functools
@@ -18,8 +18,9 @@ from tensorops.protocol.codec import WireError
 
 from .. import errors
 from ..execution import CallState
+from ..pipeline import Incoming
 from ..reflection import renamed
-from ..service import Incoming, Instrumented, Service, deferred
+from ..service import Service
 from ..shm import SharedMemory
 from . import models
 from .conversion import Arguments, KServeEntry, infer_request, infer_response, output_in_region, requested_outputs
@@ -78,6 +79,10 @@ def deserializer(message_class, raw_field: int | None = None) -> Callable[[bytes
     return decode
 
 
+def _stream_error(status: grpc.Status) -> bytes:
+    return pb.ModelStreamInferResponse(error_message=f"{status.code.name}: {status.details}").SerializeToString()
+
+
 def _not_the_message(name: str) -> WireError:
     return WireError("message", f"the request is not a valid {name} message in the protobuf binary encoding")
 
@@ -131,32 +136,6 @@ class KServe:
         finally:
             regions.close()
             model.stats.record(ok, time.perf_counter_ns() - start)
-
-    async def stream_infer(self, instrumented: Instrumented, context: grpc.aio.ServicerContext) -> None:
-        """ModelStreamInfer: each request of the stream answered in order; a request that
-        fails gets its error in `error_message`, and the stream goes on. Waiting for the
-        next request, the stream is held to the admission's read timeout and pending places
-        like any call whose request is arriving (DEADLINE_EXCEEDED or RESOURCE_EXHAUSTED
-        then ends it)."""
-        try:
-            identity = instrumented.auth.identify(context)
-        except errors.Failure as failure:
-            await context.abort_with_status(failure.status())
-            return
-        while True:
-            try:
-                incoming = await instrumented.admission.receive(context, stream=True)
-            except errors.Failure as failure:
-                await context.abort_with_status(failure.status())
-                return
-            if incoming is grpc.aio.EOF:
-                return
-            # The response is written inside the call, so that its charge is held until
-            # gRPC has sent it: a stream whose client does not read cannot pile them up.
-            response, status = await instrumented.call(context, incoming, identity, send=context.write)
-            if status is not None:
-                await context.write(pb.ModelStreamInferResponse(
-                    error_message=f"{status.code.name}: {status.details}").SerializeToString())
 
     # ---- health and metadata
     async def model_ready(self, decoded: codec.Decoded, call: CallState, nbytes: int) -> bytes:
@@ -220,7 +199,6 @@ class KServe:
 
     # ---- the handler table
     def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
-        s = self.service
         behaviors = {
             "ModelReady": ("kserve_model_ready", self.model_ready, pb.ModelReadyRequest),
             "ServerMetadata": ("kserve_server_metadata", self.server_metadata, pb.ServerMetadataRequest),
@@ -239,23 +217,17 @@ class KServe:
             "SystemSharedMemoryUnregister": ("kserve_shared_memory_unregister", self.shm_unregister,
                                              pb.SystemSharedMemoryUnregisterRequest),
         }
+        pipeline = self.service.pipeline
         handlers = {}
-        inline_bytes = s.config.inline_bytes  # larger requests are decoded on a worker, once admitted
         for rpc, (label, behavior, message_class) in behaviors.items():
-            instrumented = Instrumented(label, behavior, s.metrics, s.admission, s.auth, s.config.max_message_bytes)
             raw = _RAW_INPUTS if message_class is pb.ModelInferRequest else None
-            handlers[rpc] = grpc.stream_unary_rpc_method_handler(
-                instrumented.handle, request_deserializer=deferred(deserializer(message_class, raw), inline_bytes))
-        # Each stream response is the ModelInferResponse inside a ModelStreamInferResponse,
-        # assembled as such in one copy.
-        stream_response = functools.partial(self.infer, wrap=_STREAM_RESPONSE_FIELD)
-        streaming = Instrumented("kserve_model_stream_infer", stream_response, s.metrics, s.admission, s.auth,
-                                 s.config.max_message_bytes)
-        async def stream(requests, context):
-            await self.stream_infer(streaming, context)
-        handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
-            stream,
-            request_deserializer=deferred(deserializer(pb.ModelInferRequest, _RAW_INPUTS), inline_bytes))
+            handlers[rpc] = pipeline.handler(label, behavior, deserializer(message_class, raw))
+        # ModelStreamInfer: each request of the stream answered in order, its response the
+        # ModelInferResponse inside a ModelStreamInferResponse, assembled as such in one
+        # copy; a request that fails gets its error in `error_message`, and the stream goes on.
+        handlers["ModelStreamInfer"] = pipeline.stream_handler(
+            "kserve_model_stream_infer", functools.partial(self.infer, wrap=_STREAM_RESPONSE_FIELD),
+            deserializer(pb.ModelInferRequest, _RAW_INPUTS), _stream_error)
         # Liveness and readiness: like the health service, outside admission and auth.
         handlers["ServerLive"] = grpc.unary_unary_rpc_method_handler(
             self._live, request_deserializer=deserializer(pb.ServerLiveRequest),
