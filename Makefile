@@ -6,7 +6,6 @@ PY := $(VENV)/bin/python
 # The PyTorch CPU wheel used by the benchmarks ships on the machine image.
 WHEELS ?= /opt/wheels
 SOURCES := pyproject.toml setup.py $(shell find native client server proto -name '*.c' -o -name '*.h' -o -name '*.py' -o -name '*.pyi' -o -name '*.proto' | grep -v '/build/')
-ISA_LEVELS := avx512 avx2 scalar
 # `make serve` address; extra flags in SERVE_FLAGS (see `tensorops-server --help`).
 HOST ?= 127.0.0.1
 PORT ?= 50051
@@ -110,13 +109,14 @@ test-protobuf-range:
 test-install:
 	PYTHON=$(PYTHON) .ci/install-orders
 
-# The native suite once per ISA level with the extension built under AddressSanitizer and
-# UndefinedBehaviorSanitizer (TENSOROPS_SANITIZE=1, see native/build_ffi.py), in its own
-# virtual environment so that .venv keeps the fast build. The interpreter is not
-# instrumented, so the sanitizer runtimes are preloaded. Python leaks by design (leak
-# detection off); a huge allocation fails with MemoryError as it does without ASan; any
-# finding aborts the run. test_huge_broadcast_view_fails_cleanly is left to `make test`: it
-# runs under a 4 GiB address-space limit, too small for ASan's shadow memory.
+# The native suite, its kernel tests at every ISA level in one process, with the extension
+# built under AddressSanitizer and UndefinedBehaviorSanitizer (TENSOROPS_SANITIZE=1, see
+# native/build_ffi.py), in its own virtual environment so that .venv keeps the fast build.
+# The interpreter is not instrumented, so the sanitizer runtimes are preloaded. Python leaks
+# by design (leak detection off); a huge allocation fails with MemoryError as it does
+# without ASan; any finding aborts the run. test_huge_broadcast_view_fails_cleanly is left
+# to `make test`: it runs under a 4 GiB address-space limit, too small for ASan's shadow
+# memory.
 # docs/security-testing.md has the details.
 SANITIZE_VENV ?= .venv-sanitize
 SANITIZE_TESTS ?= tests/native -k 'not test_huge_broadcast_view_fails_cleanly'
@@ -147,11 +147,7 @@ test-sanitize: $(SANITIZE_VENV)/.installed
 	@$(SANITIZE_ENV) ASAN_OPTIONS=detect_leaks=0 TENSOROPS_ISA=scalar $(SANITIZE_VENV)/bin/python -c "$(SANITIZE_PROBE)" 2>&1 \
 		| grep -q 'AddressSanitizer: heap-buffer-overflow' \
 		|| { echo "test-sanitize: ASan did not catch an out-of-bounds read: the extension is not instrumented"; exit 1; }
-	@for isa in $(ISA_LEVELS); do \
-		echo "== native suite under ASan+UBSan at TENSOROPS_ISA=$$isa =="; \
-		$(SANITIZE_ENV) TENSOROPS_ISA=$$isa $(SANITIZE_VENV)/bin/python -m pytest -q -p no:cacheprovider \
-			$(SANITIZE_TESTS) || exit 1; \
-	done
+	$(SANITIZE_ENV) $(SANITIZE_VENV)/bin/python -m pytest -q -p no:cacheprovider $(SANITIZE_TESTS)
 
 # Coverage-guided fuzzing of the wire decoder (tests/fuzz/fuzz_codec.py, atheris from PyPI)
 # for FUZZ_SECONDS. The corpus grows in FUZZ_DIR/corpus from one run to the next; a crashing

@@ -64,7 +64,7 @@ def test_draining_server_is_not_healthy(start_server):
     orchestrator stop sending traffic) and the call in flight completes."""
     srv = start_server("--grace", "30", "--workers", "2")
     assert health("--address", srv.target).returncode == 0
-    long_call = LongCall(srv)
+    long_call = LongCall(srv, rows=6144)  # a second or more: still running after the health check
     srv.signal()
     deadline = time.monotonic() + 10
     while "draining" not in [e.get("event") for e in srv.events()]:
