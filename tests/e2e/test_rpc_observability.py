@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
 import sys
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 import tensorops
 import tensorops_native as tn
 from tensorops.protocol import wire
-from rpc_server import LIST_SERVICES, metric_value, reflection_call
+from rpc_server import LIST_SERVICES, LongCall, metric_value, reflection_call
 
 
 def test_health_serving(server):
@@ -127,3 +128,54 @@ def test_metrics_text_passes_promtool(server, client):
     client.softmax(np.zeros((0, 2), np.float32))
     result = subprocess.run([tool, "check", "metrics"], input=server.metrics_text(), capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_both_endpoints_go_through_one_call_pipeline(start_server):
+    """tensorops.v1 and KServe calls are admitted and counted by the same pipeline: with one
+    call allowed at a time, a tensorops.v1 call in flight makes a KServe inference and a
+    request of a KServe stream RESOURCE_EXHAUSTED (the stream goes on, and its next request
+    is served once the first call is done); every call lands in the same metric series,
+    under its endpoint's label."""
+    from tensorops.kserve import SERVICE_NAME
+    from tensorops.kserve.v2 import inference_pb2 as pb
+
+    srv = start_server("--max-concurrent-rpcs", "1", "--workers", "2")
+    x = np.linspace(-3, 3, 24, dtype=np.float32).reshape(4, 6)
+    request = pb.ModelInferRequest(model_name="softmax", raw_input_contents=[x.tobytes()])
+    request.inputs.add(name="x", datatype="FP32", shape=x.shape)
+    wide = np.exp(x.astype(np.float64) - x.max(axis=-1, keepdims=True))
+    expected = wide / wide.sum(axis=-1, keepdims=True)
+    done = threading.Event()
+
+    def stream_requests():
+        yield request.SerializeToString()
+        done.wait(60)  # the second request of the stream, once the long call is over
+        yield request.SerializeToString()
+
+    with grpc.insecure_channel(srv.target) as channel:
+        infer = channel.unary_unary(f"/{SERVICE_NAME}/ModelInfer")
+        stream = channel.stream_stream(f"/{SERVICE_NAME}/ModelStreamInfer")
+        busy = LongCall(srv)
+        with pytest.raises(grpc.RpcError) as refused:
+            infer(request.SerializeToString(), timeout=30)
+        assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        responses = stream(stream_requests(), timeout=60)
+        first = pb.ModelStreamInferResponse.FromString(next(responses))
+        assert first.error_message.startswith("RESOURCE_EXHAUSTED: ")
+        busy.join()
+        done.set()
+        assert busy.errors == [] and busy.result[0].shape == busy.shape
+        second = pb.ModelStreamInferResponse.FromString(next(responses))
+        answered = pb.ModelInferResponse.FromString(infer(request.SerializeToString(), timeout=30))
+    assert second.error_message == ""
+    for response in (second.infer_response, answered):
+        y = np.frombuffer(response.raw_output_contents[0], np.float32).reshape(x.shape)
+        np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-7)
+    text = srv.metrics_text()
+    count = "tensorops_request_duration_seconds_count"
+    assert metric_value(text, count, operation="quantized_inner_product", code="OK") == 1
+    assert metric_value(text, count, operation="kserve_model_infer", code="RESOURCE_EXHAUSTED") == 1
+    assert metric_value(text, count, operation="kserve_model_infer", code="OK") == 1
+    assert metric_value(text, count, operation="kserve_model_stream_infer", code="RESOURCE_EXHAUSTED") == 1
+    assert metric_value(text, count, operation="kserve_model_stream_infer", code="OK") == 1
+    assert metric_value(text, "tensorops_kernel_duration_seconds_count", operation="softmax") == 2
