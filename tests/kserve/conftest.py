@@ -1,8 +1,10 @@
 """KServe V2 tests: tritonclient (sync and asyncio) against a real server on an ephemeral
 loopback port, with the shared server fixtures and call cases (tests/support)."""
+
 from __future__ import annotations
 
 import pytest
+
 from rpc_server import ServerProcess, server, start_server  # noqa: F401 (fixtures)
 
 try:

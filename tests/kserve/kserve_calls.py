@@ -1,6 +1,7 @@
 """Python API calls as KServe V2 requests: tensor arguments become inputs, the others
 request parameters, as docs/kserve.md describes (written here independently of the
 server's conversion, from the tensorops.v1 request fields)."""
+
 from __future__ import annotations
 
 import inspect
@@ -17,9 +18,16 @@ import tensorops_native as tn
 from tensorops.protocol import wire
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-DATATYPES = {np.dtype(np.float32): "FP32", np.dtype(np.float64): "FP64", np.dtype(np.float16): "FP16",
-             BF16: "BF16", np.dtype(np.uint8): "UINT8", np.dtype(np.int8): "INT8", np.dtype(np.int32): "INT32",
-             np.dtype(np.int64): "INT64"}
+DATATYPES = {
+    np.dtype(np.float32): "FP32",
+    np.dtype(np.float64): "FP64",
+    np.dtype(np.float16): "FP16",
+    BF16: "BF16",
+    np.dtype(np.uint8): "UINT8",
+    np.dtype(np.int8): "INT8",
+    np.dtype(np.int32): "INT32",
+    np.dtype(np.int64): "INT64",
+}
 
 
 def infer_input(name: str, value) -> tc.InferInput:
@@ -60,7 +68,6 @@ def request(op: str, args: tuple, kwargs: dict) -> tuple[list, dict]:
         else:
             parameters[name] = parameter(value)
     return inputs, parameters
-
 
 
 # ---- quantized inner-product sessions as models

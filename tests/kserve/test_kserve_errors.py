@@ -1,5 +1,6 @@
 """Refused requests: the status code, and a message naming the model, input, parameter
 or output at fault (as tritonclient shows it); the server stays healthy."""
+
 from __future__ import annotations
 
 import grpc
@@ -15,33 +16,75 @@ from rpc_cases import same
 X = np.arange(6, dtype=np.float32).reshape(2, 3)
 
 
-@pytest.mark.parametrize("model, inputs, parameters, code, message", [
-    ("no_such_model", [("x", X)], {}, "NOT_FOUND", "model_name: no model named 'no_such_model'"),
-    ("softmax", [], {}, "INVALID_ARGUMENT", "x: required tensor `x` is missing"),
-    ("softmax", [("x", X), ("z", X)], {}, "INVALID_ARGUMENT", "z: model softmax has no input `z` (its inputs: x)"),
-    ("softmax", [("x", X)], {"epsilon": 0.1}, "INVALID_ARGUMENT",
-     "epsilon: model softmax has no parameter `epsilon` (its parameters: axis)"),
-    ("softmax", [("x", X)], {"axis": "last"}, "INVALID_ARGUMENT",
-     "axis: expected an int64_param, got string_param 'last'"),
-    ("softmax", [("x", X)], {"axis": 2}, "INVALID_ARGUMENT", "axis: "),
-    ("layer_norm_channels", [("x", X[None, :, :, None]), ("scale", X[0]), ("shift", X[0])], {"eps": "small"},
-     "INVALID_ARGUMENT", "eps: expected a double_param, got string_param 'small'"),
-    ("layer_norm_channels", [("x", X[None, :, :, None]), ("scale", X[0]), ("shift", X[0])], {"format": "nhcw"},
-     "INVALID_ARGUMENT", "format: expected one of 'nchw' (0), 'nhwc' (1), got 'nhcw'"),
-    ("unary", [("x", X)], {"op": "exq"}, "INVALID_ARGUMENT", "op: expected one of 'abs' (0)"),
-    ("unary", [("x", X)], {}, "INVALID_ARGUMENT", "op: required"),
-    ("normalize", [("x", X)], {"axes": "1,x"}, "INVALID_ARGUMENT", "axes: expected comma-separated integers"),
-    ("normalize", [("x", X)], {"axes": "1", "activation": "relu("}, "INVALID_ARGUMENT",
-     "activation: expected a string_param: a name, or name(p1, p2, ...)"),
-    ("eltwise", [("inputs", np.float32(1))], {"op": "sum"}, "INVALID_ARGUMENT",
-     "inputs.shape: expected the operands stacked along a first dimension"),
-    ("unary", [("x", X.astype(np.uint16))], {"op": "abs"}, "INVALID_ARGUMENT",
-     "x.datatype: expected one of FP32, FP16, BF16, UINT8, INT8, INT32, INT64, FP64, got 'UINT16'"),
-    ("unary", [("x", X.astype(np.float64))], {"op": "abs"}, "INVALID_ARGUMENT", "x: "),
-])
+@pytest.mark.parametrize(
+    "model, inputs, parameters, code, message",
+    [
+        ("no_such_model", [("x", X)], {}, "NOT_FOUND", "model_name: no model named 'no_such_model'"),
+        ("softmax", [], {}, "INVALID_ARGUMENT", "x: required tensor `x` is missing"),
+        ("softmax", [("x", X), ("z", X)], {}, "INVALID_ARGUMENT", "z: model softmax has no input `z` (its inputs: x)"),
+        (
+            "softmax",
+            [("x", X)],
+            {"epsilon": 0.1},
+            "INVALID_ARGUMENT",
+            "epsilon: model softmax has no parameter `epsilon` (its parameters: axis)",
+        ),
+        (
+            "softmax",
+            [("x", X)],
+            {"axis": "last"},
+            "INVALID_ARGUMENT",
+            "axis: expected an int64_param, got string_param 'last'",
+        ),
+        ("softmax", [("x", X)], {"axis": 2}, "INVALID_ARGUMENT", "axis: "),
+        (
+            "layer_norm_channels",
+            [("x", X[None, :, :, None]), ("scale", X[0]), ("shift", X[0])],
+            {"eps": "small"},
+            "INVALID_ARGUMENT",
+            "eps: expected a double_param, got string_param 'small'",
+        ),
+        (
+            "layer_norm_channels",
+            [("x", X[None, :, :, None]), ("scale", X[0]), ("shift", X[0])],
+            {"format": "nhcw"},
+            "INVALID_ARGUMENT",
+            "format: expected one of 'nchw' (0), 'nhwc' (1), got 'nhcw'",
+        ),
+        ("unary", [("x", X)], {"op": "exq"}, "INVALID_ARGUMENT", "op: expected one of 'abs' (0)"),
+        ("unary", [("x", X)], {}, "INVALID_ARGUMENT", "op: required"),
+        ("normalize", [("x", X)], {"axes": "1,x"}, "INVALID_ARGUMENT", "axes: expected comma-separated integers"),
+        (
+            "normalize",
+            [("x", X)],
+            {"axes": "1", "activation": "relu("},
+            "INVALID_ARGUMENT",
+            "activation: expected a string_param: a name, or name(p1, p2, ...)",
+        ),
+        (
+            "eltwise",
+            [("inputs", np.float32(1))],
+            {"op": "sum"},
+            "INVALID_ARGUMENT",
+            "inputs.shape: expected the operands stacked along a first dimension",
+        ),
+        (
+            "unary",
+            [("x", X.astype(np.uint16))],
+            {"op": "abs"},
+            "INVALID_ARGUMENT",
+            "x.datatype: expected one of FP32, FP16, BF16, UINT8, INT8, INT32, INT64, FP64, got 'UINT16'",
+        ),
+        ("unary", [("x", X.astype(np.float64))], {"op": "abs"}, "INVALID_ARGUMENT", "x: "),
+    ],
+)
 def test_refused_infer(triton, model, inputs, parameters, code, message):
-    status, text = refused(triton.infer, model, [infer_input(n, v) if v.dtype != np.uint16 else _uint16(n, v)
-                                                 for n, v in inputs], parameters=parameters)
+    status, text = refused(
+        triton.infer,
+        model,
+        [infer_input(n, v) if v.dtype != np.uint16 else _uint16(n, v) for n, v in inputs],
+        parameters=parameters,
+    )
     assert status == f"StatusCode.{code}"
     assert text.startswith(message), text
     assert triton.is_server_ready()
@@ -55,9 +98,13 @@ def test_parameters_checked_on_every_call(triton):
     assert same(triton.infer("softmax", [x], parameters={"axis": 1}).as_numpy("y"), tn.softmax(X, axis=1))
     for _ in range(2):
         assert refused(triton.infer, "softmax", [x], parameters={"axis": True}) == (
-            "StatusCode.INVALID_ARGUMENT", "axis: expected an int64_param, got bool_param True")
+            "StatusCode.INVALID_ARGUMENT",
+            "axis: expected an int64_param, got bool_param True",
+        )
         assert refused(triton.infer, "softmax", [x], parameters={"axis": "1"}) == (
-            "StatusCode.INVALID_ARGUMENT", "axis: expected an int64_param, got string_param '1'")
+            "StatusCode.INVALID_ARGUMENT",
+            "axis: expected an int64_param, got string_param '1'",
+        )
     assert same(triton.infer("softmax", [x], parameters={"axis": 1}).as_numpy("y"), tn.softmax(X, axis=1))
 
 
@@ -87,23 +134,31 @@ def test_bytes_datatype(triton):
 
 def test_unknown_version_and_output(triton):
     status, text = refused(triton.infer, "softmax", [infer_input("x", X)], model_version="2")
-    assert (status, text) == ("StatusCode.NOT_FOUND", "model_version: model softmax has no version '2' "
-                                                      "(its only version is 1)")
+    assert (status, text) == (
+        "StatusCode.NOT_FOUND",
+        "model_version: model softmax has no version '2' (its only version is 1)",
+    )
     status, text = refused(triton.infer, "softmax", [infer_input("x", X)], outputs=[tc.InferRequestedOutput("z")])
-    assert (status, text) == ("StatusCode.INVALID_ARGUMENT", "outputs.z: model softmax has no output `z` "
-                                                             "(its outputs: y)")
+    assert (status, text) == (
+        "StatusCode.INVALID_ARGUMENT",
+        "outputs.z: model softmax has no output `z` (its outputs: y)",
+    )
 
 
 def test_shared_memory_is_off_by_default(triton):
     tensor = tc.InferInput("x", [2, 3], "FP32")
     tensor.set_shared_memory("region", 24)
     status, text = refused(triton.infer, "softmax", [tensor])
-    assert (status, text) == ("StatusCode.UNIMPLEMENTED", "x.shared_memory_region: system shared memory is off "
-                                                          "on this server (tensorops-server --allow-shared-memory)")
+    assert (status, text) == (
+        "StatusCode.UNIMPLEMENTED",
+        "x.shared_memory_region: system shared memory is off on this server (tensorops-server --allow-shared-memory)",
+    )
 
 
-@pytest.mark.parametrize("call", ["get_cuda_shared_memory_status", "get_trace_settings", "get_log_settings",
-                                  "get_system_shared_memory_status"])  # the last: off by default
+@pytest.mark.parametrize(
+    "call",
+    ["get_cuda_shared_memory_status", "get_trace_settings", "get_log_settings", "get_system_shared_memory_status"],
+)  # the last: off by default
 def test_other_calls_are_unimplemented(triton, call):
     status, _ = refused(getattr(triton, call))
     assert status == "StatusCode.UNIMPLEMENTED"
@@ -127,31 +182,44 @@ def _request(**inputs) -> service_pb2.ModelInferRequest:
 def test_raw_contents_of_the_wrong_size(server):
     request = _request(x=("FP32", [3]))
     request.raw_input_contents.append(b"\0" * 10)
-    assert _raw_call(server, request) == (grpc.StatusCode.INVALID_ARGUMENT,
-                                          "x: raw_input_contents[0] holds 10 bytes; [3] of FP32 takes 12")
+    assert _raw_call(server, request) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "x: raw_input_contents[0] holds 10 bytes; [3] of FP32 takes 12",
+    )
 
 
 def test_raw_contents_one_per_input(server):
     request = _request(x=("FP32", [1]))
     request.raw_input_contents.extend([b"\0" * 4, b"\0" * 4])
-    assert _raw_call(server, request) == (grpc.StatusCode.INVALID_ARGUMENT,
-                                          "raw_input_contents: expected one buffer per input not in shared memory (1), "
-                                          "got 2")
+    assert _raw_call(server, request) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "raw_input_contents: expected one buffer per input not in shared memory (1), got 2",
+    )
 
 
 def test_raw_and_typed_contents_do_not_mix(server):
     request = _request(x=("FP32", [1]))
     request.raw_input_contents.append(b"\0" * 4)
     request.inputs[0].contents.fp32_contents.append(1.0)
-    assert _raw_call(server, request) == (grpc.StatusCode.INVALID_ARGUMENT,
-                                          "x.contents: raw_input_contents is used: no input may have contents")
+    assert _raw_call(server, request) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "x.contents: raw_input_contents is used: no input may have contents",
+    )
 
 
-@pytest.mark.parametrize("datatype, field, values, message", [
-    ("FP32", "fp32_contents", [1.0, 2.0], "x.contents: expected 3 elements in fp32_contents, got 2"),
-    ("FP16", "fp32_contents", [1.0, 2.0, 3.0], "x.contents: FP16 travels only as raw contents (raw_input_contents)"),
-    ("INT8", "int_contents", [1, 2, 300], "x.contents: a value of int_contents is outside the range of INT8"),
-])
+@pytest.mark.parametrize(
+    "datatype, field, values, message",
+    [
+        ("FP32", "fp32_contents", [1.0, 2.0], "x.contents: expected 3 elements in fp32_contents, got 2"),
+        (
+            "FP16",
+            "fp32_contents",
+            [1.0, 2.0, 3.0],
+            "x.contents: FP16 travels only as raw contents (raw_input_contents)",
+        ),
+        ("INT8", "int_contents", [1, 2, 300], "x.contents: a value of int_contents is outside the range of INT8"),
+    ],
+)
 def test_typed_contents_refused(server, datatype, field, values, message):
     request = _request(x=(datatype, [3]))
     getattr(request.inputs[0].contents, field).extend(values)
@@ -164,5 +232,6 @@ def test_unparsable_request(server):
         with pytest.raises(grpc.RpcError) as info:
             call(b"\x0a\xff\xff", timeout=30)
     assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-    assert info.value.details() == ("message: the request is not a valid inference.ModelInferRequest message in "
-                                    "the protobuf binary encoding")
+    assert info.value.details() == (
+        "message: the request is not a valid inference.ModelInferRequest message in the protobuf binary encoding"
+    )

@@ -3,6 +3,7 @@ stacked or repeated operands without data, outputs listed many times, long names
 parameter values, deep JSON, undecodable health requests. Each is refused at once with
 INVALID_ARGUMENT naming what is at fault, within a bounded amount of memory, while health
 checks keep answering, and legitimate calls succeed afterwards."""
+
 from __future__ import annotations
 
 import json
@@ -26,10 +27,10 @@ from tensorops.v1 import tensor_pb2
 OPERANDS = codec.MAX_OPERANDS
 NAME = wire.MAX_NAME_CHARS
 # Generous bounds for a shared CI machine; the refusals measured take a few milliseconds.
-REFUSED_WITHIN = 1.0           # seconds
-HEALTH_WITHIN = 0.25           # seconds, worst health check while an attack is refused
-PEAK_GROWTH = 150 << 20        # bytes the server's peak resident memory may grow by in one test
-MESSAGE_CHARS = 1000           # the longest status message (docs/protocol.md)
+REFUSED_WITHIN = 1.0  # seconds
+HEALTH_WITHIN = 0.25  # seconds, worst health check while an attack is refused
+PEAK_GROWTH = 150 << 20  # bytes the server's peak resident memory may grow by in one test
+MESSAGE_CHARS = 1000  # the longest status message (docs/protocol.md)
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +74,12 @@ class Attack:
 
     def __enter__(self):
         self.peak = resident_bytes(self.server.proc.pid, "VmHWM")
-        self._watcher = subprocess.Popen([sys.executable, "-c", HEALTH_WATCHER, self.server.target],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._watcher = subprocess.Popen(
+            [sys.executable, "-c", HEALTH_WATCHER, self.server.target],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert self._watcher.stdout.readline().strip() == "ready"
         return self
 
@@ -123,6 +128,7 @@ def stacked(n: int, datatype: str = "FP32", model: str = "eltwise", data: bytes 
 # ---------------------------------------------------------------------------------------
 # Operands: at most MAX_OPERANDS, counted before any is built
 
+
 @pytest.mark.parametrize("n", [OPERANDS + 1, 10**6, 2**32, 2**62])
 @pytest.mark.parametrize("datatype", ["FP32", "BF16", "INT8"])
 def test_kserve_stacked_operands_beyond_the_cap(target, n, datatype):
@@ -137,11 +143,16 @@ def test_kserve_operands_up_to_the_cap_are_computed(target):
     with tc.InferenceServerClient(target.target) as client:
         y = client.infer("eltwise", [infer_input("inputs", operands)], parameters={"op": "max"}).as_numpy("y")
         assert np.array_equal(y, operands[-1])
-        status, message = refused(client.infer, "eltwise", [infer_input("inputs", np.zeros((OPERANDS + 1, 1),
-                                                                                          np.float32))],
-                                  parameters={"op": "max"})
-    assert (status, message.split(",")[0]) == ("StatusCode.INVALID_ARGUMENT",
-                                               f"inputs.shape: at most {OPERANDS} operands (the first dimension")
+        status, message = refused(
+            client.infer,
+            "eltwise",
+            [infer_input("inputs", np.zeros((OPERANDS + 1, 1), np.float32))],
+            parameters={"op": "max"},
+        )
+    assert (status, message.split(",")[0]) == (
+        "StatusCode.INVALID_ARGUMENT",
+        f"inputs.shape: at most {OPERANDS} operands (the first dimension",
+    )
 
 
 def test_kserve_eltwise_without_inputs_names_them(target):
@@ -179,11 +190,14 @@ def length_delimited(number: int, body: bytes) -> bytes:
     return codec._tag(number, 2) + codec._varint(len(body)) + body
 
 
-@pytest.mark.parametrize("label, message", [
-    ("8 MB of empty unknown fields", b"\x78\x00" * (4 << 20)),  # field 15, varint 0
-    ("a tensor of 8 million dimensions", length_delimited(1, length_delimited(1, b"\x01" * (8 << 20)))),
-    ("a group of 2 million fields", b"\x7b" + b"\x08\x00" * (2 << 20) + b"\x7c"),  # group 15 of field 1 = 0
-])
+@pytest.mark.parametrize(
+    "label, message",
+    [
+        ("8 MB of empty unknown fields", b"\x78\x00" * (4 << 20)),  # field 15, varint 0
+        ("a tensor of 8 million dimensions", length_delimited(1, length_delimited(1, b"\x01" * (8 << 20)))),
+        ("a group of 2 million fields", b"\x7b" + b"\x08\x00" * (2 << 20) + b"\x7c"),  # group 15 of field 1 = 0
+    ],
+)
 def test_v1_messages_of_too_many_fields(target, label, message):
     """The in-place decoder walks at most MAX_FIELDS fields and dimensions of a message."""
     with Attack(target):
@@ -195,16 +209,29 @@ def test_v1_messages_of_too_many_fields(target, label, message):
 # ---------------------------------------------------------------------------------------
 # Outputs: each at most once; the response charged and bounded before it is assembled
 
-@pytest.mark.parametrize("model, inputs, parameters, outputs", [
-    ("unary", {"x": np.ones(256 * 1024, np.float32)}, {"op": "abs"}, ["y"] * 1000),
-    ("shuffle", {"x0": np.ones((1, 4, 8), np.float32), "x1": np.ones((1, 4, 8), np.float32)}, {"type": "split"},
-     ["y0", "y1", "y0"]),
-])
+
+@pytest.mark.parametrize(
+    "model, inputs, parameters, outputs",
+    [
+        ("unary", {"x": np.ones(256 * 1024, np.float32)}, {"op": "abs"}, ["y"] * 1000),
+        (
+            "shuffle",
+            {"x0": np.ones((1, 4, 8), np.float32), "x1": np.ones((1, 4, 8), np.float32)},
+            {"type": "split"},
+            ["y0", "y1", "y0"],
+        ),
+    ],
+)
 def test_outputs_listed_twice(target, model, inputs, parameters, outputs):
     with Attack(target), tc.InferenceServerClient(target.target) as client:
         start = time.perf_counter()
-        status, message = refused(client.infer, model, [infer_input(n, v) for n, v in inputs.items()],
-                                  parameters=parameters, outputs=[tc.InferRequestedOutput(o) for o in outputs])
+        status, message = refused(
+            client.infer,
+            model,
+            [infer_input(n, v) for n, v in inputs.items()],
+            parameters=parameters,
+            outputs=[tc.InferRequestedOutput(o) for o in outputs],
+        )
         assert time.perf_counter() - start < REFUSED_WITHIN
     twice = outputs[-1]
     assert (status, message) == ("StatusCode.INVALID_ARGUMENT", f"outputs.{twice}: output `{twice}` is listed twice")
@@ -217,12 +244,15 @@ LONG = 100_000  # within the 256 KiB a ModelInfer request may hold besides its r
 HUGE = 8 << 20  # 8 MiB, for RepositoryModelLoad, whose files make large messages legitimate
 
 
-@pytest.mark.parametrize("name, value", [
-    ("axes", "1" + "," * LONG),
-    ("compute_dtype", "float32" + " " * LONG),
-    ("activation", "relu(" + "1," * (LONG // 2) + "1)"),
-    ("timeout", "x" * LONG),  # one of tritonclient's own parameters, otherwise ignored
-])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("axes", "1" + "," * LONG),
+        ("compute_dtype", "float32" + " " * LONG),
+        ("activation", "relu(" + "1," * (LONG // 2) + "1)"),
+        ("timeout", "x" * LONG),  # one of tritonclient's own parameters, otherwise ignored
+    ],
+)
 def test_long_parameter_values(target, name, value):
     """Every value distinct, as in the attack that filled the conversion cache with them."""
     with Attack(target):
@@ -239,8 +269,7 @@ def test_long_parameter_values(target, name, value):
 def test_parameter_values_up_to_the_cap(target):
     x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
     with tc.InferenceServerClient(target.target) as client:
-        y = client.infer("normalize", [infer_input("x", x)],
-                         parameters={"axes": "2" + " " * (NAME - 1)}).as_numpy("y")
+        y = client.infer("normalize", [infer_input("x", x)], parameters={"axes": "2" + " " * (NAME - 1)}).as_numpy("y")
     assert np.array_equal(y, tn.normalize(x, axes=[2]))
 
 
@@ -249,12 +278,15 @@ def test_long_names(target, where):
     """Names echoed in errors or kept: refused by length, the message within its limit and
     without the name."""
     long = "n" * LONG
-    request = service_pb2.ModelInferRequest(model_name=long if where == "model" else "unary",
-                                            model_version=long if where == "version" else "",
-                                            id=long if where == "id" else "")
+    request = service_pb2.ModelInferRequest(
+        model_name=long if where == "model" else "unary",
+        model_version=long if where == "version" else "",
+        id=long if where == "id" else "",
+    )
     request.parameters[long if where == "parameter" else "op"].string_param = "abs"
-    x = request.inputs.add(name=long if where == "input" else "x", datatype=long if where == "datatype" else "FP32",
-                           shape=[2])
+    x = request.inputs.add(
+        name=long if where == "input" else "x", datatype=long if where == "datatype" else "FP32", shape=[2]
+    )
     if where == "region":
         x.parameters["shared_memory_region"].string_param = long
         x.parameters["shared_memory_byte_size"].int64_param = 8
@@ -272,8 +304,9 @@ def test_long_names(target, where):
 def test_error_messages_echo_a_name_once_within_the_limit(target):
     name = "p" * NAME  # the longest name allowed, unknown to the model
     with tc.InferenceServerClient(target.target) as client:
-        status, message = refused(client.infer, "softmax", [infer_input("x", np.ones(3, np.float32))],
-                                  parameters={name: 1})
+        status, message = refused(
+            client.infer, "softmax", [infer_input("x", np.ones(3, np.float32))], parameters={name: 1}
+        )
     assert status == "StatusCode.INVALID_ARGUMENT"
     assert message.startswith(f"{name[:50]}") and len(message) <= MESSAGE_CHARS
     assert "more characters" in message  # the field and the description share the limit
@@ -295,8 +328,10 @@ def test_long_model_names_are_not_loaded(target):
     with Attack(target):
         for i in range(5):
             code, details = call_raw(target, LOAD, load_request(str(i) + "m" * HUGE))
-            assert (code, details) == (grpc.StatusCode.INVALID_ARGUMENT,
-                                       f"model_name: at most {NAME} characters, got {HUGE + 1}")
+            assert (code, details) == (
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"model_name: at most {NAME} characters, got {HUGE + 1}",
+            )
         with tc.InferenceServerClient(target.target) as client:
             start = time.perf_counter()
             index = client.get_model_repository_index()
@@ -317,12 +352,21 @@ def test_longest_model_name_loads_and_is_listed(target):
             client.unload_model(name)
 
 
-@pytest.mark.parametrize("config, message", [
-    ("[" * 100_000 + "]" * 100_000, "config: at most 4096 characters, got 200000"),
-    ("[" * 2000 + "]" * 2000, "config: expected a JSON object of scalars, got text that is not JSON or is nested too deep"),
-    ('{"a_scale": ' + "[" * 500 + "]" * 500 + "}", "a_scale: expected a number, a string or a bool, got a JSON array"),
-    ('{"a_scale": {"x": 1}}', "a_scale: expected a number, a string or a bool, got a JSON object"),
-])
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ("[" * 100_000 + "]" * 100_000, "config: at most 4096 characters, got 200000"),
+        (
+            "[" * 2000 + "]" * 2000,
+            "config: expected a JSON object of scalars, got text that is not JSON or is nested too deep",
+        ),
+        (
+            '{"a_scale": ' + "[" * 500 + "]" * 500 + "}",
+            "a_scale: expected a number, a string or a bool, got a JSON array",
+        ),
+        ('{"a_scale": {"x": 1}}', "a_scale: expected a number, a string or a bool, got a JSON object"),
+    ],
+)
 def test_deep_or_large_json_config(target, config, message):
     with Attack(target):
         assert call_raw(target, LOAD, load_request("deep", config)) == (grpc.StatusCode.INVALID_ARGUMENT, message)
@@ -330,6 +374,7 @@ def test_deep_or_large_json_config(target, config, message):
 
 # ---------------------------------------------------------------------------------------
 # .npy files in either byte order
+
 
 def npy_big_endian(arr) -> bytes:
     return npy(arr.astype(arr.dtype.newbyteorder(">")))
@@ -342,8 +387,11 @@ def test_big_endian_npy_files_load_the_same_session(target):
     assert expected.any()
     with tc.InferenceServerClient(target.target) as client:
         for name, encode in (("little", npy), ("big", npy_big_endian)):
-            client.load_model(name, config=json.dumps(PARAMS),
-                              files={"file:b": encode(b), "file:b_scale": encode(b_scale), "file:bias": encode(bias)})
+            client.load_model(
+                name,
+                config=json.dumps(PARAMS),
+                files={"file:b": encode(b), "file:b_scale": encode(b_scale), "file:bias": encode(bias)},
+            )
             try:
                 assert np.array_equal(client.infer(name, [infer_input("a", a)]).as_numpy("c"), expected), name
             finally:
@@ -353,12 +401,15 @@ def test_big_endian_npy_files_load_the_same_session(target):
 def test_big_endian_npy_of_the_wrong_size_is_refused(target):
     truncated = npy_big_endian(qip_problem(3)[2])[:-4]
     code, details = call_raw(target, LOAD, load_request("short", **{"file:b_scale": truncated}))
-    assert (code, details) == (grpc.StatusCode.INVALID_ARGUMENT,
-                               "b_scale.data: expected 40 bytes for shape [10] of DATA_TYPE_FP32, got 36")
+    assert (code, details) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "b_scale.data: expected 40 bytes for shape [10] of DATA_TYPE_FP32, got 36",
+    )
 
 
 # ---------------------------------------------------------------------------------------
 # Liveness and readiness
+
 
 @pytest.mark.parametrize("rpc", ["ServerLive", "ServerReady"])
 @pytest.mark.parametrize("garbage", [b"\xff\xff\xff", b"\x0a\x05ab", b"\x08"])
@@ -372,6 +423,7 @@ def test_undecodable_health_requests(target, rpc, garbage):
 
 # ---------------------------------------------------------------------------------------
 # Large messages: walked within the field limit before the protobuf runtime parses them
+
 
 def description_bytes(request: service_pb2.ModelInferRequest) -> int:
     without_raw = service_pb2.ModelInferRequest()
@@ -405,8 +457,10 @@ def test_large_descriptions_are_refused_before_they_are_parsed(target, label):
     with Attack(target):
         code, details = infer_raw(target, request)
     assert code is grpc.StatusCode.INVALID_ARGUMENT, label
-    assert details == (f"message: {size} bytes besides raw_input_contents, more than the limit of "
-                       f"{256 * 1024}: send large tensors as raw contents")
+    assert details == (
+        f"message: {size} bytes besides raw_input_contents, more than the limit of "
+        f"{256 * 1024}: send large tensors as raw contents"
+    )
 
 
 def test_load_of_millions_of_parameters(target):
@@ -440,14 +494,23 @@ def test_stream_answers_each_refusal_in_place_and_goes_on(target):
     listed_twice.CopyFrom(legit)
     listed_twice.outputs.add(name="y")
     listed_twice.outputs.add(name="y")
-    requests = [stacked(2**32).SerializeToString(), listed_twice.SerializeToString(), b"\xff\xff\xff",
-                legit.SerializeToString()]
+    requests = [
+        stacked(2**32).SerializeToString(),
+        listed_twice.SerializeToString(),
+        b"\xff\xff\xff",
+        legit.SerializeToString(),
+    ]
     with Attack(target), grpc.insecure_channel(target.target) as channel:
-        stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer",
-                                       response_deserializer=service_pb2.ModelStreamInferResponse.FromString)
+        stream = channel.stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
+        )
         responses = list(stream(iter(requests), timeout=30))
     assert [r.error_message.split(":")[:2] for r in responses[:3]] == [
-        ["INVALID_ARGUMENT", " inputs.shape"], ["INVALID_ARGUMENT", " outputs.y"], ["INVALID_ARGUMENT", " message"]]
+        ["INVALID_ARGUMENT", " inputs.shape"],
+        ["INVALID_ARGUMENT", " outputs.y"],
+        ["INVALID_ARGUMENT", " message"],
+    ]
     assert responses[3].error_message == ""
     assert np.array_equal(np.frombuffer(responses[3].infer_response.raw_output_contents[0], np.float32), [1, 2])
 
@@ -471,11 +534,14 @@ def test_parameters_are_measured_before_any_is_converted():
             else:
                 request.parameters[name].string_param = value
         return request.parameters
+
     for value in ("1" + " " * NAME, "float32" + " " * NAME):
         with pytest.raises(errors.Failure, match=f"at most {NAME} characters"):
             kserve.request_attributes(normalize, parameters(axes=value, activation="not an activation(", eps=value))
     for _ in range(2):
-        attributes, fmt = kserve.request_attributes(normalize, parameters(axes=" 1, 3 ", activation="Leaky_Relu( 0.5 )"))
+        attributes, fmt = kserve.request_attributes(
+            normalize, parameters(axes=" 1, 3 ", activation="Leaky_Relu( 0.5 )")
+        )
         assert (attributes, fmt) == ({"axes": [1, 3], "activation": ("leaky_relu", 0.5)}, 0)
     assert kserve.request_attributes(normalize, parameters(axes=0b1010))[0] == {"axes": [1, 3]}
     unary = kserve.operation_model(table["unary"])

@@ -1,6 +1,7 @@
 """The self-description of the KServe endpoint: health, server and model metadata, model
 configurations, the repository index and statistics, checked against the tensorops.v1
 request and response messages and tensorops_native's signatures."""
+
 from __future__ import annotations
 
 import inspect
@@ -8,6 +9,7 @@ import inspect
 import numpy as np
 import pytest
 import tritonclient.grpc as tc
+from tritonclient.utils import InferenceServerException
 
 import tensorops_native as tn
 from kserve_calls import infer_input
@@ -17,8 +19,11 @@ OPERATIONS = [name for name in wire.OPERATIONS if hasattr(tn, name)]
 
 
 def tensor_fields(message_class) -> list[str]:
-    return [f.name for f in message_class.DESCRIPTOR.fields
-            if f.message_type is not None and f.message_type.name == "Tensor"]
+    return [
+        f.name
+        for f in message_class.DESCRIPTOR.fields
+        if f.message_type is not None and f.message_type.name == "Tensor"
+    ]
 
 
 def test_health_and_server_metadata(triton):
@@ -66,17 +71,20 @@ def test_metadata_and_config_describe_the_operation(triton, name):
         assert config.parameters[key].string_value.endswith("required") == required, key
 
 
-@pytest.mark.parametrize("name, tensor, datatype, shape", [
-    ("layer_norm_channels", "x", "FP32", [-1]),
-    ("channel_sum", "x", "BF16", [-1]),
-    ("channel_sum", "y", "FP32", [-1, -1]),
-    ("lrn_cross_channels", "k", "FP32", [3]),
-    ("eltwise", "inputs", "FP32", [-1, -1]),
-    ("tiled_scale_2d", "x", "FP32", [-1, -1, -1, -1]),
-    ("quantized_inner_product", "a", "UINT8", [-1, -1]),
-    ("quantized_inner_product", "b", "INT8", [-1, -1]),
-    ("quantized_inner_product", "c", "UINT8", [-1, -1]),
-])
+@pytest.mark.parametrize(
+    "name, tensor, datatype, shape",
+    [
+        ("layer_norm_channels", "x", "FP32", [-1]),
+        ("channel_sum", "x", "BF16", [-1]),
+        ("channel_sum", "y", "FP32", [-1, -1]),
+        ("lrn_cross_channels", "k", "FP32", [3]),
+        ("eltwise", "inputs", "FP32", [-1, -1]),
+        ("tiled_scale_2d", "x", "FP32", [-1, -1, -1, -1]),
+        ("quantized_inner_product", "a", "UINT8", [-1, -1]),
+        ("quantized_inner_product", "b", "INT8", [-1, -1]),
+        ("quantized_inner_product", "c", "UINT8", [-1, -1]),
+    ],
+)
 def test_datatypes_and_shapes(triton, name, tensor, datatype, shape):
     metadata = triton.get_model_metadata(name)
     found = {t.name: t for t in [*metadata.inputs, *metadata.outputs]}[tensor]
@@ -97,7 +105,7 @@ def test_statistics_count_successes_and_failures(start_server):
         x = np.ones((2, 3), np.float32)
         for _ in range(3):
             client.infer("softmax", [infer_input("x", x)])
-        with pytest.raises(Exception):
+        with pytest.raises(InferenceServerException, match="axis"):
             client.infer("softmax", [infer_input("x", x)], parameters={"axis": 9})
         stats = client.get_inference_statistics("softmax").model_stats
         assert len(stats) == 1
@@ -115,14 +123,18 @@ def test_reflection_describes_the_service_under_its_wire_name(server):
     types under package `inference` as clients know them."""
     from google.protobuf import descriptor_pb2
     from grpc_reflection.v1alpha import reflection_pb2
+
     from rpc_server import LIST_SERVICES, reflection_call
 
     describe = reflection_pb2.ServerReflectionRequest(file_containing_symbol="inference.GRPCInferenceService")
-    responses = reflection_call(server.target, "grpc.reflection.v1.ServerReflection",
-                                [LIST_SERVICES, describe.SerializeToString()])
+    responses = reflection_call(
+        server.target, "grpc.reflection.v1.ServerReflection", [LIST_SERVICES, describe.SerializeToString()]
+    )
     assert "inference.GRPCInferenceService" in {s.name for s in responses[0].list_services_response.service}
-    [proto] = [descriptor_pb2.FileDescriptorProto.FromString(f)
-               for f in responses[1].file_descriptor_response.file_descriptor_proto]
+    [proto] = [
+        descriptor_pb2.FileDescriptorProto.FromString(f)
+        for f in responses[1].file_descriptor_response.file_descriptor_proto
+    ]
     assert (proto.name, proto.package) == ("inference/grpc_service.proto", "inference")
     methods = {m.name: (m.input_type, m.output_type) for m in proto.service[0].method}
     assert methods["ModelInfer"] == (".inference.ModelInferRequest", ".inference.ModelInferResponse")

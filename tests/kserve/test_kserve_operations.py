@@ -1,18 +1,19 @@
 """Every operation as a KServe V2 model, called with tritonclient (sync and asyncio):
 results bit-identical to tensorops_native in-process."""
+
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as tc
 import tritonclient.grpc.aio as tca
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-import grpc
 import tensorops_native as tn
 from kserve_calls import BF16, infer_input, request
 from rpc_cases import cases, same
@@ -42,24 +43,34 @@ def test_operations_asyncio(server):
 
     async def main():
         async with tca.InferenceServerClient(server.target) as client:
+
             async def one(case):
                 inputs, parameters = request(case.op, case.args, case.kwargs)
                 return await client.infer(case.op, inputs, parameters=parameters)
+
             return await asyncio.gather(*(one(c) for c in runnable))
-    for case, result in zip(runnable, asyncio.run(main())):
+
+    for case, result in zip(runnable, asyncio.run(main()), strict=True):
         expected = getattr(tn, case.op)(*case.args, **case.kwargs)
         assert same(expected, outputs_of(result, OUTPUTS.get(case.op, ("y",)))), case.id
 
 
-@pytest.mark.parametrize("kwargs, sent", [
-    (dict(axes=[2, 3]), dict(axes="2,3")),
-    (dict(axes=0b1100), dict(axes=0b1100)),                       # TensorRT's bitmask
-    (dict(axes=[-1], activation="relu"), dict(axes="-1", activation="relu")),
-    (dict(axes=[1, 2, 3], num_groups=2, eps=1e-3, activation=("linear", 2.0, 0.5)),
-     dict(axes="1,2,3", num_groups=2, eps=1e-3, activation="linear(2, 0.5)")),
-    (dict(axes=[2, 3], normalize_variance=False, compute_dtype="float32"),
-     dict(axes="2,3", normalize_variance=False, compute_dtype="float32")),
-])
+@pytest.mark.parametrize(
+    "kwargs, sent",
+    [
+        (dict(axes=[2, 3]), dict(axes="2,3")),
+        (dict(axes=0b1100), dict(axes=0b1100)),  # TensorRT's bitmask
+        (dict(axes=[-1], activation="relu"), dict(axes="-1", activation="relu")),
+        (
+            dict(axes=[1, 2, 3], num_groups=2, eps=1e-3, activation=("linear", 2.0, 0.5)),
+            dict(axes="1,2,3", num_groups=2, eps=1e-3, activation="linear(2, 0.5)"),
+        ),
+        (
+            dict(axes=[2, 3], normalize_variance=False, compute_dtype="float32"),
+            dict(axes="2,3", normalize_variance=False, compute_dtype="float32"),
+        ),
+    ],
+)
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16], ids=["FP32", "FP16", "BF16"])
 def test_normalize(triton, kwargs, sent, dtype):
     rng = np.random.default_rng(3)
@@ -74,8 +85,12 @@ def test_requested_outputs_in_their_order(triton):
     rng = np.random.default_rng(4)
     x0, x1 = (rng.standard_normal((1, 4, 2, 2)).astype(np.float32) for _ in range(2))
     y0, y1 = tn.shuffle(x0, x1, type="split")
-    result = triton.infer("shuffle", [infer_input("x0", x0), infer_input("x1", x1)], parameters={"type": "split"},
-                          outputs=[tc.InferRequestedOutput("y1"), tc.InferRequestedOutput("y0")])
+    result = triton.infer(
+        "shuffle",
+        [infer_input("x0", x0), infer_input("x1", x1)],
+        parameters={"type": "split"},
+        outputs=[tc.InferRequestedOutput("y1"), tc.InferRequestedOutput("y0")],
+    )
     response = result.get_response()
     assert [o.name for o in response.outputs] == ["y1", "y0"]
     assert same(y1, result.as_numpy("y1")) and same(y0, result.as_numpy("y0"))
@@ -97,12 +112,16 @@ def test_typed_contents(server):
     b = rng.integers(-128, 128, (8, 4), dtype=np.int8)
     b_scale = np.full(4, 0.01, np.float32)
     bias = rng.integers(-500, 500, 4, dtype=np.int64)
-    expected = tn.quantized_inner_product(a, b, b_scale=b_scale, a_scale=0.05, a_zero=3, c_scale=0.4, c_zero=9,
-                                          bias=bias)
+    expected = tn.quantized_inner_product(
+        a, b, b_scale=b_scale, a_scale=0.05, a_zero=3, c_scale=0.4, c_zero=9, bias=bias
+    )
     request = service_pb2.ModelInferRequest(model_name="quantized_inner_product")
-    for name, arr, datatype, field in (("a", a, "UINT8", "uint_contents"), ("b", b, "INT8", "int_contents"),
-                                       ("b_scale", b_scale, "FP32", "fp32_contents"),
-                                       ("bias", bias, "INT64", "int64_contents")):
+    for name, arr, datatype, field in (
+        ("a", a, "UINT8", "uint_contents"),
+        ("b", b, "INT8", "int_contents"),
+        ("b_scale", b_scale, "FP32", "fp32_contents"),
+        ("bias", bias, "INT64", "int64_contents"),
+    ):
         tensor = request.inputs.add(name=name, datatype=datatype, shape=arr.shape)
         getattr(tensor.contents, field).extend(arr.ravel().tolist())
     for name, value in (("a_scale", 0.05), ("c_scale", 0.4)):
@@ -158,16 +177,17 @@ def test_idle_stream_is_closed_after_the_read_timeout(start_server):
             deadline = time.monotonic() + 10
             while len(results) < 2 and time.monotonic() < deadline:  # the answer, then the end
                 time.sleep(0.05)
-            started_idle = time.monotonic()
         finally:
             client.stop_stream()
         assert results[0][1] is None and same(tn.softmax(x), results[0][0].as_numpy("y"))
         error = results[1][1]
         assert error.status() == "StatusCode.DEADLINE_EXCEEDED"
-        assert error.message() == ("no request arrived on the stream within 1 s (the server's read timeout): the "
-                                   "stream is closed")
-        assert client.is_server_live() and same(tn.softmax(x), client.infer("softmax", [infer_input("x", x)])
-                                                .as_numpy("y"))
+        assert error.message() == (
+            "no request arrived on the stream within 1 s (the server's read timeout): the stream is closed"
+        )
+        assert client.is_server_live() and same(
+            tn.softmax(x), client.infer("softmax", [infer_input("x", x)]).as_numpy("y")
+        )
 
     # a raw stream that never sends: ended the same way, and within the timeout's reach
     with grpc.insecure_channel(srv.target) as channel:
@@ -178,6 +198,7 @@ def test_idle_stream_is_closed_after_the_read_timeout(start_server):
         def silent():  # requests that never come
             done.wait()
             yield from ()
+
         responses = stream(silent(), timeout=20)
         try:
             with pytest.raises(grpc.RpcError) as info:
@@ -195,9 +216,11 @@ def test_stream_infer_asyncio(server):
 
     async def main():
         async with tca.InferenceServerClient(server.target) as client:
+
             async def requests():
                 for x in xs:
                     yield {"model_name": "unary", "inputs": [infer_input("x", x)], "parameters": {"op": "tanh"}}
+
             out = []
             async for result, error in client.stream_infer(requests()):
                 assert error is None
@@ -205,5 +228,6 @@ def test_stream_infer_asyncio(server):
                 if len(out) == len(xs):
                     break
             return out
-    for x, y in zip(xs, asyncio.run(main())):
+
+    for x, y in zip(xs, asyncio.run(main()), strict=True):
         assert same(tn.unary(x, "tanh"), y)

@@ -1,6 +1,7 @@
 """Quantized inner-product sessions as models: tritonclient's load_model (config and .npy
 files) creates one under the caller's name, infer runs its forward, unload releases it;
 the session limits, eviction and per-caller isolation hold as for tensorops sessions."""
+
 from __future__ import annotations
 
 import asyncio
@@ -41,6 +42,7 @@ def test_lifecycle(triton, server):
     async def through_asyncio():  # the same model from the asyncio client
         async with tca.InferenceServerClient(server.target) as client:
             return (await client.infer("my_qip", [infer_input("a", a)])).as_numpy("c")
+
     assert same(expected(a, b, b_scale, bias), asyncio.run(through_asyncio()))
 
     # a reload replaces the session
@@ -53,8 +55,10 @@ def test_lifecycle(triton, server):
     assert "my_qip" not in {m.name for m in triton.get_model_repository_index().models}
     status, text = refused(forward, triton, "my_qip", a2)
     assert status == "StatusCode.NOT_FOUND" and text.startswith("model_name: no model named 'my_qip'")
-    assert refused(triton.unload_model, "my_qip") == ("StatusCode.NOT_FOUND",
-                                                      "model_name: no session model named 'my_qip'")
+    assert refused(triton.unload_model, "my_qip") == (
+        "StatusCode.NOT_FOUND",
+        "model_name: no session model named 'my_qip'",
+    )
 
 
 def test_trans_b_and_stream(triton):
@@ -69,20 +73,33 @@ def test_trans_b_and_stream(triton):
     finally:
         triton.stop_stream()
     assert [e for _, e in results] == [None, None]
-    for (result, _), rows in zip(results, (a, a[:2])):
+    for (result, _), rows in zip(results, (a, a[:2]), strict=True):
         assert same(expected(rows, bt, b_scale, trans_b=True, **PARAMS), result.as_numpy("c"))
     triton.unload_model("qip_t")
 
 
-@pytest.mark.parametrize("name, config, files, message", [
-    ("softmax", PARAMS, {}, "model_name: 'softmax' is an operation; choose another name for the session"),
-    ("m", {k: v for k, v in PARAMS.items() if k != "a_scale"}, None, "a_scale: required field `a_scale` is missing"),
-    ("m", dict(PARAMS, a_zero=1.5), None, "a_zero: expected an int64_param, got double_param 1.5"),
-    ("m", dict(PARAMS, alpha=1), None, "alpha: model m has no parameter `alpha`"),
-    ("m", PARAMS, {"file:b": b"not numpy"}, "file:b: expected the bytes of a .npy file (numpy.save)"),
-    ("m", PARAMS, {"file:c": npy(np.zeros(3, np.int8))}, "file:c: expected the files file:b, file:b_scale, file:bias"),
-    ("m", PARAMS, {"file:b": npy(np.zeros((4, 3), np.float32))}, "b: "),
-])
+@pytest.mark.parametrize(
+    "name, config, files, message",
+    [
+        ("softmax", PARAMS, {}, "model_name: 'softmax' is an operation; choose another name for the session"),
+        (
+            "m",
+            {k: v for k, v in PARAMS.items() if k != "a_scale"},
+            None,
+            "a_scale: required field `a_scale` is missing",
+        ),
+        ("m", dict(PARAMS, a_zero=1.5), None, "a_zero: expected an int64_param, got double_param 1.5"),
+        ("m", dict(PARAMS, alpha=1), None, "alpha: model m has no parameter `alpha`"),
+        ("m", PARAMS, {"file:b": b"not numpy"}, "file:b: expected the bytes of a .npy file (numpy.save)"),
+        (
+            "m",
+            PARAMS,
+            {"file:c": npy(np.zeros(3, np.int8))},
+            "file:c: expected the files file:b, file:b_scale, file:bias",
+        ),
+        ("m", PARAMS, {"file:b": npy(np.zeros((4, 3), np.float32))}, "b: "),
+    ],
+)
 def test_refused_loads(triton, name, config, files, message):
     _, b, b_scale, _ = problem(4)
     sent = {"file:b": npy(b), "file:b_scale": npy(b_scale)}
@@ -93,8 +110,10 @@ def test_refused_loads(triton, name, config, files, message):
 
 
 def test_config_must_be_a_json_object(triton):
-    assert refused(triton.load_model, "m", config="[1, 2]") == ("StatusCode.INVALID_ARGUMENT",
-                                                                "config: expected a JSON object, got list")
+    assert refused(triton.load_model, "m", config="[1, 2]") == (
+        "StatusCode.INVALID_ARGUMENT",
+        "config: expected a JSON object, got list",
+    )
 
 
 def test_evicted_session(start_server):
@@ -104,8 +123,10 @@ def test_evicted_session(start_server):
         load(client, "first", b, b_scale, bias)
         load(client, "second", b, b_scale)  # the store holds one session: the first goes
         assert not client.is_model_ready("first") and client.is_model_ready("second")
-        assert {m.name: m.state for m in client.get_model_repository_index().models}.get("first") in \
-            (None, "UNAVAILABLE")
+        assert {m.name: m.state for m in client.get_model_repository_index().models}.get("first") in (
+            None,
+            "UNAVAILABLE",
+        )
         status, text = refused(forward, client, "first", a)
         assert status == "StatusCode.NOT_FOUND" and "first" in text
         assert same(expected(a, b, b_scale), forward(client, "second", a))

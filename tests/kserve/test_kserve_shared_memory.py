@@ -2,6 +2,7 @@
 and outputs written into registered regions, bit-identical to tensorops_native; bad
 regions (unregistered, out of bounds, shrunk, disallowed key, too many) refused cleanly,
 the server healthy afterwards; regions unmapped on Unregister."""
+
 from __future__ import annotations
 
 import os
@@ -16,7 +17,6 @@ import tritonclient.utils.shared_memory as shm
 import tensorops_native as tn
 from kserve_calls import infer_input, load_session, qip_problem, refused, session_forward
 from rpc_cases import same
-
 
 
 @pytest.fixture
@@ -36,6 +36,7 @@ def regions():
         handle = shm.create_shared_memory_region(key.lstrip("/"), key, byte_size)
         handles.append(handle)
         return key, handle
+
     yield create
     for handle in handles:
         shm.destroy_shared_memory_region(handle)
@@ -58,15 +59,21 @@ def test_inputs_and_outputs_in_shared_memory(client, regions):
     assert "system_shared_memory" in client.get_server_metadata().extensions
     status = client.get_system_shared_memory_status().regions
     assert {n: (r.key, r.offset, r.byte_size) for n, r in status.items()} == {
-        "in": (key_in, 64, x.nbytes), "out": (key_out, 0, x.nbytes)}
+        "in": (key_in, 64, x.nbytes),
+        "out": (key_out, 0, x.nbytes),
+    }
 
     x_in = tc.InferInput("x", list(x.shape), "FP32")
     x_in.set_shared_memory("in", x.nbytes)
     y_out = tc.InferRequestedOutput("y")
     y_out.set_shared_memory("out", x.nbytes)
     for _ in range(2):  # the regions serve call after call
-        result = client.infer("layer_norm_channels", [x_in, infer_input("scale", scale), infer_input("shift", shift)],
-                              parameters={"eps": 1e-4}, outputs=[y_out])
+        result = client.infer(
+            "layer_norm_channels",
+            [x_in, infer_input("scale", scale), infer_input("shift", shift)],
+            parameters={"eps": 1e-4},
+            outputs=[y_out],
+        )
         output = result.get_output("y")
         assert (output.datatype, list(output.shape)) == ("FP32", list(x.shape))
         assert output.parameters["shared_memory_region"].string_param == "out"
@@ -88,12 +95,24 @@ def test_eltwise_result_into_shared_memory(client, regions, offset):
     assert same(expected, shm.get_contents_as_numpy(handle, np.float32, expected.shape, offset=offset).copy())
 
 
-@pytest.mark.parametrize("model, expected, inputs, parameters", [
-    ("normalize", lambda x, g: tn.normalize(x, g, axes=[2, 3], activation=("leaky_relu", 0.1)),
-     lambda x, g: [infer_input("x", x), infer_input("scale", g)], {"axes": "2,3", "activation": "leaky_relu(0.1)"}),
-    ("channel_sum", lambda x, g: tn.channel_sum(x.astype(ml_dtypes.bfloat16), format="nhwc"),
-     lambda x, g: [infer_input("x", x.astype(ml_dtypes.bfloat16))], {"format": "nhwc"}),
-], ids=["normalize", "channel_sum"])
+@pytest.mark.parametrize(
+    "model, expected, inputs, parameters",
+    [
+        (
+            "normalize",
+            lambda x, g: tn.normalize(x, g, axes=[2, 3], activation=("leaky_relu", 0.1)),
+            lambda x, g: [infer_input("x", x), infer_input("scale", g)],
+            {"axes": "2,3", "activation": "leaky_relu(0.1)"},
+        ),
+        (
+            "channel_sum",
+            lambda x, g: tn.channel_sum(x.astype(ml_dtypes.bfloat16), format="nhwc"),
+            lambda x, g: [infer_input("x", x.astype(ml_dtypes.bfloat16))],
+            {"format": "nhwc"},
+        ),
+    ],
+    ids=["normalize", "channel_sum"],
+)
 def test_results_written_into_shared_memory(client, regions, model, expected, inputs, parameters):
     """normalize (the shape of x) and channel_sum ((batch, channels) fp32) write into the region."""
     rng = np.random.default_rng(4)
@@ -108,8 +127,10 @@ def test_results_written_into_shared_memory(client, regions, model, expected, in
         shm.set_shared_memory_region(handle, [np.full(want.nbytes + 64, 7, np.uint8)])
         result = client.infer(model, inputs(x, g), parameters=parameters, outputs=[y_out])
         output = result.get_output("y")
-        assert list(output.shape) == list(want.shape) and output.parameters["shared_memory_byte_size"].int64_param \
-            == want.nbytes
+        assert (
+            list(output.shape) == list(want.shape)
+            and output.parameters["shared_memory_byte_size"].int64_param == want.nbytes
+        )
         got = shm.get_contents_as_numpy(handle, np.uint8, (want.nbytes,)).copy()
         assert got.tobytes() == want.view(np.uint8).tobytes()
 
@@ -122,8 +143,12 @@ def test_one_output_in_shared_memory_the_other_in_the_message(client, regions):
     client.register_system_shared_memory("y0", key, 4096)
     y0_out = tc.InferRequestedOutput("y0")
     y0_out.set_shared_memory("y0", 4096)
-    result = client.infer("shuffle", [infer_input("x0", x0), infer_input("x1", x1)], parameters={"type": "split"},
-                          outputs=[y0_out, tc.InferRequestedOutput("y1")])
+    result = client.infer(
+        "shuffle",
+        [infer_input("x0", x0), infer_input("x1", x1)],
+        parameters={"type": "split"},
+        outputs=[y0_out, tc.InferRequestedOutput("y1")],
+    )
     assert same(y1, result.as_numpy("y1"))  # tritonclient finds raw contents by the output's index
     assert same(y0, shm.get_contents_as_numpy(handle, np.float32, y0.shape))
 
@@ -161,18 +186,24 @@ def test_bad_uses_of_regions(client, regions, shm_server):
     shm.set_shared_memory_region(handle, [x])
     client.register_system_shared_memory("r", key, x.nbytes)
     assert refused(_infer_x, client, _x_in("nope", x.nbytes)) == (
-        "StatusCode.NOT_FOUND", "x.shared_memory_region: no shared-memory region named 'nope' is registered")
+        "StatusCode.NOT_FOUND",
+        "x.shared_memory_region: no shared-memory region named 'nope' is registered",
+    )
     assert refused(_infer_x, client, _x_in("r", x.nbytes, offset=4)) == (
         "StatusCode.INVALID_ARGUMENT",
-        f"x.shared_memory_region: offset 4 + byte_size {x.nbytes} exceed the region's {x.nbytes} bytes")
+        f"x.shared_memory_region: offset 4 + byte_size {x.nbytes} exceed the region's {x.nbytes} bytes",
+    )
     assert refused(_infer_x, client, _x_in("r", x.nbytes - 4)) == (
         "StatusCode.INVALID_ARGUMENT",
-        f"x: shared_memory_byte_size is {x.nbytes - 4}; [2, 16, 8, 8] of FP32 takes {x.nbytes}")
+        f"x: shared_memory_byte_size is {x.nbytes - 4}; [2, 16, 8, 8] of FP32 takes {x.nbytes}",
+    )
     small = tc.InferRequestedOutput("y")
     small.set_shared_memory("r", 16)
     status, text = refused(client.infer, "softmax", [infer_input("x", x)], outputs=[small])
-    assert (status, text) == ("StatusCode.INVALID_ARGUMENT", f"outputs.y.shared_memory_byte_size: the result "
-                                                             f"takes {x.nbytes} bytes, more than the 16 given")
+    assert (status, text) == (
+        "StatusCode.INVALID_ARGUMENT",
+        f"outputs.y.shared_memory_byte_size: the result takes {x.nbytes} bytes, more than the 16 given",
+    )
     # the object shrinks behind the server's back: refused, not a crash
     os.truncate(f"/dev/shm/{key.lstrip('/')}", 1024)
     status, text = refused(_infer_x, client, _x_in("r", x.nbytes))
@@ -195,13 +226,20 @@ def test_each_part_of_a_region_checked_against_its_size(client, regions, shm_ser
     y_out.set_shared_memory("xy", x.nbytes, offset=x.nbytes)
 
     def call():
-        client.infer("layer_norm_channels", [_x_in("xy", x.nbytes), infer_input("scale", scale),
-                                             infer_input("shift", shift)], outputs=[y_out])
+        client.infer(
+            "layer_norm_channels",
+            [_x_in("xy", x.nbytes), infer_input("scale", scale), infer_input("shift", shift)],
+            outputs=[y_out],
+        )
+
     path = f"/dev/shm/{key.lstrip('/')}"
     os.truncate(path, x.nbytes + 64)
     status, text = refused(call)
-    assert status == "StatusCode.INVALID_ARGUMENT" and text.startswith("outputs.y.shared_memory_region: ") and \
-        "shrank" in text, text
+    assert (
+        status == "StatusCode.INVALID_ARGUMENT"
+        and text.startswith("outputs.y.shared_memory_region: ")
+        and "shrank" in text
+    ), text
     os.truncate(path, 2 * x.nbytes)
     call()
     y = shm.get_contents_as_numpy(handle, np.float32, x.shape, offset=x.nbytes)
@@ -209,13 +247,20 @@ def test_each_part_of_a_region_checked_against_its_size(client, regions, shm_ser
     assert client.is_server_ready() and shm_server.proc.poll() is None
 
 
-@pytest.mark.parametrize("key, size, code, message", [
-    ("/other_region", 64, "PERMISSION_DENIED", "key: this server maps only the shared-memory objects whose names "
-                                               "start with 'tensorops_'"),
-    ("/tensorops_does_not_exist", 64, "NOT_FOUND", "key: no shared-memory object of that name"),
-    ("/tensorops_../etc", 64, "INVALID_ARGUMENT", "key: expected the name of a POSIX shared-memory object"),
-    (None, 1 << 20, "INVALID_ARGUMENT", "byte_size: offset 0 + byte_size 1048576 exceed the object's 4096 bytes"),
-])
+@pytest.mark.parametrize(
+    "key, size, code, message",
+    [
+        (
+            "/other_region",
+            64,
+            "PERMISSION_DENIED",
+            "key: this server maps only the shared-memory objects whose names start with 'tensorops_'",
+        ),
+        ("/tensorops_does_not_exist", 64, "NOT_FOUND", "key: no shared-memory object of that name"),
+        ("/tensorops_../etc", 64, "INVALID_ARGUMENT", "key: expected the name of a POSIX shared-memory object"),
+        (None, 1 << 20, "INVALID_ARGUMENT", "byte_size: offset 0 + byte_size 1048576 exceed the object's 4096 bytes"),
+    ],
+)
 def test_refused_registrations(client, regions, key, size, code, message):
     created, _ = regions(4096)
     status, text = refused(client.register_system_shared_memory, "r", key or created, size)
@@ -230,14 +275,14 @@ def test_a_disallowed_key_is_not_echoed(client, regions):
 
 
 def test_region_limits(start_server, regions):
-    server = start_server("--allow-shared-memory", "true", "--max-shared-memory-regions", "2",
-                          "--max-shared-memory-bytes", "8192")
+    server = start_server(
+        "--allow-shared-memory", "true", "--max-shared-memory-regions", "2", "--max-shared-memory-bytes", "8192"
+    )
     with tc.InferenceServerClient(server.target) as client:
         keys = [regions(4096)[0] for _ in range(3)]
         client.register_system_shared_memory("a", keys[0], 4096)
         assert refused(client.register_system_shared_memory, "a", keys[1], 16)[0] == "StatusCode.ALREADY_EXISTS"
-        assert refused(client.register_system_shared_memory, "b", keys[1], 4097)[0] == \
-            "StatusCode.RESOURCE_EXHAUSTED"
+        assert refused(client.register_system_shared_memory, "b", keys[1], 4097)[0] == "StatusCode.RESOURCE_EXHAUSTED"
         client.register_system_shared_memory("b", keys[1], 4096)
         status, text = refused(client.register_system_shared_memory, "c", keys[2], 16)
         assert status == "StatusCode.RESOURCE_EXHAUSTED" and "2 regions" in text
@@ -252,6 +297,7 @@ def test_regions_are_unmapped_on_unregister(client, regions, shm_server):
     def mapped() -> bool:
         with open(f"/proc/{shm_server.proc.pid}/maps") as maps:
             return any(line.rstrip().endswith(path) for line in maps)
+
     client.register_system_shared_memory("m", key, 8192)
     assert mapped()
     client.unregister_system_shared_memory("m")
@@ -261,6 +307,7 @@ def test_regions_are_unmapped_on_unregister(client, regions, shm_server):
 def test_off_by_default(triton, regions):
     key, _ = regions(64)
     assert refused(triton.register_system_shared_memory, "r", key, 64) == (
-        "StatusCode.UNIMPLEMENTED", "system shared memory is off on this server (tensorops-server "
-                                    "--allow-shared-memory)")
+        "StatusCode.UNIMPLEMENTED",
+        "system shared memory is off on this server (tensorops-server --allow-shared-memory)",
+    )
     assert "system_shared_memory" not in triton.get_server_metadata().extensions

@@ -3,6 +3,7 @@ read and write them (on the event loop and on a worker thread), one caller regis
 it may, hard links, symbolic links and other objects that only look allowed by their name,
 odd keys. Each is refused with a clear error, the server stays alive and answers health
 checks, and legitimate calls still get exact results."""
+
 from __future__ import annotations
 
 import os
@@ -39,6 +40,7 @@ def objects():
         os.close(fd)
         paths.append(path)
         return path
+
     yield create
     for path in paths:
         if os.path.lexists(path):
@@ -111,8 +113,11 @@ def infer(client, model: str, call) -> None:
     client.infer(model, inputs, parameters=parameters, outputs=outputs)
 
 
-CALLS = [("unary", lambda r: unary_call(r, "exp", NBYTES)), ("unary", lambda r: unary_call(r, "abs", NBYTES + 2)),
-         ("layer_norm_channels", layer_norm_call)]
+CALLS = [
+    ("unary", lambda r: unary_call(r, "exp", NBYTES)),
+    ("unary", lambda r: unary_call(r, "abs", NBYTES + 2)),
+    ("layer_norm_channels", layer_norm_call),
+]
 
 
 @pytest.mark.parametrize("path", ["inline", "worker"])
@@ -145,6 +150,7 @@ def test_objects_shrunk_during_calls_fail_those_calls_only(start_server, objects
             time.sleep(0.0005)
             os.truncate(attacked, region_size)
             time.sleep(0.002)
+
     shrinker = threading.Thread(target=shrink_and_grow)
     health = HealthProbe(server.target)
     shrinker.start()
@@ -161,8 +167,13 @@ def test_objects_shrunk_during_calls_fail_those_calls_only(start_server, objects
                 outcome = exc.status()
                 if outcome == "StatusCode.INVALID_ARGUMENT":
                     assert "shrank" in exc.message(), exc.message()
-                    outcome += (" before" if SHRANK_DURING not in exc.message() else
-                                " fault" if "the region is unregistered" in exc.message() else " during")
+                    outcome += (
+                        " before"
+                        if SHRANK_DURING not in exc.message()
+                        else " fault"
+                        if "the region is unregistered" in exc.message()
+                        else " during"
+                    )
                 else:
                     assert outcome == "StatusCode.NOT_FOUND" and "'attacked'" in exc.message(), exc.message()
             slowest = max(slowest, time.perf_counter() - start)
@@ -200,10 +211,15 @@ def bearer(token: str) -> dict:
 
 
 PER_CALLER_CAPS = [
-    pytest.param((), Config.max_shared_memory_regions_per_caller, Config.max_shared_memory_bytes_per_caller,
-                 id="defaults"),
-    pytest.param(("--max-shared-memory-regions-per-caller", "3", "--max-shared-memory-bytes-per-caller",
-                  str(1 << 20)), 3, 1 << 20, id="flags"),
+    pytest.param(
+        (), Config.max_shared_memory_regions_per_caller, Config.max_shared_memory_bytes_per_caller, id="defaults"
+    ),
+    pytest.param(
+        ("--max-shared-memory-regions-per-caller", "3", "--max-shared-memory-bytes-per-caller", str(1 << 20)),
+        3,
+        1 << 20,
+        id="flags",
+    ),
 ]
 
 
@@ -221,8 +237,10 @@ def test_one_caller_cannot_lock_the_others_out(start_server, objects, flags, mos
     start = time.perf_counter()
     status, text = refused(client.register_system_shared_memory, "one-more", small, 4096, headers=alpha)
     assert time.perf_counter() - start < 1.0
-    assert (status, text) == ("StatusCode.RESOURCE_EXHAUSTED", f"name: this caller has {most} regions registered, "
-                                                               "the limit per caller; unregister some first")
+    assert (status, text) == (
+        "StatusCode.RESOURCE_EXHAUSTED",
+        f"name: this caller has {most} regions registered, the limit per caller; unregister some first",
+    )
 
     # the other caller: registers, and its region serves
     x = np.arange(16, dtype=np.float32)
@@ -241,9 +259,10 @@ def test_one_caller_cannot_lock_the_others_out(start_server, objects, flags, mos
     big = key_of(objects(most_bytes))
     client.register_system_shared_memory("big", big, most_bytes, headers=beta)
     status, text = refused(client.register_system_shared_memory, "more", small, 1, headers=beta)
-    assert (status, text) == ("StatusCode.RESOURCE_EXHAUSTED", f"byte_size: this caller's regions hold {most_bytes} "
-                                                               f"bytes; 1 more exceed the limit of {most_bytes} per "
-                                                               "caller")
+    assert (status, text) == (
+        "StatusCode.RESOURCE_EXHAUSTED",
+        f"byte_size: this caller's regions hold {most_bytes} bytes; 1 more exceed the limit of {most_bytes} per caller",
+    )
     client.unregister_system_shared_memory("a0", headers=alpha)  # room again for alpha
     client.register_system_shared_memory("one-more", small, 4096, headers=alpha)
     client.close()
@@ -264,10 +283,12 @@ def test_objects_judged_by_identity_not_by_name(shm_server, objects):
     os.mkdir(directory)
     os.mkfifo(fifo, 0o600)
     try:
-        cases = {hard: "key: the object has 2 names (hard links); only objects with one name are mapped",
-                 soft: "key: the shared-memory object is a symbolic link",
-                 directory: "key: the shared-memory object cannot be opened for reading and writing",
-                 fifo: "key: not a shared-memory object (a regular file of /dev/shm)"}
+        cases = {
+            hard: "key: the object has 2 names (hard links); only objects with one name are mapped",
+            soft: "key: the shared-memory object is a symbolic link",
+            directory: "key: the shared-memory object cannot be opened for reading and writing",
+            fifo: "key: not a shared-memory object (a regular file of /dev/shm)",
+        }
         for path, message in cases.items():
             start = time.perf_counter()
             status, text = refused(client.register_system_shared_memory, "r", key_of(path), 64)
@@ -287,12 +308,17 @@ def test_objects_judged_by_identity_not_by_name(shm_server, objects):
         client.close()
 
 
-@pytest.mark.parametrize("key, message", [
-    ("/tensorops_a\0b", "key: expected the name of a POSIX shared-memory object (no NUL, no '/' after the leading "
-                        "ones)"),
-    ("/tensorops_" + "k" * 300, "key: at most 256 characters, got 311"),
-    ("/tensorops_a/b", "key: expected the name of a POSIX shared-memory object"),
-])
+@pytest.mark.parametrize(
+    "key, message",
+    [
+        (
+            "/tensorops_a\0b",
+            "key: expected the name of a POSIX shared-memory object (no NUL, no '/' after the leading ones)",
+        ),
+        ("/tensorops_" + "k" * 300, "key: at most 256 characters, got 311"),
+        ("/tensorops_a/b", "key: expected the name of a POSIX shared-memory object"),
+    ],
+)
 def test_odd_keys_are_refused_naming_the_key(shm_server, key, message):
     with tc.InferenceServerClient(shm_server.target) as client:
         status, text = refused(client.register_system_shared_memory, "r", key, 64)

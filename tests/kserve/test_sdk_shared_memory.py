@@ -2,6 +2,7 @@
 bit-identical to tensorops_native, through the KServe endpoint's regions when the server
 serves them (counted in its metrics), over the wire when it does not or when the result
 does not fit; errors as over the wire; regions unlinked by close()."""
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,9 @@ CASES = [c for c in cases(seed=21) if not c.missing()]
 
 
 def kserve_calls(server) -> float:
-    return metric_value(server.metrics_text(), "tensorops_request_duration_seconds_count",
-                        operation="kserve_model_infer", code="OK")
+    return metric_value(
+        server.metrics_text(), "tensorops_request_duration_seconds_count", operation="kserve_model_infer", code="OK"
+    )
 
 
 def regions_of_this_process() -> list[str]:
@@ -84,14 +86,14 @@ def test_concurrent_calls(shm_server):
     with tensorops.Client(shm_server.target, shared_memory=True) as client:
         with futures.ThreadPoolExecutor(8) as pool:
             results = list(pool.map(lambda x: client.softmax(x), xs))
-    for x, y in zip(xs, results):
+    for x, y in zip(xs, results, strict=True):
         assert same(tn.softmax(x), y)
 
 
 def test_a_result_larger_than_its_room_goes_over_the_wire(shm_server):
     rng = np.random.default_rng(3)
     a = rng.integers(0, 256, (256, 8), dtype=np.uint8)
-    b = rng.integers(-128, 128, (8, 2048), dtype=np.int8)      # C: 256 x 2048 bytes, 8 x the inputs
+    b = rng.integers(-128, 128, (8, 2048), dtype=np.int8)  # C: 256 x 2048 bytes, 8 x the inputs
     params = qip_params(rng, 2048)
     with tensorops.Client(shm_server.target, shared_memory=True, shared_memory_min_bytes=0) as client:
         c = client.quantized_inner_product(a, b, **params)
@@ -132,6 +134,7 @@ def test_asyncio_client(shm_server, server):
     import asyncio
 
     import tensorops.aio
+
     rng = np.random.default_rng(6)
     xs = [rng.standard_normal((64, 1024)).astype(np.float32) for _ in range(6)]
     before = kserve_calls(shm_server)
@@ -140,18 +143,20 @@ def test_asyncio_client(shm_server, server):
         async with tensorops.aio.Client(target, shared_memory=True) as client:
             results = await asyncio.gather(*(client.softmax(x) for x in xs))
             return results, client.shared_memory, client.shared_memory_refusal
+
     results, on, refusal = asyncio.run(main(shm_server.target))
     assert on and refusal is None and kserve_calls(shm_server) - before == len(xs)
-    assert all(same(tn.softmax(x), y) for x, y in zip(xs, results))
+    assert all(same(tn.softmax(x), y) for x, y in zip(xs, results, strict=True))
     results, on, refusal = asyncio.run(main(server.target))  # refused: over the wire
     assert not on and "--allow-shared-memory" in refusal
-    assert all(same(tn.softmax(x), y) for x, y in zip(xs, results))
+    assert all(same(tn.softmax(x), y) for x, y in zip(xs, results, strict=True))
     assert not regions_of_this_process()
 
 
 def server_regions(target) -> dict:
     """The regions the server holds for this (unauthenticated) caller, by tritonclient."""
     import tritonclient.grpc as tc
+
     with tc.InferenceServerClient(target) as triton:
         return dict(triton.get_system_shared_memory_status().regions)
 
@@ -187,6 +192,7 @@ def test_zero_copy_with_shared_arrays(shm_server):
         assert kserve_calls(shm_server) - before == 4
         del xs, ys, small
         import gc
+
         gc.collect()
         client.softmax(np.ones((4, 4), np.float32))  # the next call unregisters what is gone
         assert len(arrays) == 3 and not arrays & set(server_regions(shm_server.target))
@@ -198,11 +204,14 @@ def test_out_receives_the_result(shm_server, shared_memory):
     rng = np.random.default_rng(8)
     x = rng.standard_normal((64, 1024)).astype(np.float32)
     with tensorops.Client(shm_server.target, shared_memory=shared_memory) as client:
-        for op, call in (("softmax", lambda out: client.softmax(x, out=out)),
-                         ("unary", lambda out: client.unary(x, "exp", out=out)),
-                         ("normalize", lambda out: client.normalize(x, axes=[1], out=out))):
-            expected = getattr(tn, op)(x, *(("exp",) if op == "unary" else ()), **({"axes": [1]}
-                                                                                    if op == "normalize" else {}))
+        for op, call in (
+            ("softmax", lambda out: client.softmax(x, out=out)),
+            ("unary", lambda out: client.unary(x, "exp", out=out)),
+            ("normalize", lambda out: client.normalize(x, axes=[1], out=out)),
+        ):
+            expected = getattr(tn, op)(
+                x, *(("exp",) if op == "unary" else ()), **({"axes": [1]} if op == "normalize" else {})
+            )
             out = np.full_like(x, 7)
             assert call(out) is out and same(expected, out), op
 
@@ -214,14 +223,14 @@ def test_bad_out_is_refused(shm_server):
         frozen = np.empty_like(x)
         frozen.flags.writeable = False
         for out, error, message in (
-                ([0.0], TypeError, "out: expected a numpy.ndarray, got list"),
-                (np.empty((64, 2048), np.float32)[:, ::2], ValueError, "out: expected a writeable, aligned, "
-                                                                       "C-contiguous"),
-                (frozen, ValueError, "out: expected a writeable"),
-                (x, ValueError, "out: must not overlap an input"),
-                (np.empty_like(x, np.float64), TypeError, "out: expected dtype float32 (the result's), got float64"),
-                (np.empty((32, 1024), np.float32), ValueError, "out: expected shape (64, 1024) (the result's)"),
-                (shared, ValueError, "out: the result does not fit")):
+            ([0.0], TypeError, "out: expected a numpy.ndarray, got list"),
+            (np.empty((64, 2048), np.float32)[:, ::2], ValueError, "out: expected a writeable, aligned, C-contiguous"),
+            (frozen, ValueError, "out: expected a writeable"),
+            (x, ValueError, "out: must not overlap an input"),
+            (np.empty_like(x, np.float64), TypeError, "out: expected dtype float32 (the result's), got float64"),
+            (np.empty((32, 1024), np.float32), ValueError, "out: expected shape (64, 1024) (the result's)"),
+            (shared, ValueError, "out: the result does not fit"),
+        ):
             with pytest.raises(error) as info:
                 client.softmax(x, out=out)
             assert str(info.value).startswith(message), (message, str(info.value))

@@ -25,6 +25,7 @@ into the response's `raw_output_contents`.
 The messages come from proto/tensorops/kserve/v2 (package tensorops.kserve.v2, wire-
 identical to Triton's `inference` package; that .proto says why the package differs).
 """
+
 from tensorops.kserve import SERVICE_NAME
 
 from .conversion import request_attributes

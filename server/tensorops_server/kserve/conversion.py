@@ -11,14 +11,16 @@ does. The inputs become arrays, and the attributes a request leaves out their de
 the function that serves tensorops.v1 (optable.native_arguments): both endpoints make the
 same native call from the same arguments, converted once per call.
 """
+
 from __future__ import annotations
 
 import functools
 import io
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -36,12 +38,19 @@ from .models import FORMAT_PARAMETER, Model
 
 # Request parameters Triton's clients set on their own (sequences, priority, queue
 # timeout, HTTP options): accepted and ignored, as a server without those features does.
-IGNORED_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "headers",
-                                "binary_data_output"})
+IGNORED_PARAMETERS = frozenset(
+    {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "headers", "binary_data_output"}
+)
 
 # Typed contents: the field of InferTensorContents each datatype reads (16-bit floats: raw only).
-_CONTENTS = {"FP32": "fp32_contents", "FP64": "fp64_contents", "INT8": "int_contents", "INT32": "int_contents",
-             "INT64": "int64_contents", "UINT8": "uint_contents"}
+_CONTENTS = {
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "INT8": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+}
 
 _RAW_OUTPUTS = pb.ModelInferResponse.DESCRIPTOR.fields_by_name["raw_output_contents"].number
 _REGION_PARAMETERS = frozenset((_REGION, _BYTE_SIZE, _OFFSET))
@@ -55,8 +64,13 @@ def parameter_value(name: str, p) -> Any:
 
 
 def choice_name(value) -> str:
-    return {bool: "bool_param", int: "int64_param", float: "double_param", str: "string_param",
-            bytes: "bytes_param"}.get(type(value), type(value).__name__)
+    return {
+        bool: "bool_param",
+        int: "int64_param",
+        float: "double_param",
+        str: "string_param",
+        bytes: "bytes_param",
+    }.get(type(value), type(value).__name__)
 
 
 _ACTIVATION = re.compile(r"^\s*([A-Za-z_]+)\s*(?:\((.*)\))?\s*$")
@@ -69,6 +83,7 @@ def _api_value(f: table.Field, value) -> Any:
 
     def wrong(expected: str):
         return errors.invalid(name, f"expected {expected}, got {choice_name(value)} {value!r}")
+
     integer = isinstance(value, int) and not isinstance(value, bool)
     if f.kind is Kind.ENUM:
         if not (isinstance(value, str) or integer):
@@ -121,8 +136,9 @@ def attribute(op: table.Operation, name: str, value) -> Any:
 
 def unknown_parameter(model_name: str, name: str, known) -> errors.Failure:
     errors.check_length("parameters.name", name)
-    return errors.invalid(name, f"model {model_name} has no parameter `{name}` (its parameters: "
-                                f"{', '.join(known) or 'none'})")
+    return errors.invalid(
+        name, f"model {model_name} has no parameter `{name}` (its parameters: {', '.join(known) or 'none'})"
+    )
 
 
 def attributes_message(model_name: str, op: table.Operation, values: dict[str, Any]):
@@ -188,7 +204,7 @@ def region_parameters(where: str, parameters) -> tuple[str, int, int] | None:
         raise errors.invalid(f"{where}.{_REGION}", f"expected a string_param, got {choice_name(region)}")
     errors.check_length(f"{where}.{_REGION}", region)
     for key, value in ((_BYTE_SIZE, size), (_OFFSET, offset)):
-        if type(value) is not int or value < 0:  # noqa: E721 - bool (a bool_param) is refused too
+        if type(value) is not int or value < 0:
             raise errors.invalid(f"{where}.{key}", f"expected a non-negative int64_param, got {value!r}")
     return region, offset, size
 
@@ -212,13 +228,14 @@ def input_tensors(model: Model, request, raws: list, fmt: int, regions: Regions 
     placed = [region_parameters(t.name, t.parameters) for t in inputs]
     in_messages = placed.count(None)
     if raws and len(raws) != in_messages:
-        raise errors.invalid("raw_input_contents", f"expected one buffer per input not in shared memory "
-                                                   f"({in_messages}), got {len(raws)}")
+        raise errors.invalid(
+            "raw_input_contents", f"expected one buffer per input not in shared memory ({in_messages}), got {len(raws)}"
+        )
     j = 0  # the next raw buffer
     layout = model.op.layout
     stacked = {t.name for t in model.inputs if t.stacked}
     tensors: dict[str, Any] = {name: [] for name in stacked}  # as the tensorops.v1 codec leaves them
-    for tensor, where in zip(inputs, placed):
+    for tensor, where in zip(inputs, placed, strict=True):
         name = tensor.name
         datatype = tensor.datatype
         found = dtypes.BY_KSERVE.get(datatype)
@@ -257,15 +274,19 @@ def input_tensors(model: Model, request, raws: list, fmt: int, regions: Regions 
         image = fmt if name in layout else 0
         if name in stacked:  # the operands stacked along the first dimension
             if not shape or count < 0:
-                raise errors.invalid(f"{name}.shape", "expected the operands stacked along a first dimension, "
-                                                      f"got shape {shape}")
+                raise errors.invalid(
+                    f"{name}.shape", f"expected the operands stacked along a first dimension, got shape {shape}"
+                )
             if shape[0] > codec.MAX_OPERANDS:  # each costs objects of its own, even when empty
-                raise errors.invalid(f"{name}.shape", f"at most {codec.MAX_OPERANDS} operands (the first "
-                                                      f"dimension, the limit), got {shape[0]}")
+                raise errors.invalid(
+                    f"{name}.shape",
+                    f"at most {codec.MAX_OPERANDS} operands (the first dimension, the limit), got {shape[0]}",
+                )
             size = len(data) // shape[0] if shape[0] else 0
             view = memoryview(data)
-            tensors[name] = [codec.WireTensor(shape[1:], code, image, view[k * size:(k + 1) * size])
-                             for k in range(shape[0])]
+            tensors[name] = [
+                codec.WireTensor(shape[1:], code, image, view[k * size : (k + 1) * size]) for k in range(shape[0])
+            ]
         else:
             tensors[name] = codec.WireTensor(shape, code, image, data)
     return tensors
@@ -311,13 +332,15 @@ class Arguments:
     tensors: dict[str, Any]
     fmt: int = 0
 
-    def native(self, op: table.Operation, max_tensor_bytes: int | None,
-               reserve: Callable[[int, str], None] | None = None) -> dict[str, Any]:
+    def native(
+        self, op: table.Operation, max_tensor_bytes: int | None, reserve: Callable[[int, str], None] | None = None
+    ) -> dict[str, Any]:
         """The native keyword arguments: the inputs as arrays, and the attributes not given
         left to their defaults or refused as missing, by the function and in the words of
         tensorops.v1 (to which they are unset fields); `reserve` is charged for a copy."""
-        kwargs = optable.native_arguments(op, self.inputs(op), max_tensor_bytes, skip=tuple(self.attributes),
-                                          reserve=reserve)
+        kwargs = optable.native_arguments(
+            op, self.inputs(op), max_tensor_bytes, skip=tuple(self.attributes), reserve=reserve
+        )
         return self._with_attributes(kwargs)
 
     def inputs(self, op: table.Operation) -> codec.Decoded:
@@ -328,8 +351,9 @@ class Arguments:
         """The native keyword arguments with each input as an array of its shape and dtype
         that holds no memory (zero strides): what the table's result_shapes reads, before
         the inputs are converted. None for an input the operation will refuse."""
-        return self._with_attributes({name: [_shaped(o) for o in t] if isinstance(t, list) else _shaped(t)
-                                      for name, t in self.tensors.items()})
+        return self._with_attributes(
+            {name: [_shaped(o) for o in t] if isinstance(t, list) else _shaped(t) for name, t in self.tensors.items()}
+        )
 
     def _with_attributes(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         kwargs.update(self.attributes)
@@ -360,8 +384,12 @@ class KServeEntry(optable.Entry):
     made from converted parameters (Arguments) instead of a tensorops.v1 request, so that
     Service.operation runs it exactly as it runs tensorops.v1's calls."""
 
-    def arguments(self, request: Arguments, max_tensor_bytes: int | None,  # type: ignore[override]
-                  reserve: Callable[[int, str], None] | None = None) -> tuple[dict, int]:
+    def arguments(
+        self,
+        request: Arguments,
+        max_tensor_bytes: int | None,  # type: ignore[override]
+        reserve: Callable[[int, str], None] | None = None,
+    ) -> tuple[dict, int]:
         return request.native(self.op, max_tensor_bytes, reserve), request.fmt
 
 
@@ -381,8 +409,9 @@ def requested_outputs(model: Model, request) -> tuple[tuple[str, tuple | None], 
         name = o.name
         if name not in names:
             errors.check_length("outputs.name", name)
-            raise errors.invalid(f"outputs.{name}", f"model {model.name} has no output `{name}` "
-                                                    f"(its outputs: {', '.join(names)})")
+            raise errors.invalid(
+                f"outputs.{name}", f"model {model.name} has no output `{name}` (its outputs: {', '.join(names)})"
+            )
         if name in wanted:
             raise errors.invalid(f"outputs.{name}", f"output `{name}` is listed twice")
         wanted[name] = None
@@ -398,8 +427,16 @@ def _message_field(number: int, data: bytes) -> bytes:
     return b"".join(codec.bytes_field(number, memoryview(data)))
 
 
-def infer_response(model: Model, request, outputs: tuple, result, limit: int, regions: Regions | None = None,
-                   written: np.ndarray | None = None, wrap: int | None = None) -> bytes:
+def infer_response(
+    model: Model,
+    request,
+    outputs: tuple,
+    result,
+    limit: int,
+    regions: Regions | None = None,
+    written: np.ndarray | None = None,
+    wrap: int | None = None,
+) -> bytes:
     """The ModelInferResponse: output descriptions, then the results as raw contents, each
     copied once into the message, or into its shared-memory region (its raw contents then
     empty, so that every output keeps its index among the raw contents). `written`: a
@@ -423,8 +460,9 @@ def infer_response(model: Model, request, outputs: tuple, result, limit: int, re
             region, offset, size = placed
             nbytes = arr.nbytes
             if nbytes > size:
-                raise errors.invalid(f"outputs.{name}.{_BYTE_SIZE}", f"the result takes {nbytes} bytes, "
-                                                                     f"more than the {size} given")
+                raise errors.invalid(
+                    f"outputs.{name}.{_BYTE_SIZE}", f"the result takes {nbytes} bytes, more than the {size} given"
+                )
             if value is not written:
                 regions(region, offset, nbytes, f"outputs.{name}.{_REGION}")[:] = codec.array_bytes(arr)
             out.parameters[_REGION].string_param = region
@@ -440,8 +478,9 @@ def infer_response(model: Model, request, outputs: tuple, result, limit: int, re
         parts.insert(0, codec.field_header(wrap, nbytes))
         nbytes += len(parts[0])
     if nbytes > limit:
-        raise errors.exhausted(f"the response would take {nbytes} bytes, beyond the limit of {limit} bytes per "
-                               "message", field="outputs")
+        raise errors.exhausted(
+            f"the response would take {nbytes} bytes, beyond the limit of {limit} bytes per message", field="outputs"
+        )
     return b"".join(parts + payloads)
 
 
@@ -452,8 +491,7 @@ def npy_tensor(key: str, data: bytes, call: CallState) -> codec.WireTensor:
     stream = io.BytesIO(data)
     try:
         version = np.lib.format.read_magic(stream)
-        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
-            np.lib.format.read_array_header_2_0
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
         shape, fortran_order, dtype = read_header(stream)
     except Exception:  # ValueError and the like, in NumPy's words
         raise errors.invalid(key, "expected the bytes of a .npy file (numpy.save)") from None
@@ -463,7 +501,7 @@ def npy_tensor(key: str, data: bytes, call: CallState) -> codec.WireTensor:
         _, code = codec.wire_array(np.empty(0, dtype), key)
     except WireError as exc:
         raise errors.from_wire(exc) from None
-    payload = memoryview(data)[stream.tell():]
+    payload = memoryview(data)[stream.tell() :]
     if not dtype.isnative and len(payload) == math.prod(shape) * dtype.itemsize:  # else the codec names it
         call.reserve(len(payload), key)
         payload = memoryview(np.frombuffer(payload, dtype).astype(dtype.newbyteorder("=")).view(np.uint8))
@@ -481,7 +519,7 @@ def output_in_region(model: Model, arguments: Arguments, outputs: tuple, regions
     shapes = model.op.result_shapes(arguments.shapes(model.op))
     if shapes is None:
         return None  # the operation refuses the arguments, naming them
-    (shape, dtype), = shapes
+    ((shape, dtype),) = shapes
     nbytes = math.prod(shape) * dtype.itemsize
     region, offset, size = outputs[0][1]
     if nbytes > size:

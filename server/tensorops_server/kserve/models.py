@@ -1,5 +1,6 @@
 """The models of the KServe endpoint: what each takes and gives, its statistics, and its
 self-description (ModelMetadata, ModelConfig)."""
+
 from __future__ import annotations
 
 import time
@@ -31,13 +32,13 @@ class Model:
     """What a model takes and gives, for inference and for its self-description."""
 
     name: str
-    op: table.Operation             # the operation (its row of the table) its requests run
+    op: table.Operation  # the operation (its row of the table) its requests run
     inputs: tuple[TensorInfo, ...]
     outputs: tuple[TensorInfo, ...]
-    parameters: dict[str, str]       # name -> description: the request parameters it takes
-    entry: optable.Entry | None = None   # a stateless operation
-    session_id: str | None = None        # a session
-    stats: "Statistics" = field(default_factory=lambda: Statistics())
+    parameters: dict[str, str]  # name -> description: the request parameters it takes
+    entry: optable.Entry | None = None  # a stateless operation
+    session_id: str | None = None  # a session
+    stats: Statistics = field(default_factory=lambda: Statistics())
 
     # What every request of the model needs, computed once.
     @cached_property
@@ -97,14 +98,15 @@ def _describe_parameters(op: table.Operation) -> dict[str, str]:
         extra = f" ({op.notes[attribute.name]})" if attribute.name in op.notes else ""
         out[attribute.name] = f"{_field_kind(attribute)}{extra}; {needed}"
     if op.layout:
-        out[FORMAT_PARAMETER] = f"string, nchw or nhwc: the layout of {' and '.join(op.layout)}; optional, default 'nchw'"
+        out[FORMAT_PARAMETER] = (
+            f"string, nchw or nhwc: the layout of {' and '.join(op.layout)}; optional, default 'nchw'"
+        )
     return out
 
 
 def operation_model(entry: optable.Entry) -> Model:
     op = entry.op
-    inputs = tuple(TensorInfo(f.name, op.spec(f.name), not f.required, f.kind is table.Kind.TENSORS)
-                   for f in op.inputs)
+    inputs = tuple(TensorInfo(f.name, op.spec(f.name), not f.required, f.kind is table.Kind.TENSORS) for f in op.inputs)
     outputs = tuple(TensorInfo(name, op.spec(name)) for name in op.outputs)
     return Model(op.name, op, inputs, outputs, _describe_parameters(op), entry=entry)
 
@@ -120,21 +122,32 @@ def session_model(name: str, session_id: str, n: int, k: int) -> Model:
 # ---------------------------------------------------------------------------------------
 # Self-descriptions
 
+
 def metadata(model: Model) -> pb.ModelMetadataResponse:
     Tensor = pb.ModelMetadataResponse.TensorMetadata
 
     def describe(t: TensorInfo):
         return Tensor(name=t.name, datatype=t.spec.datatypes[0], shape=_dims(t))
-    return pb.ModelMetadataResponse(name=model.name, versions=[VERSION], platform=PLATFORM,
-                                    inputs=[describe(t) for t in model.inputs],
-                                    outputs=[describe(t) for t in model.outputs])
+
+    return pb.ModelMetadataResponse(
+        name=model.name,
+        versions=[VERSION],
+        platform=PLATFORM,
+        inputs=[describe(t) for t in model.inputs],
+        outputs=[describe(t) for t in model.outputs],
+    )
 
 
 def config(model: Model) -> pb.ModelConfig:
     config = pb.ModelConfig(name=model.name, platform=PLATFORM, backend=PLATFORM, max_batch_size=0)
     for t in model.inputs:
-        config.input.add(name=t.name, data_type=_CONFIG_TYPES[t.spec.datatypes[0]], format=pb.ModelInput.FORMAT_NONE,
-                         dims=_dims(t), optional=t.optional)
+        config.input.add(
+            name=t.name,
+            data_type=_CONFIG_TYPES[t.spec.datatypes[0]],
+            format=pb.ModelInput.FORMAT_NONE,
+            dims=_dims(t),
+            optional=t.optional,
+        )
         config.parameters[f"input {t.name}"].string_value = _tensor_words(t)
     for t in model.outputs:
         config.output.add(name=t.name, data_type=_CONFIG_TYPES[t.spec.datatypes[0]], dims=_dims(t))
@@ -163,8 +176,13 @@ def statistics(models: list[Model]) -> pb.ModelStatisticsResponse:
     response = pb.ModelStatisticsResponse()
     for model in models:
         s = model.stats
-        stats = response.model_stats.add(name=model.name, version=VERSION, last_inference=s.last_inference_ms,
-                                         inference_count=s.success_count, execution_count=s.success_count)
+        stats = response.model_stats.add(
+            name=model.name,
+            version=VERSION,
+            last_inference=s.last_inference_ms,
+            inference_count=s.success_count,
+            execution_count=s.success_count,
+        )
         stats.inference_stats.success.count, stats.inference_stats.success.ns = s.success_count, s.success_ns
         stats.inference_stats.fail.count, stats.inference_stats.fail.ns = s.fail_count, s.fail_ns
     return response

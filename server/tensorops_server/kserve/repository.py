@@ -2,6 +2,7 @@
 sessions each caller loads as models of its own (RepositoryModelLoad, RepositoryModelUnload,
 RepositoryIndex). A session model belongs to its caller; its session lives in the server's
 session store, which may expire or evict it: the repository then says so."""
+
 from __future__ import annotations
 
 import json
@@ -34,15 +35,18 @@ def _config_arguments(value) -> dict[str, Any]:
     try:
         config = json.loads(value)
     except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
-        raise errors.invalid(_CONFIG, "expected a JSON object of scalars, got text that is not JSON or is nested "
-                                      "too deep") from None
+        raise errors.invalid(
+            _CONFIG, "expected a JSON object of scalars, got text that is not JSON or is nested too deep"
+        ) from None
     if not isinstance(config, dict):
         raise errors.invalid(_CONFIG, f"expected a JSON object, got {type(config).__name__}")
     for name, item in config.items():
         if isinstance(item, (dict, list)):
             errors.check_length(f"{_CONFIG}.name", name)
-            raise errors.invalid(name, f"expected a number, a string or a bool, got a JSON "
-                                       f"{'object' if isinstance(item, dict) else 'array'}")
+            raise errors.invalid(
+                name,
+                f"expected a number, a string or a bool, got a JSON {'object' if isinstance(item, dict) else 'array'}",
+            )
     return config
 
 
@@ -58,7 +62,7 @@ def load_request(request, call: CallState) -> codec.Decoded:
         if key == _CONFIG:
             arguments.update(_config_arguments(value))
         elif key.startswith(_FILE):
-            name = key[len(_FILE):].removesuffix(".npy")
+            name = key[len(_FILE) :].removesuffix(".npy")
             if name not in tensor_names:
                 raise errors.invalid(key, f"expected the files {', '.join(_FILE + n for n in tensor_names)}")
             if not isinstance(value, bytes):
@@ -81,13 +85,16 @@ class Repository:
         errors.check_length("model_name", name)
         if version not in ("", VERSION):
             errors.check_length("model_version", version)
-            raise errors.not_found(f"model {name} has no version {version!r} (its only version is {VERSION})",
-                                   field="model_version")
+            raise errors.not_found(
+                f"model {name} has no version {version!r} (its only version is {VERSION})", field="model_version"
+            )
         model = self.models.get(name) or self.sessions.get((identity, name))
         if model is None:
-            raise errors.not_found(f"no model named {name!r}: the models are the operations "
-                                   f"({', '.join(self.models)}) and the sessions loaded with RepositoryModelLoad",
-                                   field="model_name")
+            raise errors.not_found(
+                f"no model named {name!r}: the models are the operations "
+                f"({', '.join(self.models)}) and the sessions loaded with RepositoryModelLoad",
+                field="model_name",
+            )
         return model
 
     def visible(self, identity: str) -> list[Model]:
@@ -105,8 +112,11 @@ class Repository:
         except errors.Failure as failure:
             if failure.code is grpc.StatusCode.NOT_FOUND:
                 self.sessions.pop((call.identity, model.name), None)
-                raise errors.not_found(f"model {model.name}: its session expired, was evicted or released, or "
-                                       "the server restarted; load it again", field="model_name") from None
+                raise errors.not_found(
+                    f"model {model.name}: its session expired, was evicted or released, or "
+                    "the server restarted; load it again",
+                    field="model_name",
+                ) from None
             raise
 
     def index(self, identity: str, ready_only: bool) -> pb.RepositoryIndexResponse:
@@ -120,8 +130,12 @@ class Repository:
             if model.session_id in live:
                 response.models.add(name=name, version=VERSION, state="READY")
             elif not ready_only:
-                response.models.add(name=name, version=VERSION, state="UNAVAILABLE",
-                                    reason="the session expired, was evicted or released")
+                response.models.add(
+                    name=name,
+                    version=VERSION,
+                    state="UNAVAILABLE",
+                    reason="the session expired, was evicted or released",
+                )
         return response
 
     async def load(self, request, call: CallState) -> None:

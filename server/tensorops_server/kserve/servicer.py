@@ -2,11 +2,12 @@
 call pipeline that serves tensorops.v1 too (pipeline.py: auth, admission, deadline,
 metrics, logs, status mapping), over the models (models.py), the conversions
 (conversion.py) and the model repository (repository.py)."""
+
 from __future__ import annotations
 
 import functools
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import grpc
 
@@ -63,9 +64,16 @@ def deserializer(message_class, raw_field: int | None = None) -> Callable[[bytes
                 rest, raws = codec.split_field(raw, raw_field)
                 size = sum(part.nbytes for part in rest)
                 if size > MAX_DESCRIPTION_BYTES:  # refused before it is copied out
-                    return Incoming(None, WireError("message", f"{size} bytes besides raw_input_contents, "
-                                                    f"more than the limit of {MAX_DESCRIPTION_BYTES}: send large "
-                                                    "tensors as raw contents"), len(raw))
+                    return Incoming(
+                        None,
+                        WireError(
+                            "message",
+                            f"{size} bytes besides raw_input_contents, "
+                            f"more than the limit of {MAX_DESCRIPTION_BYTES}: send large "
+                            "tensors as raw contents",
+                        ),
+                        len(raw),
+                    )
                 message = message_class.FromString(b"".join(rest))
             else:
                 codec.check_fields(raw)
@@ -74,8 +82,9 @@ def deserializer(message_class, raw_field: int | None = None) -> Callable[[bytes
             return Incoming(codec.Decoded(message, {"raw": raws}, len(raw)), None, len(raw))
         except codec.TooManyFields as exc:  # said as it is
             return Incoming(None, exc, len(raw))
-        except Exception:  # noqa: BLE001 - DecodeError
+        except Exception:
             return Incoming(None, _not_the_message(name), len(raw))
+
     return decode
 
 
@@ -96,21 +105,29 @@ class KServe:
         self.repository = Repository(service)
         # The behaviors of the operations, taking converted requests and returning the
         # result arrays (not a message).
-        self._compute = {name: service.operation(KServeEntry(entry.op, entry.native), encode=lambda result, fmt: result)
-                         for name, entry in service.table.items()}
+        self._compute = {
+            name: service.operation(KServeEntry(entry.op, entry.native), encode=lambda result, fmt: result)
+            for name, entry in service.table.items()
+        }
         self.ready = True
 
     def model(self, name: str, version: str, identity: str) -> Model:
         return self.repository.model(name, version, identity)
 
-    async def _run(self, model: Model, arguments: Arguments, call: CallState, nbytes: int, shared_bytes: int,
-                   extra: dict):
+    async def _run(
+        self, model: Model, arguments: Arguments, call: CallState, nbytes: int, shared_bytes: int, extra: dict
+    ):
         if model.entry is None:  # a session: its forward takes `a` (a session model has no parameters)
             return await self.repository.forward(model, arguments.inputs(model.op), call)
         # In shared memory, the kernel is the call's only work on its tensors: a short
         # one runs on the loop, where a thread hand-off would cost more than it.
-        inline = None if not shared_bytes else (self.service.executor.inline(nbytes) and
-                                                shared_bytes <= self.service.config.inline_shared_memory_bytes)
+        inline = (
+            None
+            if not shared_bytes
+            else (
+                self.service.executor.inline(nbytes) and shared_bytes <= self.service.config.inline_shared_memory_bytes
+            )
+        )
         return await self._compute[model.name](arguments, call, nbytes + shared_bytes, extra, inline)
 
     # ---- inference
@@ -128,8 +145,16 @@ class KServe:
             out = output_in_region(model, arguments, outputs, regions.view)
             extra = {} if out is None else {"out": out}
             result = await self._run(model, arguments, call, nbytes, regions.nbytes, extra)
-            response = infer_response(model, request, outputs, result, self.service.config.max_message_bytes,
-                                      regions.view, written=out, wrap=wrap)
+            response = infer_response(
+                model,
+                request,
+                outputs,
+                result,
+                self.service.config.max_message_bytes,
+                regions.view,
+                written=out,
+                wrap=wrap,
+            )
             regions.check_intact()  # an object shrunk meanwhile voids what was read or written there
             ok = True
             return response
@@ -148,8 +173,9 @@ class KServe:
 
     async def server_metadata(self, decoded: codec.Decoded, call: CallState, nbytes: int) -> bytes:
         extensions = EXTENSIONS + (("system_shared_memory",) if self.shm.allowed else ())
-        return pb.ServerMetadataResponse(name=PLATFORM, version=tensorops_native.__version__,
-                                         extensions=extensions).SerializeToString()
+        return pb.ServerMetadataResponse(
+            name=PLATFORM, version=tensorops_native.__version__, extensions=extensions
+        ).SerializeToString()
 
     async def model_metadata(self, decoded: codec.Decoded, call: CallState, nbytes: int) -> bytes:
         request = decoded.message
@@ -189,8 +215,11 @@ class KServe:
     async def shm_status(self, decoded: codec.Decoded, call: CallState, nbytes: int) -> bytes:
         response = pb.SystemSharedMemoryStatusResponse()
         for region in self.shm.status(call.identity, decoded.message.name):
-            response.regions[region.name].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(
-                name=region.name, key=region.key, offset=region.offset, byte_size=region.byte_size))
+            response.regions[region.name].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(
+                    name=region.name, key=region.key, offset=region.offset, byte_size=region.byte_size
+                )
+            )
         return response.SerializeToString()
 
     async def shm_unregister(self, decoded: codec.Decoded, call: CallState, nbytes: int) -> bytes:
@@ -208,14 +237,22 @@ class KServe:
             "ModelStatistics": ("kserve_model_statistics", self.model_statistics, pb.ModelStatisticsRequest),
             "RepositoryIndex": ("kserve_repository_index", self.repository_index, pb.RepositoryIndexRequest),
             "RepositoryModelLoad": ("kserve_repository_model_load", self.load, pb.RepositoryModelLoadRequest),
-            "RepositoryModelUnload": ("kserve_repository_model_unload", self.unload,
-                                      pb.RepositoryModelUnloadRequest),
-            "SystemSharedMemoryRegister": ("kserve_shared_memory_register", self.shm_register,
-                                           pb.SystemSharedMemoryRegisterRequest),
-            "SystemSharedMemoryStatus": ("kserve_shared_memory_status", self.shm_status,
-                                         pb.SystemSharedMemoryStatusRequest),
-            "SystemSharedMemoryUnregister": ("kserve_shared_memory_unregister", self.shm_unregister,
-                                             pb.SystemSharedMemoryUnregisterRequest),
+            "RepositoryModelUnload": ("kserve_repository_model_unload", self.unload, pb.RepositoryModelUnloadRequest),
+            "SystemSharedMemoryRegister": (
+                "kserve_shared_memory_register",
+                self.shm_register,
+                pb.SystemSharedMemoryRegisterRequest,
+            ),
+            "SystemSharedMemoryStatus": (
+                "kserve_shared_memory_status",
+                self.shm_status,
+                pb.SystemSharedMemoryStatusRequest,
+            ),
+            "SystemSharedMemoryUnregister": (
+                "kserve_shared_memory_unregister",
+                self.shm_unregister,
+                pb.SystemSharedMemoryUnregisterRequest,
+            ),
         }
         pipeline = self.service.pipeline
         handlers = {}
@@ -226,15 +263,22 @@ class KServe:
         # ModelInferResponse inside a ModelStreamInferResponse, assembled as such in one
         # copy; a request that fails gets its error in `error_message`, and the stream goes on.
         handlers["ModelStreamInfer"] = pipeline.stream_handler(
-            "kserve_model_stream_infer", functools.partial(self.infer, wrap=_STREAM_RESPONSE_FIELD),
-            deserializer(pb.ModelInferRequest, _RAW_INPUTS), _stream_error)
+            "kserve_model_stream_infer",
+            functools.partial(self.infer, wrap=_STREAM_RESPONSE_FIELD),
+            deserializer(pb.ModelInferRequest, _RAW_INPUTS),
+            _stream_error,
+        )
         # Liveness and readiness: like the health service, outside admission and auth.
         handlers["ServerLive"] = grpc.unary_unary_rpc_method_handler(
-            self._live, request_deserializer=deserializer(pb.ServerLiveRequest),
-            response_serializer=pb.ServerLiveResponse.SerializeToString)
+            self._live,
+            request_deserializer=deserializer(pb.ServerLiveRequest),
+            response_serializer=pb.ServerLiveResponse.SerializeToString,
+        )
         handlers["ServerReady"] = grpc.unary_unary_rpc_method_handler(
-            self._ready, request_deserializer=deserializer(pb.ServerReadyRequest),
-            response_serializer=pb.ServerReadyResponse.SerializeToString)
+            self._ready,
+            request_deserializer=deserializer(pb.ServerReadyRequest),
+            response_serializer=pb.ServerReadyResponse.SerializeToString,
+        )
         return handlers
 
     @staticmethod
