@@ -53,21 +53,42 @@ def parameter(value):
     return value
 
 
-def request(op: str, args: tuple, kwargs: dict) -> tuple[list, dict]:
-    """(inputs, parameters) of a call of tensorops_native.<op>."""
+def arguments(op: str, args: tuple, kwargs: dict) -> tuple[dict, dict]:
+    """({input name: array}, {parameter name: value}) of a call of tensorops_native.<op>."""
     bound = inspect.signature(getattr(tn, op)).bind(*args, **kwargs)
     tensor_fields = wire.OPERATIONS[op].request_codec.numbers
-    inputs, parameters = [], {}
+    arrays, parameters = {}, {}
     for name, value in bound.arguments.items():
         if value is None:
             continue
         if name == "inputs":
-            inputs.append(infer_input(name, np.stack(value)))
+            arrays[name] = np.stack(value)
         elif name in tensor_fields:
-            inputs.append(infer_input(name, value))
+            arrays[name] = np.asarray(value)
         else:
             parameters[name] = parameter(value)
-    return inputs, parameters
+    return arrays, parameters
+
+
+def request(op: str, args: tuple, kwargs: dict) -> tuple[list, dict]:
+    """(inputs, parameters) of a call of tensorops_native.<op>, for tritonclient."""
+    arrays, parameters = arguments(op, args, kwargs)
+    return [infer_input(name, arr) for name, arr in arrays.items()], parameters
+
+
+def infer_request(op: str, args: tuple, kwargs: dict):
+    """The ModelInferRequest of a call, raw contents in the message, and its raw contents."""
+    from tensorops.kserve.v2 import inference_pb2
+
+    arrays, parameters = arguments(op, args, kwargs)
+    message = inference_pb2.ModelInferRequest(model_name=op)
+    for name, arr in arrays.items():
+        message.inputs.add(name=name, datatype=DATATYPES[arr.dtype], shape=arr.shape)
+        message.raw_input_contents.append(np.ascontiguousarray(arr).tobytes())
+    for name, value in parameters.items():
+        choice = {bool: "bool_param", int: "int64_param", float: "double_param", str: "string_param"}[type(value)]
+        setattr(message.parameters[name], choice, value)
+    return message, list(message.raw_input_contents)
 
 
 # ---- quantized inner-product sessions as models

@@ -4,6 +4,7 @@ results bit-identical to tensorops_native in-process."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import time
 
@@ -15,7 +16,7 @@ import tritonclient.grpc.aio as tca
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 import tensorops_native as tn
-from kserve_calls import BF16, infer_input, request
+from kserve_calls import BF16, infer_input, infer_request, request
 from rpc_cases import cases, same
 
 # uint16 arrays holding BF16 bits are a tensorops SDK convenience: KServe has BF16 itself
@@ -35,6 +36,34 @@ def test_operation_sync(triton, case):
     result = triton.infer(case.op, inputs, parameters=parameters)
     assert same(expected, outputs_of(result, OUTPUTS.get(case.op, ("y",))))
     assert result.get_response().model_name == case.op
+
+
+def same_argument(a, b) -> bool:
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(map(same_argument, a, b))
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and (a.dtype, a.shape) == (b.dtype, b.shape) and a.tobytes() == b.tobytes()
+    return type(a) is type(b) and a == b
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_the_native_call_is_tensorops_v1s(case):
+    """In process: the native keyword arguments the KServe endpoint makes of a call are the
+    ones the tensorops.v1 endpoint makes of the same call encoded by the client: the same
+    arrays (bytes, dtypes, shapes), attributes (values and types) and format."""
+    from tensorops.protocol import wire
+    from tensorops_server import optable
+    from tensorops_server.kserve import conversion, models
+
+    entry = optable.build_table()[case.op]
+    bound = inspect.signature(getattr(tn, case.op)).bind(*case.args, **case.kwargs).arguments
+    v1_kwargs, v1_fmt = entry.arguments(entry.op.request_codec.decode(wire.build_request(entry.op, bound).data), None)
+    message, raws = infer_request(case.op, case.args, case.kwargs)
+    converted = conversion.infer_request(models.operation_model(entry), message, raws)
+    kwargs, fmt = conversion.KServeEntry(entry.op, entry.native).arguments(converted, None)
+    assert fmt == v1_fmt
+    assert kwargs.keys() == v1_kwargs.keys()
+    assert all(same_argument(kwargs[name], value) for name, value in v1_kwargs.items()), case.id
 
 
 def test_operations_asyncio(server):
