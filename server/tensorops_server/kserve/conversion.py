@@ -385,10 +385,7 @@ class KServeEntry(optable.Entry):
     Service.operation runs it exactly as it runs tensorops.v1's calls."""
 
     def arguments(
-        self,
-        request: Arguments,
-        max_tensor_bytes: int | None,  # type: ignore[override]
-        reserve: Callable[[int, str], None] | None = None,
+        self, request: Arguments, max_tensor_bytes: int | None, reserve: Callable[[int, str], None] | None = None
     ) -> tuple[dict, int]:
         return request.native(self.op, max_tensor_bytes, reserve), request.fmt
 
