@@ -14,12 +14,12 @@ same native call from the same arguments, converted once per call.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -322,7 +322,7 @@ def request_attributes(model: Model, parameters) -> tuple[dict[str, Any], int]:
     return attributes, fmt
 
 
-@dataclass
+@dataclasses.dataclass
 class Arguments:
     """A ModelInferRequest converted for its model's operation: the attributes it gives,
     canonical; its inputs as WireTensors over the received bytes; the format of its image
@@ -378,11 +378,15 @@ def _shaped(tensor: codec.WireTensor) -> np.ndarray | None:
         return None
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class KServeEntry(optable.Entry):
     """An operation as the KServe endpoint runs it: its entry, with the native arguments
     made from converted parameters (Arguments) instead of a tensorops.v1 request, so that
     Service.operation runs it exactly as it runs tensorops.v1's calls."""
+
+    @classmethod
+    def of(cls, entry: optable.Entry) -> KServeEntry:
+        return cls(**{f.name: getattr(entry, f.name) for f in dataclasses.fields(entry)})
 
     def arguments(
         self, request: Arguments, max_tensor_bytes: int | None, reserve: Callable[[int, str], None] | None = None

@@ -106,7 +106,7 @@ class KServe:
         # The behaviors of the operations, taking converted requests and returning the
         # result arrays (not a message).
         self._compute = {
-            name: service.operation(KServeEntry(entry.op, entry.native), encode=lambda result, fmt: result)
+            name: service.operation(KServeEntry.of(entry), encode=lambda result, fmt: result)
             for name, entry in service.table.items()
         }
         self.ready = True
