@@ -81,12 +81,18 @@ proto-descriptor: $(BUF)
 # What a change must pass, in a few minutes: the whole suite but the long campaigns (tests
 # marked `long`, see test-long). The native kernel tests run at every ISA level this CPU
 # supports, in one process (tests/native/conftest.py switches the dispatcher per test).
+# TEST_WORKERS pytest-xdist processes share the files (a file's tests stay in one process,
+# so a module's server or npm install is made once): most end-to-end tests wait on a server,
+# so two of them keep two cores busy.
 TEST_FLAGS ?=
+TEST_WORKERS ?= 2
 test: $(VENV)/.test-installed promtool node
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q -m "not long" tests --ignore=tests/deploy $(TEST_FLAGS)
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not long" \
+		tests --ignore=tests/deploy $(TEST_FLAGS)
 
 # The long campaigns, after `make test` in CI: the soak run, the live fuzzing campaign and
-# the slowest sweeps (docs/testing.md lists them).
+# the slowest sweeps (docs/testing.md lists them), one at a time: the soak and the campaign
+# each load a server to measure it.
 test-long: $(VENV)/.test-installed promtool
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -q -m long tests --ignore=tests/deploy $(TEST_FLAGS)
 

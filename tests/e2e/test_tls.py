@@ -270,28 +270,38 @@ def test_unusable_files_keep_the_current_certificate(tls_server, pki):
 
 # ---- startup errors
 
-def start_failure(tmp_path, *flags: str) -> str:
-    """Run a server that must not start; its log."""
-    log = tmp_path / "failed.log"
-    with open(log, "w") as out:
-        proc = subprocess.run([sys.executable, "-m", "tensorops_server", "--port", "0", "--metrics-port", "-1",
-                               *flags], stdout=out, stderr=subprocess.STDOUT, timeout=60)
-    text = log.read_text()
-    assert proc.returncode != 0 and "cannot start" in text, text
-    return text
+def start_failures(tmp_path, *flag_lists: list[str]) -> list[str]:
+    """Run servers that must not start, all at once (each spends its time importing); their
+    logs, in order."""
+    started = []
+    for i, flags in enumerate(flag_lists):
+        log = tmp_path / f"failed{i}.log"
+        with open(log, "w") as out:
+            started.append((log, subprocess.Popen([sys.executable, "-m", "tensorops_server", "--port", "0",
+                                                   "--metrics-port", "-1", *flags],
+                                                  stdout=out, stderr=subprocess.STDOUT)))
+    logs = []
+    for log, proc in started:
+        returncode = proc.wait(60)
+        text = log.read_text()
+        assert returncode != 0 and "cannot start" in text, text
+        logs.append(text)
+    return logs
 
 
 def test_startup_errors(tmp_path, pki):
     cert, key = install(tmp_path, pki["server1"])
-    assert "--tls-key" in start_failure(tmp_path, "--tls-cert", cert)
-    assert "--tls-cert" in start_failure(tmp_path, "--tls-key", key)
-    assert "--tls-cert" in start_failure(tmp_path, "--tls-client-ca", cert)
-    assert "missing.pem" in start_failure(tmp_path, *tls_flags(cert, str(tmp_path / "missing.pem")))
     other_key = tmp_path / "other.pem"
     other_key.write_bytes(pki["server2"].private_key_pem.bytes())
-    assert "do not match" in start_failure(tmp_path, *tls_flags(cert, str(other_key)))
-    assert "client CA" in start_failure(tmp_path, *tls_flags(cert, key, other_key))
-
+    cases = [(["--tls-cert", cert], "--tls-key"),
+             (["--tls-key", key], "--tls-cert"),
+             (["--tls-client-ca", cert], "--tls-cert"),
+             (tls_flags(cert, str(tmp_path / "missing.pem")), "missing.pem"),
+             (tls_flags(cert, str(other_key)), "do not match"),
+             (tls_flags(cert, key, other_key), "client CA")]
+    logs = start_failures(tmp_path, *(flags for flags, _ in cases))
+    for (flags, named), log in zip(cases, logs):
+        assert named in log, (flags, log)
 
 
 def test_mtls_sessions_belong_to_the_certificate_subject(mtls_server, pki):
