@@ -66,13 +66,11 @@ CONNECTION_BYTES = 20 << 10
 
 
 class Admission:
-    def __init__(self, *, max_pending: int, read_timeout: float, max_concurrent: int, max_inflight_bytes: int,
-                 executor=None):
+    def __init__(self, *, max_pending: int, read_timeout: float, max_concurrent: int, max_inflight_bytes: int):
         self.max_pending = max_pending
         self.read_timeout = read_timeout
         self.max_concurrent = max_concurrent
         self.max_inflight_bytes = max_inflight_bytes
-        self.executor = executor  # execution.Executor: decodes large requests once admitted
         self._pending: dict[_Waiting, _Waiting] = {}  # oldest first
         self._sweeper: asyncio.Task | None = None
         self.running = 0

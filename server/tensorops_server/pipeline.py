@@ -135,11 +135,10 @@ class CallPipeline:
         self.auth = Authenticator(config.auth_tokens, config.auth_token_file, certificates=bool(config.tls_client_ca))
         self.admission = Admission(
             max_pending=config.max_pending_requests, read_timeout=config.read_timeout,
-            max_concurrent=config.max_concurrent_rpcs, max_inflight_bytes=config.max_inflight_bytes,
-            executor=self.executor)
+            max_concurrent=config.max_concurrent_rpcs, max_inflight_bytes=config.max_inflight_bytes)
 
     def rpc(self, label: str, behavior: Behavior) -> Rpc:
-        return Rpc(label, behavior, self.metrics, self.admission, self.auth, self.config.max_message_bytes)
+        return Rpc(self, label, behavior)
 
     def handler(self, label: str, behavior: Behavior, decode: Decode) -> grpc.RpcMethodHandler:
         """The handler of a unary RPC. It is registered as client-streaming so that the
@@ -153,11 +152,11 @@ class CallPipeline:
         rpc = self.rpc(label, behavior)
 
         async def stream(requests, context: grpc.aio.ServicerContext) -> None:
-            await self.serve_stream(rpc, context, failed)
+            await self._serve_stream(rpc, context, failed)
         return grpc.stream_stream_rpc_method_handler(
             stream, request_deserializer=deferred(decode, self.config.inline_bytes))
 
-    async def serve_stream(self, rpc: Rpc, context: grpc.aio.ServicerContext,
+    async def _serve_stream(self, rpc: Rpc, context: grpc.aio.ServicerContext,
                            failed: Callable[[grpc.Status], bytes]) -> None:
         """Each request of the stream as one call of `rpc`, answered in order, until the
         client ends the stream. A failure to identify the caller or to receive a request
@@ -190,14 +189,15 @@ class Rpc:
     """One RPC as the pipeline runs it: its label, its behavior, and the metric series
     of its label (looked up once, not per call)."""
 
-    def __init__(self, label: str, behavior: Behavior, metrics: Metrics, admission: Admission, auth: Authenticator,
-                 max_response_bytes: int):
+    def __init__(self, pipeline: CallPipeline, label: str, behavior: Behavior):
         self.label = label
         self.behavior = behavior
-        self.admission = admission
-        self.auth = auth
-        self.max_response_bytes = max_response_bytes
-        m = metrics
+        # The pipeline's parts, held here: a call reaches each in one step.
+        self.admission = pipeline.admission
+        self.auth = pipeline.auth
+        self.executor = pipeline.executor
+        self.max_response_bytes = pipeline.config.max_message_bytes
+        m = pipeline.metrics
         self._in_flight = m.in_flight.labels(label)
         self._request_bytes = m.request_bytes.labels(label)
         self._response_bytes = m.response_bytes.labels(label)
@@ -242,7 +242,7 @@ class Rpc:
             self._in_flight.inc()
             try:
                 if incoming.later is not None:  # a large request: decoded on a worker
-                    incoming = await self.admission.executor.offload(call, incoming.later)
+                    incoming = await self.executor.offload(call, incoming.later)
                     if incoming.error is not None:
                         raise errors.from_wire(incoming.error)
                 response = await self.behavior(incoming.decoded, call, nbytes)

@@ -25,10 +25,9 @@ from tensorops.v1 import tensorops_pb2
 
 from . import errors, optable
 from .batching import ForwardBatcher
-from .execution import RESPONSE_OVERHEAD, CallState, Executor, in_row_blocks, qip_rows_per_block, reserve_result
+from .execution import RESPONSE_OVERHEAD, CallState, in_row_blocks, qip_rows_per_block, reserve_result
 from .logs import LOGGER, fields
 from .pipeline import CallPipeline, message_decoder
-from .pipeline import Incoming, Rpc as Instrumented, deferred  # noqa: F401 (the KServe endpoint's, until it uses the pipeline)
 from .sessions import SessionStore
 
 log = logging.getLogger(LOGGER)
@@ -54,10 +53,6 @@ class Service:
         self.batcher = ForwardBatcher(
             executor, max_rows=config.max_batch_rows, window=config.batch_window_us / 1e6,
             result_limit=self.result_limit, observe=metrics.observe_batch, time_kernel=forward_timer.observe)
-
-    # The KServe endpoint reaches these until it builds its handlers with the pipeline.
-    admission = property(lambda self: self.pipeline.admission)
-    auth = property(lambda self: self.pipeline.auth)
 
     # ---- helpers
     @staticmethod
