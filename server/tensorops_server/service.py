@@ -14,7 +14,7 @@ import functools
 import logging
 import socket
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import grpc
 import numpy as np
@@ -74,12 +74,12 @@ class Service:
     @staticmethod
     def _encode(op: wire.Operation, result, fmt: int) -> bytes:
         out_fmt = fmt if op.layout and op.image_outputs else 0
-        fields = op.response_fields
+        fields = op.outputs
         if len(fields) == 1 and not isinstance(result, tuple):  # the common case: one array
             name = fields[0]
             return op.response_codec.encode(None, {name: codec.encode_tensor(result, name, out_fmt)})
         results = result if isinstance(result, tuple) else (result,)
-        tensors = {name: codec.encode_tensor(arr, name, out_fmt) for name, arr in zip(fields, results)}
+        tensors = {name: codec.encode_tensor(arr, name, out_fmt) for name, arr in zip(fields, results, strict=True)}
         return op.response_codec.encode(None, tensors)
 
     def _session_info(self, session, m: int | None = None) -> tensorops_pb2.SessionInfo:
@@ -100,9 +100,7 @@ class Service:
         (default: the tensorops.v1 response message)."""
         encode = encode or functools.partial(self._encode, entry.op)
         timer = self._timer(entry.name)
-        # The one-shot quantized inner product can cost far more than its bytes (M x N x K):
-        # never on the event loop.
-        always_offload = entry.name == "quantized_inner_product"
+        always_offload = entry.op.offload  # costs far more than its bytes: never on the event loop
         executor = self.executor
 
         def prepare(decoded: codec.Decoded, call: CallState, extra: dict | None) -> tuple[dict, int, int]:
@@ -115,8 +113,8 @@ class Service:
             return kwargs, fmt, result_bytes
 
         def run(call: CallState, kwargs: dict, fmt: int, result_bytes: int) -> bytes:
-            if always_offload:
-                result = self._run_quantized_inner_product(timer, call, entry.native, kwargs, result_bytes)
+            if entry.op.row_split:
+                result = self._run_in_row_blocks(timer, call, entry, kwargs, result_bytes)
             else:
                 result = self._run(timer, call, entry.native, **kwargs)
             return encode(result, fmt)
@@ -139,16 +137,18 @@ class Service:
             return run(call, *prepared)
         return behavior
 
-    def _run_quantized_inner_product(self, timer, call: CallState, native, kwargs: dict, result_bytes: int):
-        """The one-shot product, long work split into row blocks. Arguments the kernel will
-        refuse go to it unchanged, to be named."""
-        a, b = kwargs.get("a"), kwargs.get("b")
-        if not (isinstance(a, np.ndarray) and a.ndim == 2 and isinstance(b, np.ndarray) and b.ndim == 2):
-            return self._run(timer, call, native, **kwargs)
-        n, k = (b.shape[0], b.shape[1]) if kwargs.get("trans_b") else (b.shape[1], b.shape[0])
-        rest = {name: value for name, value in kwargs.items() if name != "a"}
-        return self._run(timer, call, in_row_blocks, call, functools.partial(native, **rest), a,
-                         qip_rows_per_block(k, n), result_bytes)
+    def _run_in_row_blocks(self, timer, call: CallState, entry: optable.Entry, kwargs: dict, result_bytes: int):
+        """An operation whose result rows depend on the same rows of one input (the table's
+        `row_split`: the one-shot quantized inner product, M x K by K x N), computed in
+        blocks of rows so that a long call checks its deadline between them. Arguments the
+        kernel will refuse go to it unchanged, to be named."""
+        name = entry.op.row_split
+        rows, shapes = kwargs.get(name), entry.op.result_shapes(kwargs)
+        if shapes is None or not isinstance(rows, np.ndarray) or rows.ndim != 2:
+            return self._run(timer, call, entry.native, **kwargs)
+        rest = {key: value for key, value in kwargs.items() if key != name}
+        return self._run(timer, call, in_row_blocks, call, functools.partial(entry.native, **rest), rows,
+                         qip_rows_per_block(rows.shape[1], shapes[0][0][1]), result_bytes)
 
     # ---- sessions
     async def open_session(self, decoded: codec.Decoded, call: CallState):

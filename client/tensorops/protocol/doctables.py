@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pathlib
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from .table import CREATE_SESSION, IMAGE, OPERATIONS, REAL_VECTOR, SERVICE, Operation
 

@@ -20,9 +20,10 @@ from __future__ import annotations
 import ast
 import enum
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -211,7 +212,7 @@ class Operation:
         keyword = [(a.arg, True) for a in args.kwonlyargs]
         defaults = [REQUIRED] * (len(args.args) - len(args.defaults)) + [ast.literal_eval(d) for d in args.defaults]
         defaults += [REQUIRED if d is None else ast.literal_eval(d) for d in args.kw_defaults]
-        return tuple((name, kw, default) for (name, kw), default in zip(positional + keyword, defaults))
+        return tuple((name, kw, default) for (name, kw), default in zip(positional + keyword, defaults, strict=True))
 
     @cached_property
     def defaults(self) -> dict[str, Any]:
@@ -270,13 +271,6 @@ class Operation:
         return tuple(out)
 
     @cached_property
-    def request_plan(self) -> dict[str, tuple[Kind, Any]]:
-        """name -> (kind, detail): the image flag of a tensor, the enum of an enum field,
-        the descriptor of any other."""
-        return {f.name: (f.kind, f.image if f.is_tensor else f.enum if f.kind is Kind.ENUM else f.descriptor)
-                for f in self.fields}
-
-    @cached_property
     def fields_by_name(self) -> dict[str, Field]:
         return {f.name: f for f in self.fields}
 
@@ -294,10 +288,6 @@ class Operation:
     @cached_property
     def outputs(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.response_class.DESCRIPTOR.fields)
-
-    @property
-    def response_fields(self) -> tuple[str, ...]:
-        return self.outputs
 
     def spec(self, name: str) -> TensorSpec:
         return self.tensors.get(name, IMAGE)

@@ -19,10 +19,18 @@ import numpy as np
 from ..v1 import tensor_pb2
 from . import codec
 from .codec import WireError
-from .table import (CREATE_SESSION, FORWARD_SESSION, OPERATIONS, SERVICE, SERVICE_NAME, Field, Kind,  # noqa: F401
-                    Operation, message_class, method_path)
-
-TENSOR, TENSORS, ENUM, MESSAGE, REPEATED, SCALAR = Kind  # the kinds of request fields
+from .table import (  # noqa: F401
+    CREATE_SESSION,
+    FORWARD_SESSION,
+    OPERATIONS,
+    SERVICE,
+    SERVICE_NAME,
+    Field,
+    Kind,
+    Operation,
+    message_class,
+    method_path,
+)
 
 # Both sides default to the same message size limit, so what one sends the other accepts.
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -214,7 +222,7 @@ def decode_response(op: Operation, raw: bytes, bf16_bits: bool = False):
     Arrays are new and writable, as in-process results are."""
     decoded = op.response_codec.decode(raw)
     results = []
-    for name in op.response_fields:
+    for name in op.outputs:
         tensor = decoded.tensors.get(name)
         if tensor is None:
             raise WireError(name, "missing from the response")
