@@ -258,7 +258,7 @@ class SharedMemoryTransport:
         except _Unsupported:
             return NotImplemented
         op = wire.OPERATIONS[name]
-        if len(op.response_fields) != 1:
+        if len(op.outputs) != 1:
             return NotImplemented
         placed = {key: self._placed(arr) for key, arr in tensors.items()}
         out_placed = self._placed(out) if out is not None else None
@@ -389,7 +389,7 @@ def _request_head(op: wire.Operation, parameters: dict[str, Parameter],
         tensor = request.inputs.add(name=name, datatype=datatype, shape=shape)
         if where is not None:
             _place(tensor.parameters, *where)
-    _place(request.outputs.add(name=op.response_fields[0]).parameters, *output)
+    _place(request.outputs.add(name=op.outputs[0]).parameters, *output)
     return request.SerializeToString()
 
 
