@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Callable
+from typing import Any
 
 import tensorops_native
 from tensorops.protocol import codec, dtypes, table, wire
-from tensorops.protocol.table import Kind, TensorSpec  # noqa: F401 (TensorSpec: for the KServe models)
+from tensorops.protocol.table import Kind, TensorSpec
 from tensorops.v1 import tensor_pb2
 
 from . import errors
@@ -123,11 +124,11 @@ def tensor_argument(op: table.Operation, tensor: codec.WireTensor, name: str, ma
     shape = tensor.shape
     # Without a 0 dimension the payload's length bounds the size; negative dimensions and
     # too many of them are the codec's to name.
-    if 0 in shape and len(shape) <= codec.MAX_NDIM and min(shape) >= 0:
-        if math.prod(filter(None, shape)) * itemsize > MAX_DESCRIBED_BYTES:
-            raise errors.invalid(f"{name}.shape", f"the tensor has too many elements: {list(shape)} of "
-                                 f"{_DTYPE_ENUM.values_by_number[tensor.dtype].name} describes more than 2**63 - 1 "
-                                 "bytes (counting the non-zero dimensions, even when another one is 0)")
+    described = 0 in shape and len(shape) <= codec.MAX_NDIM and min(shape) >= 0
+    if described and math.prod(filter(None, shape)) * itemsize > MAX_DESCRIBED_BYTES:
+        raise errors.invalid(f"{name}.shape", f"the tensor has too many elements: {list(shape)} of "
+                             f"{_DTYPE_ENUM.values_by_number[tensor.dtype].name} describes more than 2**63 - 1 "
+                             "bytes (counting the non-zero dimensions, even when another one is 0)")
     try:
         return codec.to_array(tensor, name, max_bytes=max_tensor_bytes, reserve=reserve)
     except codec.WireError as exc:
@@ -137,12 +138,16 @@ def tensor_argument(op: table.Operation, tensor: codec.WireTensor, name: str, ma
 def native_arguments(op: table.Operation, decoded: codec.Decoded, max_tensor_bytes: int | None,
                      skip: tuple[str, ...] = (), reserve: Callable[[int, str], None] | None = None) -> dict:
     """The native keyword arguments of a request. A field left unset whose argument has no
-    default in the table is refused as missing."""
-    message, tensors = decoded.message, decoded.tensors
+    default in the table is refused as missing. Attributes the request gives already
+    converted (decoded.attributes) are taken as they are."""
+    message, tensors, given = decoded.message, decoded.tensors, decoded.attributes
     kwargs: dict[str, Any] = {}
     for f in op.fields:
         name, kind, required = f.name, f.kind, f.required
         if name in skip:
+            continue
+        if name in given:
+            kwargs[name] = given[name]
             continue
         if kind is Kind.TENSOR:
             tensor = tensors.get(name)
@@ -191,7 +196,8 @@ def request_format(op: table.Operation, decoded: codec.Decoded) -> int:
         if tensor is None or not tensor.format:
             continue
         if tensor.format not in codec.FORMAT_NAMES:
-            raise errors.invalid(f"{name}.format", f"expected one of {wire.wire_choices(_FORMAT_ENUM, unspecified=True)}, "
+            choices = wire.wire_choices(_FORMAT_ENUM, unspecified=True)
+            raise errors.invalid(f"{name}.format", f"expected one of {choices}, "
                                                    f"got {wire.wire_value(_FORMAT_ENUM, tensor.format)}")
         if fmt and tensor.format != fmt:
             raise errors.invalid(f"{name}.format", f"{tensor_pb2.Format.Name(tensor.format)} differs from "

@@ -60,7 +60,7 @@ def test_the_native_call_is_tensorops_v1s(case):
     v1_kwargs, v1_fmt = entry.arguments(entry.op.request_codec.decode(wire.build_request(entry.op, bound).data), None)
     message, raws = infer_request(case.op, case.args, case.kwargs)
     converted = conversion.infer_request(models.operation_model(entry), message, raws)
-    kwargs, fmt = conversion.KServeEntry.of(entry).arguments(converted, None)
+    kwargs, fmt = entry.arguments(converted, None)  # the one entry point of both endpoints
     assert fmt == v1_fmt
     assert kwargs.keys() == v1_kwargs.keys()
     assert all(same_argument(kwargs[name], value) for name, value in v1_kwargs.items()), case.id

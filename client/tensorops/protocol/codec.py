@@ -458,6 +458,9 @@ class Decoded:
     message: Any  # an instance of the codec's message class
     tensors: dict[str, Any]  # a WireTensor, or a list of them for a repeated field
     nbytes: int = 0
+    # Arguments an endpoint with parameters of its own (KServe) has already made canonical
+    # (tensorops.protocol.wire.attribute_value): they stand for the message's fields.
+    attributes: dict[str, Any] = field(default_factory=dict)
 
 
 class MessageCodec:

@@ -14,7 +14,6 @@ same native call from the same arguments, converted once per call.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import io
 import math
@@ -141,20 +140,20 @@ def unknown_parameter(model_name: str, name: str, known) -> errors.Failure:
     )
 
 
-def attributes_message(model_name: str, op: table.Operation, values: dict[str, Any]):
-    """The tensorops.v1 request message holding attributes in their KServe forms, for the
-    one call that takes a message (a session's creation): each checked and set as the
-    client's encoder sets it (wire.set_attribute), nothing encoded or parsed."""
-    message = op.request_class()
+def converted_attributes(model_name: str, op: table.Operation, values: dict[str, Any]) -> dict[str, Any]:
+    """Attributes in their KServe forms (a session's `config`) as the native function takes
+    them, each checked and made canonical as the client's encoder does it
+    (wire.attribute_value)."""
+    converted = {}
     for name, value in values.items():
         f = op.fields_by_name.get(name)
         if f is None or f.is_tensor:
             raise unknown_parameter(model_name, name, [a.name for a in op.attributes])
         try:
-            wire.set_attribute(message, op, name, _api_value(f, value))
+            converted[name] = wire.attribute_value(op, name, _api_value(f, value))
         except WireError as exc:
             raise errors.from_wire(exc) from None
-    return message
+    return converted
 
 
 def _typed_contents(name: str, datatype: str, contents, count: int) -> bytes:
@@ -322,48 +321,23 @@ def request_attributes(model: Model, parameters) -> tuple[dict[str, Any], int]:
     return attributes, fmt
 
 
-@dataclasses.dataclass
-class Arguments:
-    """A ModelInferRequest converted for its model's operation: the attributes it gives,
-    canonical; its inputs as WireTensors over the received bytes; the format of its image
-    tensors (wire enum, 0: unspecified)."""
-
-    attributes: dict[str, Any]
-    tensors: dict[str, Any]
-    fmt: int = 0
-
-    def native(
-        self, op: table.Operation, max_tensor_bytes: int | None, reserve: Callable[[int, str], None] | None = None
-    ) -> dict[str, Any]:
-        """The native keyword arguments: the inputs as arrays, and the attributes not given
-        left to their defaults or refused as missing, by the function and in the words of
-        tensorops.v1 (to which they are unset fields); `reserve` is charged for a copy."""
-        kwargs = optable.native_arguments(
-            op, self.inputs(op), max_tensor_bytes, skip=tuple(self.attributes), reserve=reserve
-        )
-        return self._with_attributes(kwargs)
-
-    def inputs(self, op: table.Operation) -> codec.Decoded:
-        """The inputs as a tensorops.v1 request of `op` whose attributes are all unset."""
-        return codec.Decoded(_empty_message(op.request_class), self.tensors)
-
-    def shapes(self, op: table.Operation) -> dict[str, Any]:
-        """The native keyword arguments with each input as an array of its shape and dtype
-        that holds no memory (zero strides): what the table's result_shapes reads, before
-        the inputs are converted. None for an input the operation will refuse."""
-        return self._with_attributes(
-            {name: [_shaped(o) for o in t] if isinstance(t, list) else _shaped(t) for name, t in self.tensors.items()}
-        )
-
-    def _with_attributes(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        kwargs.update(self.attributes)
-        if self.fmt:
-            kwargs["format"] = dtypes.FORMAT_NAMES[self.fmt]
-        return kwargs
+def shaped_arguments(op: table.Operation, request: codec.Decoded) -> dict[str, Any]:
+    """The native keyword arguments of a converted request with each input as an array
+    of its shape and dtype that holds no memory (zero strides): what the table's
+    result_shapes reads, before the inputs are converted. None for an input the operation
+    will refuse."""
+    kwargs: dict[str, Any] = {
+        name: [_shaped(o) for o in t] if isinstance(t, list) else _shaped(t) for name, t in request.tensors.items()
+    }
+    kwargs.update(request.attributes)
+    fmt = optable.request_format(op, request)
+    if fmt:
+        kwargs["format"] = dtypes.FORMAT_NAMES[fmt]
+    return kwargs
 
 
 @functools.cache
-def _empty_message(request_class):
+def empty_message(request_class):
     """A request with no field set, one per class: only read."""
     return request_class()
 
@@ -378,26 +352,13 @@ def _shaped(tensor: codec.WireTensor) -> np.ndarray | None:
         return None
 
 
-@dataclasses.dataclass(frozen=True)
-class KServeEntry(optable.Entry):
-    """An operation as the KServe endpoint runs it: its entry, with the native arguments
-    made from converted parameters (Arguments) instead of a tensorops.v1 request, so that
-    Service.operation runs it exactly as it runs tensorops.v1's calls."""
-
-    @classmethod
-    def of(cls, entry: optable.Entry) -> KServeEntry:
-        return cls(**{f.name: getattr(entry, f.name) for f in dataclasses.fields(entry)})
-
-    def arguments(
-        self, request: Arguments, max_tensor_bytes: int | None, reserve: Callable[[int, str], None] | None = None
-    ) -> tuple[dict, int]:
-        return request.native(self.op, max_tensor_bytes, reserve), request.fmt
-
-
-def infer_request(model: Model, request, raws: list, regions: Regions | None = None) -> Arguments:
-    """A ModelInferRequest as the arguments of the model's operation."""
+def infer_request(model: Model, request, raws: list, regions: Regions | None = None) -> codec.Decoded:
+    """A ModelInferRequest as a request of the model's operation: its inputs as tensors
+    (the image ones in the format the parameters say), its attributes converted, no
+    tensorops.v1 field set."""
     attributes, fmt = request_attributes(model, request.parameters)
-    return Arguments(attributes, input_tensors(model, request, raws, fmt, regions), fmt)
+    tensors = input_tensors(model, request, raws, fmt, regions)
+    return codec.Decoded(empty_message(model.op.request_class), tensors, attributes=attributes)
 
 
 def requested_outputs(model: Model, request) -> tuple[tuple[str, tuple | None], ...]:
@@ -509,7 +470,7 @@ def npy_tensor(key: str, data: bytes, call: CallState) -> codec.WireTensor:
     return codec.WireTensor(list(shape), code, 0, payload)
 
 
-def output_in_region(model: Model, arguments: Arguments, outputs: tuple, regions: Regions) -> np.ndarray | None:
+def output_in_region(model: Model, request: codec.Decoded, outputs: tuple, regions: Regions) -> np.ndarray | None:
     """The array in its shared-memory region that the kernel writes the result into
     (tensorops_native's `out=`), when the operation takes one, has one result whose shape
     and dtype the table gives from the arguments (result_shapes), and the request places
@@ -517,7 +478,7 @@ def output_in_region(model: Model, arguments: Arguments, outputs: tuple, regions
     entry = model.entry
     if entry is None or "out" not in entry.parameters or len(model.outputs) != 1 or outputs[0][1] is None:
         return None
-    shapes = model.op.result_shapes(arguments.shapes(model.op))
+    shapes = model.op.result_shapes(shaped_arguments(model.op, request))
     if shapes is None:
         return None  # the operation refuses the arguments, naming them
     ((shape, dtype),) = shapes

@@ -16,7 +16,7 @@ from tensorops.protocol import codec, table
 from .. import errors
 from ..execution import CallState
 from ..service import Service
-from .conversion import attributes_message, choice_name, npy_tensor, parameter_value
+from .conversion import choice_name, converted_attributes, empty_message, npy_tensor, parameter_value
 from .models import VERSION, Model, operation_model, session_model
 
 _CONFIG = "config"
@@ -70,7 +70,9 @@ def load_request(request, call: CallState) -> codec.Decoded:
             tensors[name] = npy_tensor(key, value, call)
         else:
             raise errors.invalid(key, f"unknown parameter `{key}`: expected `config` and `file:<tensor>`")
-    return codec.Decoded(attributes_message(request.model_name, op, arguments), tensors)
+    return codec.Decoded(
+        empty_message(op.request_class), tensors, attributes=converted_attributes(request.model_name, op, arguments)
+    )
 
 
 class Repository:

@@ -24,7 +24,7 @@ from ..reflection import renamed
 from ..service import Service
 from ..shm import SharedMemory
 from . import models
-from .conversion import Arguments, KServeEntry, infer_request, infer_response, output_in_region, requested_outputs
+from .conversion import infer_request, infer_response, output_in_region, requested_outputs
 from .models import PLATFORM, Model
 from .repository import Repository
 
@@ -106,7 +106,7 @@ class KServe:
         # The behaviors of the operations, taking converted requests and returning the
         # result arrays (not a message).
         self._compute = {
-            name: service.operation(KServeEntry.of(entry), encode=lambda result, fmt: result)
+            name: service.operation(entry, encode=lambda result, fmt: result)
             for name, entry in service.table.items()
         }
         self.ready = True
@@ -115,10 +115,10 @@ class KServe:
         return self.repository.model(name, version, identity)
 
     async def _run(
-        self, model: Model, arguments: Arguments, call: CallState, nbytes: int, shared_bytes: int, extra: dict
+        self, model: Model, request: codec.Decoded, call: CallState, nbytes: int, shared_bytes: int, extra: dict
     ):
         if model.entry is None:  # a session: its forward takes `a` (a session model has no parameters)
-            return await self.repository.forward(model, arguments.inputs(model.op), call)
+            return await self.repository.forward(model, request, call)
         # In shared memory, the kernel is the call's only work on its tensors: a short
         # one runs on the loop, where a thread hand-off would cost more than it.
         inline = (
@@ -128,7 +128,7 @@ class KServe:
                 self.service.executor.inline(nbytes) and shared_bytes <= self.service.config.inline_shared_memory_bytes
             )
         )
-        return await self._compute[model.name](arguments, call, nbytes + shared_bytes, extra, inline)
+        return await self._compute[model.name](request, call, nbytes + shared_bytes, extra, inline)
 
     # ---- inference
     async def infer(self, decoded: codec.Decoded, call: CallState, nbytes: int, wrap: int | None = None) -> bytes:
@@ -141,10 +141,10 @@ class KServe:
         regions = self.shm.for_call(call.identity)
         try:
             outputs = requested_outputs(model, request)
-            arguments = infer_request(model, request, decoded.tensors["raw"], regions.view)
-            out = output_in_region(model, arguments, outputs, regions.view)
+            converted = infer_request(model, request, decoded.tensors["raw"], regions.view)
+            out = output_in_region(model, converted, outputs, regions.view)
             extra = {} if out is None else {"out": out}
-            result = await self._run(model, arguments, call, nbytes, regions.nbytes, extra)
+            result = await self._run(model, converted, call, nbytes, regions.nbytes, extra)
             response = infer_response(
                 model,
                 request,
