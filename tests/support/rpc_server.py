@@ -135,8 +135,9 @@ def reflection_call(target: str, service: str, requests: list[bytes]) -> list:
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
-    """One server shared by the tests that do not restart or reconfigure it."""
-    proc = ServerProcess(tmp_path_factory.mktemp("server") / "server.log").start()
+    """One server shared by the tests that do not restart or reconfigure it (stopped without
+    the drain delay, which no test of it watches)."""
+    proc = ServerProcess(tmp_path_factory.mktemp("server") / "server.log", "--drain-delay", "0").start()
     yield proc
     assert proc.stop() == 0
 
