@@ -79,11 +79,6 @@ class Executor:
             # arguments (the request's buffers) until the cyclic collector runs.
             del future, work
 
-    async def run(self, nbytes: int, call: CallState, fn: Callable[..., Any], *args) -> Any:
-        if nbytes <= self.inline_bytes:
-            return fn(*args)
-        return await self.offload(call, fn, *args)
-
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
