@@ -50,7 +50,8 @@ class TensorOpsServer:
             max_regions=config.max_shared_memory_regions, max_bytes=config.max_shared_memory_bytes,
             max_regions_per_caller=config.max_shared_memory_regions_per_caller,
             max_bytes_per_caller=config.max_shared_memory_bytes_per_caller)
-        self.kserve = kserve.KServe(self.service, self.shared_memory)  # inference.GRPCInferenceService, same port
+        # inference.GRPCInferenceService, on the same port and through the same pipeline
+        self.kserve = kserve.KServe(self.pipeline, self.service, self.shared_memory)
         self._sweeper = Sweeper(self.store, interval=min(config.session_ttl / 4, 10.0))
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tensorops-loop", daemon=True)

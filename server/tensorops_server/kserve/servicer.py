@@ -19,7 +19,7 @@ from tensorops.protocol.codec import WireError
 
 from .. import errors
 from ..execution import CallState
-from ..pipeline import Incoming
+from ..pipeline import CallPipeline, Incoming
 from ..reflection import renamed
 from ..service import Service
 from ..shm import SharedMemory
@@ -99,7 +99,8 @@ def _not_the_message(name: str) -> WireError:
 class KServe:
     """The behaviors of inference.GRPCInferenceService over a tensorops Service."""
 
-    def __init__(self, service: Service, shm: SharedMemory):
+    def __init__(self, pipeline: CallPipeline, service: Service, shm: SharedMemory):
+        self.pipeline = pipeline
         self.service = service
         self.shm = shm
         self.repository = Repository(service)
@@ -121,13 +122,10 @@ class KServe:
             return await self.repository.forward(model, request, call)
         # In shared memory, the kernel is the call's only work on its tensors: a short
         # one runs on the loop, where a thread hand-off would cost more than it.
-        inline = (
-            None
-            if not shared_bytes
-            else (
-                self.service.executor.inline(nbytes) and shared_bytes <= self.service.config.inline_shared_memory_bytes
-            )
-        )
+        inline = None
+        if shared_bytes:
+            limit = self.pipeline.config.inline_shared_memory_bytes
+            inline = self.pipeline.executor.inline(nbytes) and shared_bytes <= limit
         return await self._compute[model.name](request, call, nbytes + shared_bytes, extra, inline)
 
     # ---- inference
@@ -150,7 +148,7 @@ class KServe:
                 request,
                 outputs,
                 result,
-                self.service.config.max_message_bytes,
+                self.pipeline.config.max_message_bytes,
                 regions.view,
                 written=out,
                 wrap=wrap,
@@ -254,7 +252,7 @@ class KServe:
                 pb.SystemSharedMemoryUnregisterRequest,
             ),
         }
-        pipeline = self.service.pipeline
+        pipeline = self.pipeline
         handlers = {}
         for rpc, (label, behavior, message_class) in behaviors.items():
             raw = _RAW_INPUTS if message_class is pb.ModelInferRequest else None
