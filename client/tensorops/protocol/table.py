@@ -23,9 +23,11 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+from google.protobuf.descriptor import Descriptor, EnumDescriptor, MethodDescriptor
+from google.protobuf.message import Message
 
 from ..v1 import tensorops_pb2
 from . import codec
@@ -38,8 +40,8 @@ def method_path(rpc: str) -> str:
     return f"/{SERVICE_NAME}/{rpc}"
 
 
-def message_class(descriptor):
-    return getattr(tensorops_pb2, descriptor.name)
+def message_class(descriptor: Descriptor) -> type[Message]:
+    return cast(type[Message], getattr(tensorops_pb2, descriptor.name))
 
 
 class Kind(enum.Enum):
@@ -63,12 +65,13 @@ class Field:
     required: bool = True             # no default: leaving it out is an error
 
     @property
-    def enum(self):
-        return self.descriptor.enum_type
+    def enum(self) -> EnumDescriptor:
+        """An ENUM field's enum."""
+        return cast(EnumDescriptor, self.descriptor.enum_type)
 
     @property
     def has_presence(self) -> bool:
-        return self.descriptor.has_presence
+        return cast(bool, self.descriptor.has_presence)
 
     @property
     def is_tensor(self) -> bool:
@@ -100,20 +103,22 @@ QIP_TENSORS = {"a": TensorSpec(("UINT8",), (-1, -1)), "b": TensorSpec(("INT8",),
 # Result shapes, from the native keyword arguments and before anything runs. A shape the
 # kernel would refuse gives None: the kernel then names the argument.
 
-Shapes = list[tuple[tuple[int, ...], np.dtype]]
+Shapes = list[tuple[tuple[int, ...], np.dtype[Any]]]
+# The native keyword arguments of a call.
+Arguments = Mapping[str, Any]
 _F32 = np.dtype(np.float32)
 
 
-def _array(kwargs: Mapping, name: str) -> np.ndarray | None:
+def _array(kwargs: Arguments, name: str) -> np.ndarray | None:
     value = kwargs.get(name)
     if isinstance(value, list):  # eltwise's operands: the result is shaped like the first
         value = value[0] if value else None
     return value if isinstance(value, np.ndarray) else None
 
 
-def like(*names: str) -> Callable[[Mapping], Shapes | None]:
+def like(*names: str) -> Callable[[Arguments], Shapes | None]:
     """One result per named argument, of its shape and dtype."""
-    def shapes(kwargs: Mapping) -> Shapes | None:
+    def shapes(kwargs: Arguments) -> Shapes | None:
         arrays = [_array(kwargs, name) for name in names]
         if any(a is None for a in arrays):
             return None
@@ -121,7 +126,7 @@ def like(*names: str) -> Callable[[Mapping], Shapes | None]:
     return shapes
 
 
-def _channel_sum_shapes(kwargs: Mapping) -> Shapes | None:
+def _channel_sum_shapes(kwargs: Arguments) -> Shapes | None:
     """(batch, channels) float32, whatever the spatial size (0 included)."""
     x = _array(kwargs, "x")
     if x is None or x.ndim < 2:
@@ -137,7 +142,7 @@ def product_shapes(a: Any, b: Any, trans_b: bool) -> Shapes | None:
     return [((a.shape[0], b.shape[0] if trans_b else b.shape[1]), np.dtype(np.uint8))]
 
 
-def _product_shapes(kwargs: Mapping) -> Shapes | None:
+def _product_shapes(kwargs: Arguments) -> Shapes | None:
     return product_shapes(kwargs.get("a"), kwargs.get("b"), bool(kwargs.get("trans_b")))
 
 
@@ -194,7 +199,7 @@ class Operation:
     layout: tuple[str, ...] = ()                # image tensors whose Format is the `format` argument
     image_outputs: bool = True                  # outputs carry the input layout (else no format)
     tensors: Mapping[str, TensorSpec] = field(default_factory=dict)  # those not IMAGE
-    result_shapes: Callable[[Mapping], Shapes | None] = field(default=like("x"), compare=False)
+    result_shapes: Callable[[Arguments], Shapes | None] = field(default=like("x"), compare=False)
     offload: bool = False                       # never on the event loop: costs more than its bytes
     row_split: str = ""                         # result rows depend on the same rows of this input
     # Attributes whose API values need more than their field type's rules, before encoding.
@@ -229,15 +234,15 @@ class Operation:
         return self.native or self.name
 
     @cached_property
-    def method(self):
+    def method(self) -> MethodDescriptor:
         return SERVICE.methods_by_name[self.rpc]
 
     @cached_property
-    def request_class(self):
+    def request_class(self) -> type[Message]:
         return message_class(self.method.input_type)
 
     @cached_property
-    def response_class(self):
+    def response_class(self) -> type[Message]:
         return message_class(self.method.output_type)
 
     @cached_property
@@ -292,7 +297,7 @@ class Operation:
     def spec(self, name: str) -> TensorSpec:
         return self.tensors.get(name, IMAGE)
 
-    def result_bytes(self, kwargs: Mapping) -> tuple[str, int]:
+    def result_bytes(self, kwargs: Arguments) -> tuple[str, int]:
         """(the argument that asks for it, the bytes of the results) from the native
         arguments; 0 when the kernel will refuse them."""
         shapes = self.result_shapes(kwargs)

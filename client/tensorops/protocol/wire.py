@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from google.protobuf.descriptor import EnumDescriptor, FieldDescriptor
+from google.protobuf.message import Message
 
 from ..v1 import tensor_pb2
 from . import codec
@@ -43,15 +45,15 @@ MAX_NAME_CHARS = 256
 # ---------------------------------------------------------------------------------------
 # Enumerations: proto enum <-> the names (and Simd integer values) of the Python API
 
-def _enum_prefix(enum_descriptor) -> str:
-    unspecified = enum_descriptor.values_by_number[0].name
+def _enum_prefix(enum_descriptor: EnumDescriptor) -> str:
+    unspecified: str = enum_descriptor.values_by_number[0].name
     return unspecified[: -len("UNSPECIFIED")]
 
 
 _ENUM_NAMES: dict[str, dict[int, str]] = {}
 
 
-def enum_names(enum_descriptor) -> dict[int, str]:
+def enum_names(enum_descriptor: EnumDescriptor) -> dict[int, str]:
     """Wire number -> API name ('exp'), without the UNSPECIFIED value."""
     names = _ENUM_NAMES.get(enum_descriptor.full_name)
     if names is None:
@@ -61,7 +63,7 @@ def enum_names(enum_descriptor) -> dict[int, str]:
     return names
 
 
-def encode_enum(enum_descriptor, value, name: str) -> int:
+def encode_enum(enum_descriptor: EnumDescriptor, value: object, name: str) -> int:
     """An API value (a name, case-insensitive, or the Simd integer value, which is the
     position in the enum) as the wire number."""
     names = enum_names(enum_descriptor)
@@ -77,26 +79,26 @@ def encode_enum(enum_descriptor, value, name: str) -> int:
     raise WireError(name, f"expected one of {allowed}, got {value!r}")
 
 
-def decode_enum(enum_descriptor, number: int) -> str | None:
+def decode_enum(enum_descriptor: EnumDescriptor, number: int) -> str | None:
     """The API name of a wire number; None for UNSPECIFIED or a number this side does not
     know (the operation then reports the argument as missing or invalid)."""
     return enum_names(enum_descriptor).get(number)
 
 
-def wire_choices(enum_descriptor, *, unspecified: bool = False) -> str:
+def wire_choices(enum_descriptor: EnumDescriptor, *, unspecified: bool = False) -> str:
     """The values of a proto enum as the wire knows them, for messages sent to callers of
     any language: "UNARY_OP_ABS (1), UNARY_OP_CEIL (2), ..." (without UNSPECIFIED unless
     asked)."""
     return ", ".join(f"{v.name} ({v.number})" for v in enum_descriptor.values if unspecified or v.number)
 
 
-def wire_value(enum_descriptor, number: int) -> str:
+def wire_value(enum_descriptor: EnumDescriptor, number: int) -> str:
     """A received enum number as a message shows it: "0 (UNARY_OP_UNSPECIFIED)" or "99"."""
     value = enum_descriptor.values_by_number.get(number)
     return f"{number} ({value.name})" if value is not None else str(number)
 
 
-def encode_format(value) -> int:
+def encode_format(value: object) -> int:
     if isinstance(value, str) and value.lower() in codec.FORMATS:
         return codec.FORMATS[value.lower()]
     if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)) and int(value) in (0, 1):
@@ -113,7 +115,7 @@ class Request:
     bf16_bits: bool  # some input was uint16 holding BF16 bits: BF16 results come back as uint16
 
 
-def _sequence(value, name: str) -> list:
+def _sequence(value: Any, name: str) -> list[Any]:
     if isinstance(value, (str, bytes)):
         raise WireError(name, f"expected a sequence, got {type(value).__name__}")
     try:
@@ -122,7 +124,7 @@ def _sequence(value, name: str) -> list:
         raise WireError(name, f"expected a sequence, got {type(value).__name__}") from None
 
 
-def _activation(value: Any, enum_descriptor) -> tuple:
+def _activation(value: Any, enum_descriptor: EnumDescriptor) -> tuple[str | float, ...]:
     """normalize's activation: a name or (name, *parameters), as (api name, *floats)."""
     if isinstance(value, str):
         name, params = value, []
@@ -144,7 +146,7 @@ def attribute_value(op: Operation, name: str, value: Any) -> Any:
     return set_attribute(op.request_class(), op, name, value)
 
 
-def set_attribute(message, op: Operation, name: str, value: Any) -> Any:
+def set_attribute(message: Message, op: Operation, name: str, value: Any) -> Any:
     """attribute_value's check and canonical value, also set into the request `message`
     (protobuf's setters do the range and type checks)."""
     f = op.field(name)
@@ -205,19 +207,19 @@ def build_request(op: Operation, arguments: dict[str, Any]) -> Request:
 _UINT16 = np.dtype(np.uint16)
 
 
-def _is_bits(value) -> bool:
+def _is_bits(value: object) -> bool:
     dtype = getattr(value, "dtype", None)
     return dtype is not None and dtype == _UINT16
 
 
-def _type_name(f) -> str:
+def _type_name(f: FieldDescriptor) -> str:
     names = {f.TYPE_DOUBLE: "a real number", f.TYPE_INT64: "an integer", f.TYPE_BOOL: "a bool",
              f.TYPE_STRING: "a string"}
     kind = names.get(f.type, "a value")
     return f"a sequence of {kind.split(' ', 1)[1]}s" if f.is_repeated else kind
 
 
-def decode_response(op: Operation, raw: bytes, bf16_bits: bool = False):
+def decode_response(op: Operation, raw: bytes, bf16_bits: bool = False) -> np.ndarray | tuple[np.ndarray, ...]:
     """The result of `op`: one array, or a tuple when the response has several tensors.
     Arrays are new and writable, as in-process results are."""
     decoded = op.response_codec.decode(raw)
