@@ -1,6 +1,7 @@
 """Run by .ci/install-orders with the interpreter of an environment holding tensorops and
 tritonclient[grpc]: the installed tensorops-server starts on a loopback port and answers a
 softmax from the tensorops SDK and from tritonclient; then SIGTERM stops it cleanly."""
+
 import json
 import signal
 import subprocess
@@ -9,8 +10,9 @@ import tempfile
 import time
 
 import numpy as np
-import tensorops
 import tritonclient.grpc as triton
+
+import tensorops
 
 server_program = sys.argv[1]
 x = np.arange(12, dtype=np.float32).reshape(3, 4) / 7
@@ -18,8 +20,11 @@ expected = np.exp(x - x.max(axis=1, keepdims=True))
 expected /= expected.sum(axis=1, keepdims=True)
 
 with tempfile.TemporaryFile("w+") as log:
-    server = subprocess.Popen([server_program, "--host", "127.0.0.1", "--port", "0", "--metrics-port=-1"],
-                              stdout=log, stderr=subprocess.STDOUT)
+    server = subprocess.Popen(
+        [server_program, "--host", "127.0.0.1", "--port", "0", "--metrics-port=-1"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         port = None
         deadline = time.monotonic() + 60

@@ -8,6 +8,7 @@ Each ${NAME} in the template is replaced by the option of that name, else the en
 variable, else its default (below). The endpoint line, the one holding ${UPSTREAM_HOST}, is
 written once per host:port of --upstreams / TENSOROPS_UPSTREAMS. A placeholder left
 unfilled is an error. Standard library only, Python 3.8+."""
+
 import argparse
 import os
 import re

@@ -9,6 +9,7 @@ in-process through tensorops_native. Failures raise TensorOpsError subclasses, o
 gRPC status code (InvalidArgumentError names the offending field). A call on a closed
 client raises ClientClosedError (a ValueError).
 """
+
 from ._client import SESSION_KEY_HEADER, Client, QuantizedInnerProductSession, SessionClosedError
 from ._errors import (
     CancelledError,
@@ -29,8 +30,23 @@ from ._local import LocalClient
 from ._memory import retain_freed_buffers
 
 __all__ = [
-    "CancelledError", "Client", "ClientClosedError", "DeadlineExceededError", "FieldViolation", "InternalError",
-    "InvalidArgumentError", "LocalClient", "NotFoundError", "PermissionDeniedError",
-    "QuantizedInnerProductSession", "ResourceExhaustedError", "SESSION_KEY_HEADER", "SessionClosedError",
-    "TensorOpsError", "UnauthenticatedError", "UnavailableError", "UnimplementedError", "retain_freed_buffers",
+    "CancelledError",
+    "Client",
+    "ClientClosedError",
+    "DeadlineExceededError",
+    "FieldViolation",
+    "InternalError",
+    "InvalidArgumentError",
+    "LocalClient",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "QuantizedInnerProductSession",
+    "ResourceExhaustedError",
+    "SESSION_KEY_HEADER",
+    "SessionClosedError",
+    "TensorOpsError",
+    "UnauthenticatedError",
+    "UnavailableError",
+    "UnimplementedError",
+    "retain_freed_buffers",
 ]

@@ -1,4 +1,5 @@
 """The blocking client and its quantized inner-product session."""
+
 from __future__ import annotations
 
 import copy
@@ -80,6 +81,7 @@ def default_load_balancing(target: str) -> LoadBalancing:
         return "round_robin"
     return "pick_first"
 
+
 PEM = bytes | str | os.PathLike[str]
 # gRPC channel arguments: (name, value) pairs or a mapping.
 ChannelOptions = Iterable[tuple[str, object]] | Mapping[str, object]
@@ -91,8 +93,9 @@ def retry_service_config(max_attempts: int, load_balancing: str = "round_robin",
     UNAVAILABLE (server restarting, draining, unreachable) with exponential backoff.
     Every operation is a pure function, so a retry is safe."""
     if load_balancing not in LOAD_BALANCING_POLICIES:
-        raise ValueError(f"load_balancing: expected one of {', '.join(LOAD_BALANCING_POLICIES)}, "
-                         f"got {load_balancing!r}")
+        raise ValueError(
+            f"load_balancing: expected one of {', '.join(LOAD_BALANCING_POLICIES)}, got {load_balancing!r}"
+        )
     policy = {"shuffleAddressList": True} if shuffle and load_balancing == "pick_first" else {}
     method_config: dict[str, Any] = {"name": [{"service": wire.SERVICE_NAME}]}
     if max_attempts > 1:
@@ -117,8 +120,13 @@ def whole_number(value: object, name: str, minimum: int, maximum: int = INT32_MA
     return int(value)
 
 
-def channel_options(max_message_bytes: int, max_attempts: int, options: ChannelOptions = (),
-                    load_balancing: str = "round_robin", shuffle: bool = False) -> list[tuple[str, object]]:
+def channel_options(
+    max_message_bytes: int,
+    max_attempts: int,
+    options: ChannelOptions = (),
+    load_balancing: str = "round_robin",
+    shuffle: bool = False,
+) -> list[tuple[str, object]]:
     max_message_bytes = whole_number(max_message_bytes, "max_message_bytes", 1)
     max_attempts = whole_number(max_attempts, "max_attempts", 1)
     base: list[tuple[str, object]] = [
@@ -132,8 +140,9 @@ def channel_options(max_message_bytes: int, max_attempts: int, options: ChannelO
     try:
         given = dict(cast(Iterable[tuple[str, object]], options))  # a mapping too (checked here)
     except (TypeError, ValueError):
-        raise TypeError(f"options: expected gRPC channel arguments as (name, value) pairs or a mapping, "
-                        f"got {options!r:.80}") from None
+        raise TypeError(
+            f"options: expected gRPC channel arguments as (name, value) pairs or a mapping, got {options!r:.80}"
+        ) from None
     return [(k, v) for k, v in base if k not in given] + list(given.items())
 
 
@@ -152,9 +161,11 @@ def normalize_target(target: object) -> str:
     lowered = target.lower()
     for scheme in URL_SCHEMES:
         if lowered.startswith(scheme):
-            address = normalize_target(target[len(scheme):].rstrip("/"))
-            raise ValueError(f"target: a gRPC target is 'host:port', not a URL: write {address!r} instead of "
-                             f"{target!r}; TLS comes from root_certificates= or credentials=, not from a scheme")
+            address = normalize_target(target[len(scheme) :].rstrip("/"))
+            raise ValueError(
+                f"target: a gRPC target is 'host:port', not a URL: write {address!r} instead of "
+                f"{target!r}; TLS comes from root_certificates= or credentials=, not from a scheme"
+            )
     if lowered.startswith(_OTHER_ADDRESS_SCHEMES):
         return target
     if lowered.startswith("dns:"):
@@ -165,7 +176,7 @@ def normalize_target(target: object) -> str:
         return scheme_and_authority + _with_port(name)
     for scheme in ("ipv4:", "ipv6:"):
         if lowered.startswith(scheme):
-            return target[:len(scheme)] + ",".join(_with_port(a) for a in target[len(scheme):].split(","))
+            return target[: len(scheme)] + ",".join(_with_port(a) for a in target[len(scheme) :].split(","))
     return _with_port(target)
 
 
@@ -199,13 +210,15 @@ def read_pem(name: str, value: PEM | None) -> bytes | None:
         raise ValueError(f"{name}: cannot read {os.fspath(value)!r}: {exc.strerror or exc}") from None
 
 
-def channel_credentials(credentials: grpc.ChannelCredentials | None, root_certificates: PEM | None = None,
-                        certificate_chain: PEM | None = None,
-                        private_key: PEM | None = None) -> grpc.ChannelCredentials | None:
+def channel_credentials(
+    credentials: grpc.ChannelCredentials | None,
+    root_certificates: PEM | None = None,
+    certificate_chain: PEM | None = None,
+    private_key: PEM | None = None,
+) -> grpc.ChannelCredentials | None:
     """The credentials of the channel: `credentials` as given, or TLS from the PEM
     arguments, or None (a plaintext channel)."""
-    pems = {"root_certificates": root_certificates, "certificate_chain": certificate_chain,
-            "private_key": private_key}
+    pems = {"root_certificates": root_certificates, "certificate_chain": certificate_chain, "private_key": private_key}
     given = [name for name, value in pems.items() if value is not None]
     if not given:
         return credentials
@@ -224,7 +237,7 @@ def is_loopback_target(target: str) -> bool:
         return True
     for scheme in ("dns:", "ipv4:", "ipv6:"):
         if target.startswith(scheme):
-            target = target[len(scheme):]
+            target = target[len(scheme) :]
             if target.startswith("//"):  # dns://authority/host:port
                 target = target[2:].partition("/")[2]
             break
@@ -255,12 +268,16 @@ def token_metadata(token: str | None, target: str, secure: bool, allow_insecure_
         raise ValueError("token: expected a non-empty str")
     if not secure:
         if not allow_insecure_token:
-            raise ValueError(f"token: refusing to send a bearer token over the plaintext channel to {target!r}; "
-                             "use TLS (root_certificates= or credentials=), or allow_insecure_token=True for a "
-                             "loopback target")
+            raise ValueError(
+                f"token: refusing to send a bearer token over the plaintext channel to {target!r}; "
+                "use TLS (root_certificates= or credentials=), or allow_insecure_token=True for a "
+                "loopback target"
+            )
         if not is_loopback_target(target):
-            raise ValueError(f"token: allow_insecure_token=True only allows loopback targets (127.0.0.0/8, ::1, "
-                             f"localhost, unix:), not {target!r}; use TLS")
+            raise ValueError(
+                f"token: allow_insecure_token=True only allows loopback targets (127.0.0.0/8, ::1, "
+                f"localhost, unix:), not {target!r}; use TLS"
+            )
     return (("authorization", f"Bearer {token}"),)
 
 
@@ -313,27 +330,42 @@ class ClientBase(Operations[F32, Floats, Pair, U8, Session]):
 
     _channel: grpc.Channel | grpc.aio.Channel
 
-    def __init__(self, target: str = DEFAULT_TARGET, *, timeout: Timeout = None, metadata: Metadata = None,
-                 credentials: grpc.ChannelCredentials | None = None, root_certificates: PEM | None = None,
-                 certificate_chain: PEM | None = None, private_key: PEM | None = None,
-                 server_name_override: str | None = None, token: str | None = None,
-                 allow_insecure_token: bool = False,
-                 max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES, max_attempts: int = 4,
-                 options: ChannelOptions = (), load_balancing: LoadBalancing | None = None):
+    def __init__(
+        self,
+        target: str = DEFAULT_TARGET,
+        *,
+        timeout: Timeout = None,
+        metadata: Metadata = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        root_certificates: PEM | None = None,
+        certificate_chain: PEM | None = None,
+        private_key: PEM | None = None,
+        server_name_override: str | None = None,
+        token: str | None = None,
+        allow_insecure_token: bool = False,
+        max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES,
+        max_attempts: int = 4,
+        options: ChannelOptions = (),
+        load_balancing: LoadBalancing | None = None,
+    ):
         self.target = target = normalize_target(target)
         self.timeout = check_timeout(timeout)
         self._credentials = channel_credentials(credentials, root_certificates, certificate_chain, private_key)
-        self.metadata: Pairs = check_metadata(metadata) + token_metadata(token, target, self._credentials is not None,
-                                                                 allow_insecure_token)
+        self.metadata: Pairs = check_metadata(metadata) + token_metadata(
+            token, target, self._credentials is not None, allow_insecure_token
+        )
         if server_name_override is not None:
-            options = [*cast(Iterable[tuple[str, object]], options),
-                       ("grpc.ssl_target_name_override", server_name_override)]
+            options = [
+                *cast(Iterable[tuple[str, object]], options),
+                ("grpc.ssl_target_name_override", server_name_override),
+            ]
         self.load_balancing = load_balancing or default_load_balancing(target)
         self._options = channel_options(max_message_bytes, max_attempts, options, self.load_balancing)
         self._session_options: list[tuple[str, object]] | None = None
         if self.load_balancing == "round_robin":
-            self._session_options = channel_options(max_message_bytes, max_attempts, options, "pick_first",
-                                                    shuffle=True)
+            self._session_options = channel_options(
+                max_message_bytes, max_attempts, options, "pick_first", shuffle=True
+            )
         self._callables: dict[str, Callable[..., object]] = {}
         # Held while a method is created on the channel and while the channel closes: gRPC
         # crashes the process when a method is created on a closed channel.
@@ -363,14 +395,15 @@ class ClientBase(Operations[F32, Floats, Pair, U8, Session]):
             with self._lock:
                 self._check_open()
                 # _registered_method: gRPC's own generated code passes it; its stubs omit it.
-                fn = self._callables[path] = self._channel.unary_unary(
-                    path, _registered_method=True)  # type: ignore[call-arg]
+                fn = self._callables[path] = self._channel.unary_unary(path, _registered_method=True)  # type: ignore[call-arg]
         return fn
 
     def _call_options(self, timeout: float | None, metadata: Pairs | None) -> dict[str, object]:
         """gRPC's keyword arguments for a call whose timeout and metadata were checked."""
-        return {"timeout": self.timeout if timeout is None else timeout,
-                "metadata": merge_metadata(self.metadata, metadata)}
+        return {
+            "timeout": self.timeout if timeout is None else timeout,
+            "metadata": merge_metadata(self.metadata, metadata),
+        }
 
     def _failure(self, exc: Exception) -> Exception:
         """The exception to raise for what the channel raised: a TensorOpsError (with the
@@ -404,6 +437,7 @@ class ClientBase(Operations[F32, Floats, Pair, U8, Session]):
 class ClientOptions(TypedDict, total=False):
     """The keyword arguments of ClientBase, as Client and tensorops.aio.Client pass them on
     (described on ClientBase; a test holds the two lists together)."""
+
     timeout: float | None
     metadata: Metadata
     credentials: grpc.ChannelCredentials | None
@@ -444,13 +478,22 @@ class Client(ClientBase[Float32Array, FloatArray, Float32Pair, UInt8Array, "Quan
 
     _channel: grpc.Channel
 
-    def __init__(self, target: str = DEFAULT_TARGET, *, shared_memory: bool = False,
-                 shared_memory_prefix: str = "tensorops_", shared_memory_min_bytes: int = MIN_BYTES,
-                 **kwargs: Unpack[ClientOptions]):
+    def __init__(
+        self,
+        target: str = DEFAULT_TARGET,
+        *,
+        shared_memory: bool = False,
+        shared_memory_prefix: str = "tensorops_",
+        shared_memory_min_bytes: int = MIN_BYTES,
+        **kwargs: Unpack[ClientOptions],
+    ):
         super().__init__(target, **kwargs)
         self._channel = self._open_channel(self._options)
-        self._shared = SharedMemoryTransport(self._invoke, shared_memory_prefix, shared_memory_min_bytes) \
-            if shared_memory else None
+        self._shared = (
+            SharedMemoryTransport(self._invoke, shared_memory_prefix, shared_memory_min_bytes)
+            if shared_memory
+            else None
+        )
 
     def _open_channel(self, options: list[tuple[str, object]]) -> grpc.Channel:
         if self._credentials is None:
@@ -510,8 +553,9 @@ class Client(ClientBase[Float32Array, FloatArray, Float32Pair, UInt8Array, "Quan
             raise ValueError("shared_array: the client was made without shared_memory=True")
         return self._shared.shared_array(shape, dtype, None, ())
 
-    def _open_session(self, arguments: dict[str, object], timeout: float | None,
-                      metadata: Pairs) -> QuantizedInnerProductSession:
+    def _open_session(
+        self, arguments: dict[str, object], timeout: float | None, metadata: Pairs
+    ) -> QuantizedInnerProductSession:
         return QuantizedInnerProductSession(self, encode(wire.CREATE_SESSION, arguments).data, timeout, metadata)
 
     def info(self, *, timeout: Timeout = None, metadata: Metadata = None) -> ServerInfo:
@@ -538,6 +582,7 @@ class ServerLimits(TypedDict):
 
 class ServerInfo(TypedDict):
     """What Client.info() returns (the tensorops.v1 ServerInfo message)."""
+
     version: str
     isa: str
     cpu_features: list[str]
@@ -550,6 +595,7 @@ class ServerInfo(TypedDict):
 
 class SessionInfo(TypedDict):
     """A session as the server describes it (the tensorops.v1 SessionInfo message)."""
+
     session_id: str
     info: str
     internal_buffer_size: int
@@ -566,13 +612,21 @@ class SessionInfo(TypedDict):
 def server_info(msg: tensorops_pb2.ServerInfo) -> ServerInfo:
     limits = msg.limits
     return {
-        "version": msg.version, "isa": msg.isa, "cpu_features": list(msg.cpu_features),
-        "kernels": dict(msg.kernels), "operations": list(msg.operations), "workers": msg.workers,
+        "version": msg.version,
+        "isa": msg.isa,
+        "cpu_features": list(msg.cpu_features),
+        "kernels": dict(msg.kernels),
+        "operations": list(msg.operations),
+        "workers": msg.workers,
         "instance": msg.instance,
-        "limits": {"max_message_bytes": limits.max_message_bytes, "max_tensor_bytes": limits.max_tensor_bytes,
-                   "max_ndim": limits.max_ndim, "max_sessions": limits.max_sessions,
-                   "max_session_bytes": limits.max_session_bytes,
-                   "session_ttl_seconds": limits.session_ttl_seconds},
+        "limits": {
+            "max_message_bytes": limits.max_message_bytes,
+            "max_tensor_bytes": limits.max_tensor_bytes,
+            "max_ndim": limits.max_ndim,
+            "max_sessions": limits.max_sessions,
+            "max_session_bytes": limits.max_session_bytes,
+            "session_ttl_seconds": limits.session_ttl_seconds,
+        },
     }
 
 
@@ -681,8 +735,9 @@ class QuantizedInnerProductSession(SessionBase):
 
     _client: Client
 
-    def __init__(self, client: Client, create_request: bytes, timeout: float | None = None,
-                 metadata: Pairs | None = None):
+    def __init__(
+        self, client: Client, create_request: bytes, timeout: float | None = None, metadata: Pairs | None = None
+    ):
         super().__init__(client, create_request)
         self._lock = threading.Lock()
         try:
@@ -722,6 +777,7 @@ class QuantizedInnerProductSession(SessionBase):
             request = self._forward_request(a)
             raw = self._client._invoke(op.path, request.data, checked_timeout, checked_metadata)
             return cast(UInt8Array, wire.decode_response(op, raw))
+
         return self._retrying(call, checked_timeout, checked_metadata)
 
     def describe(self, m: int | None = None, *, timeout: Timeout = None, metadata: Metadata = None) -> SessionInfo:
@@ -729,10 +785,14 @@ class QuantizedInnerProductSession(SessionBase):
         checked_timeout, checked_metadata = self._begin(timeout, metadata)
 
         def call() -> SessionInfo:
-            raw = self._client._invoke(wire.method_path("DescribeSession"),
-                                       self._describe_request(self._created.session_id, m), checked_timeout,
-                                       checked_metadata)
+            raw = self._client._invoke(
+                wire.method_path("DescribeSession"),
+                self._describe_request(self._created.session_id, m),
+                checked_timeout,
+                checked_metadata,
+            )
             return session_info(tensorops_pb2.SessionInfo.FromString(raw))
+
         return self._retrying(call, checked_timeout, checked_metadata)
 
     def external_buffer_size_for(self, m: int, *, timeout: Timeout = None, metadata: Metadata = None) -> int:

@@ -7,6 +7,7 @@ library keeps working. INVALID_ARGUMENT errors carry the google.rpc.BadRequest f
 violations the server sent: `err.field` names the offending argument (e.g. "x",
 "inputs[1].data") and `err.field_violations` lists them all.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -33,8 +34,14 @@ class TensorOpsError(Exception):
 
     code = grpc.StatusCode.UNKNOWN
 
-    def __init__(self, details: str, *, code: grpc.StatusCode | None = None,
-                 field_violations: Iterable[FieldViolation] = (), trailing_metadata: TrailingMetadata | None = None):
+    def __init__(
+        self,
+        details: str,
+        *,
+        code: grpc.StatusCode | None = None,
+        field_violations: Iterable[FieldViolation] = (),
+        trailing_metadata: TrailingMetadata | None = None,
+    ):
         super().__init__(details)
         if code is not None:
             self.code = code
@@ -91,14 +98,29 @@ class InternalError(TensorOpsError):
     code = grpc.StatusCode.INTERNAL
 
 
-_BY_CODE = {cls.code: cls for cls in (
-    InvalidArgumentError, NotFoundError, ResourceExhaustedError, DeadlineExceededError,
-    CancelledError, UnavailableError, UnauthenticatedError, PermissionDeniedError,
-    UnimplementedError, InternalError)}
+_BY_CODE = {
+    cls.code: cls
+    for cls in (
+        InvalidArgumentError,
+        NotFoundError,
+        ResourceExhaustedError,
+        DeadlineExceededError,
+        CancelledError,
+        UnavailableError,
+        UnauthenticatedError,
+        PermissionDeniedError,
+        UnimplementedError,
+        InternalError,
+    )
+}
 
 
-def error_for(code: grpc.StatusCode, details: str, field_violations: Iterable[FieldViolation] = (),
-              trailing_metadata: TrailingMetadata | None = None) -> TensorOpsError:
+def error_for(
+    code: grpc.StatusCode,
+    details: str,
+    field_violations: Iterable[FieldViolation] = (),
+    trailing_metadata: TrailingMetadata | None = None,
+) -> TensorOpsError:
     cls = _BY_CODE.get(code, TensorOpsError)
     return cls(details, code=code, field_violations=field_violations, trailing_metadata=trailing_metadata)
 
@@ -140,19 +162,37 @@ _CONNECTION_LEVEL = ("failed to connect to all addresses", "connections to all b
 # Connection-level failures whose gRPC wording hides a likely configuration mistake, by
 # whether the channel is TLS: (what the details contain, what is probably wrong).
 _CONNECTION_HINTS = {
-    False: (("Socket closed", "the server closed the connection before answering: it probably requires TLS, "
-                              "which this plaintext client does not speak (pass root_certificates= or "
-                              "credentials=)"),),
-    True: (("WRONG_VERSION_NUMBER", "the server did not answer the TLS handshake in TLS: it probably is a "
-                                    "plaintext server (no --tls-cert); connect without root_certificates= "
-                                    "and credentials=, or give the server a certificate"),
-           ("CERTIFICATE_VERIFY_FAILED", "the server's certificate does not chain to the trusted CAs "
-                                         "(root_certificates=, or the system's when none was given)"),
-           ("Hostname Verification", "the server's certificate does not name the host of the target "
-                                     "(server_name_override= checks another name)"),
-           ("Socket closed", "the server closed the connection during the TLS handshake: it probably "
-                             "requires a client certificate (certificate_chain= and private_key=) that it "
-                             "trusts, and this client gave none or another")),
+    False: (
+        (
+            "Socket closed",
+            "the server closed the connection before answering: it probably requires TLS, "
+            "which this plaintext client does not speak (pass root_certificates= or "
+            "credentials=)",
+        ),
+    ),
+    True: (
+        (
+            "WRONG_VERSION_NUMBER",
+            "the server did not answer the TLS handshake in TLS: it probably is a "
+            "plaintext server (no --tls-cert); connect without root_certificates= "
+            "and credentials=, or give the server a certificate",
+        ),
+        (
+            "CERTIFICATE_VERIFY_FAILED",
+            "the server's certificate does not chain to the trusted CAs "
+            "(root_certificates=, or the system's when none was given)",
+        ),
+        (
+            "Hostname Verification",
+            "the server's certificate does not name the host of the target (server_name_override= checks another name)",
+        ),
+        (
+            "Socket closed",
+            "the server closed the connection during the TLS handshake: it probably "
+            "requires a client certificate (certificate_chain= and private_key=) that it "
+            "trusts, and this client gave none or another",
+        ),
+    ),
 }
 
 
@@ -164,13 +204,13 @@ def explain_connection_failure(error: TensorOpsError, secure: bool) -> TensorOps
         return error
     for marker, cause in _CONNECTION_HINTS[secure]:
         if marker in error.details:
-            return error_for(error.code, f"{cause} [gRPC: {error.details}]", error.field_violations,
-                             error.trailing_metadata)
+            return error_for(
+                error.code, f"{cause} [gRPC: {error.details}]", error.field_violations, error.trailing_metadata
+            )
     return error
 
 
 def invalid_argument(field: str, description: str) -> InvalidArgumentError:
     """The error a call raises before sending anything, for an argument it cannot encode
     (the server would have named the same field)."""
-    return InvalidArgumentError(f"{field}: {description}",
-                                field_violations=(FieldViolation(field, description),))
+    return InvalidArgumentError(f"{field}: {description}", field_violations=(FieldViolation(field, description),))

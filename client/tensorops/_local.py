@@ -10,6 +10,7 @@ so error handling does not change either. `timeout` and `metadata` are checked a
 remote clients check them, and otherwise ignored. After close(), the client and its
 sessions raise ClientClosedError, as the remote clients do.
 """
+
 from __future__ import annotations
 
 import contextlib

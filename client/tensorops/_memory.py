@@ -1,4 +1,5 @@
 """Process-level memory tuning for moving large tensors."""
+
 from __future__ import annotations
 
 import ctypes

@@ -9,6 +9,7 @@ The types of the arguments and results are declared here once for every client:
 Operations is generic over what its methods return (the blocking clients return arrays,
 the asyncio client awaitables of the same arrays).
 """
+
 from __future__ import annotations
 
 import math
@@ -27,17 +28,51 @@ from ._errors import ClientClosedError, invalid_argument
 Format: TypeAlias = Literal["nchw", "nhwc"]
 EltwiseOp: TypeAlias = Literal["product", "sum", "max", "min"]
 ShuffleType: TypeAlias = Literal["split", "interleave"]
-UnaryOp: TypeAlias = Literal["abs", "ceil", "cos", "erf", "exp", "floor", "log", "neg", "not", "rcp", "round",
-                             "rsqrt", "sign", "sin", "sqrt", "tanh", "zero"]
-ActivationName: TypeAlias = Literal["identity", "linear", "relu", "leaky_relu", "parametric_softplus", "elu", "celu",
-                                    "scaled_elu", "sigmoid", "hard_sigmoid", "tanh", "scaled_tanh", "softplus",
-                                    "softsign", "thresholded_relu", "shrink", "gelu"]
+UnaryOp: TypeAlias = Literal[
+    "abs",
+    "ceil",
+    "cos",
+    "erf",
+    "exp",
+    "floor",
+    "log",
+    "neg",
+    "not",
+    "rcp",
+    "round",
+    "rsqrt",
+    "sign",
+    "sin",
+    "sqrt",
+    "tanh",
+    "zero",
+]
+ActivationName: TypeAlias = Literal[
+    "identity",
+    "linear",
+    "relu",
+    "leaky_relu",
+    "parametric_softplus",
+    "elu",
+    "celu",
+    "scaled_elu",
+    "sigmoid",
+    "hard_sigmoid",
+    "tanh",
+    "scaled_tanh",
+    "softplus",
+    "softsign",
+    "thresholded_relu",
+    "shrink",
+    "gelu",
+]
 # Numbers: Python's or NumPy's scalars.
 Real: TypeAlias = "float | np.floating[Any] | np.integer[Any]"
 Integer: TypeAlias = "int | np.integer[Any]"
 # normalize's fused activation: a name, or (name, *parameters) with at most two parameters.
-Activation: TypeAlias = ActivationName | tuple[ActivationName] | tuple[ActivationName, Real] | \
-    tuple[ActivationName, Real, Real]
+Activation: TypeAlias = (
+    ActivationName | tuple[ActivationName] | tuple[ActivationName, Real] | tuple[ActivationName, Real, Real]
+)
 Algorithm: TypeAlias = Literal["scalar", "avx2", "avx2-vnni", "avx512-vnni", "amx"]
 ComputeDType: TypeAlias = "Literal['float32'] | type[np.float32] | np.dtype[np.float32]"
 
@@ -53,8 +88,10 @@ Scalar = TypeVar("Scalar", bound=np.generic)
 # dtype; or by name: one of the datatypes tensors travel in (or uint16 for BF16 bits).
 ArrayOf: TypeAlias = "np.ndarray[tuple[int, ...], np.dtype[Scalar]]"
 DTypeChoice: TypeAlias = "type[np.generic] | np.dtype[np.generic] | str"
-NamedArray: TypeAlias = ("np.ndarray[tuple[int, ...], np.dtype[np.float32 | np.float16 | np.generic[float] | np.uint8 "
-                         "| np.int8 | np.int32 | np.int64 | np.float64 | np.uint16]]")
+NamedArray: TypeAlias = (
+    "np.ndarray[tuple[int, ...], np.dtype[np.float32 | np.float16 | np.generic[float] | np.uint8 "
+    "| np.int8 | np.int32 | np.int64 | np.float64 | np.uint16]]"
+)
 Shape: TypeAlias = "int | Iterable[int]"
 # Tensor arguments (any shape) and the array-likes of parameters such as scale and shift.
 Float32Input: TypeAlias = "npt.NDArray[np.float32]"
@@ -88,8 +125,7 @@ def check_timeout(timeout: object, name: str = "timeout") -> float | None:
     if timeout is None:
         return None
     if isinstance(timeout, (bool, np.bool_)) or not isinstance(timeout, numbers.Real):
-        raise invalid_argument(name, f"expected a number of seconds or None, got {type(timeout).__name__} "
-                                     f"{timeout!r}")
+        raise invalid_argument(name, f"expected a number of seconds or None, got {type(timeout).__name__} {timeout!r}")
     seconds = float(timeout)
     if not (math.isfinite(seconds) and seconds > 0):
         raise invalid_argument(name, f"expected a positive finite number of seconds, got {timeout!r}")
@@ -127,11 +163,14 @@ def _metadatum(key: object, value: object, name: str) -> tuple[str, str | bytes]
             raise invalid_argument(name, f"key {key!r}: a '-bin' key takes bytes, got {type(value).__name__}")
         return key, bytes(value)
     if not isinstance(value, str):
-        raise invalid_argument(name, f"key {key!r}: expected a str value (bytes only under keys ending in '-bin'), "
-                                     f"got {type(value).__name__}")
+        raise invalid_argument(
+            name,
+            f"key {key!r}: expected a str value (bytes only under keys ending in '-bin'), got {type(value).__name__}",
+        )
     if not _METADATA_VALUE.fullmatch(value):
-        raise invalid_argument(name, f"key {key!r}: the value must be printable ASCII (bytes: use a key ending "
-                                     f"in '-bin')")
+        raise invalid_argument(
+            name, f"key {key!r}: the value must be printable ASCII (bytes: use a key ending in '-bin')"
+        )
     return key, value
 
 
@@ -204,8 +243,9 @@ class Operations(Generic[F32, Floats, Pair, U8, Session]):
         self._check_open()
         return check_timeout(timeout), check_metadata(metadata)
 
-    def _call_into(self, name: str, arguments: dict[str, object], out: object, timeout: object,
-                   metadata: object) -> object:
+    def _call_into(
+        self, name: str, arguments: dict[str, object], out: object, timeout: object, metadata: object
+    ) -> object:
         checked_timeout, checked_metadata = self._begin(timeout, metadata)
         if out is not None:
             check_out(out, arguments)
@@ -216,106 +256,297 @@ class Operations(Generic[F32, Floats, Pair, U8, Session]):
         checked_timeout, checked_metadata = self._begin(timeout, metadata)
         return self._open_session(arguments, checked_timeout, checked_metadata)
 
-    def normalize_l2(self, x: Float32Input, scale: Values, *, eps: Real = 1e-10, across_spatial: bool = False,
-                     format: Format = "nchw", out: Float32Input | None = None, timeout: Timeout = None,
-                     metadata: Metadata = None) -> F32:
+    def normalize_l2(
+        self,
+        x: Float32Input,
+        scale: Values,
+        *,
+        eps: Real = 1e-10,
+        across_spatial: bool = False,
+        format: Format = "nchw",
+        out: Float32Input | None = None,
+        timeout: Timeout = None,
+        metadata: Metadata = None,
+    ) -> F32:
         """L2 normalization with per-channel scale (SimdSynetNormalizeLayerForward)."""
-        return cast(F32, self._call_into("normalize_l2", dict(x=x, scale=scale, eps=eps, across_spatial=across_spatial,
-                                                              format=format), out, timeout, metadata))
+        return cast(
+            F32,
+            self._call_into(
+                "normalize_l2",
+                dict(x=x, scale=scale, eps=eps, across_spatial=across_spatial, format=format),
+                out,
+                timeout,
+                metadata,
+            ),
+        )
 
-    def layer_norm_channels(self, x: FloatInput, scale: Values, shift: Values, *, eps: Real = 1e-5,
-                            format: Format = "nchw", out: FloatInput | None = None, timeout: Timeout = None,
-                            metadata: Metadata = None) -> Floats:
+    def layer_norm_channels(
+        self,
+        x: FloatInput,
+        scale: Values,
+        shift: Values,
+        *,
+        eps: Real = 1e-5,
+        format: Format = "nchw",
+        out: FloatInput | None = None,
+        timeout: Timeout = None,
+        metadata: Metadata = None,
+    ) -> Floats:
         """Layer normalization across channels (SimdSynetNormalizeLayerForwardV2; 16bV2 for
         BF16 x, which gives a BF16 result)."""
-        return cast(Floats, self._call_into("layer_norm_channels", dict(x=x, scale=scale, shift=shift, eps=eps,
-                                                                        format=format), out, timeout, metadata))
+        return cast(
+            Floats,
+            self._call_into(
+                "layer_norm_channels",
+                dict(x=x, scale=scale, shift=shift, eps=eps, format=format),
+                out,
+                timeout,
+                metadata,
+            ),
+        )
 
-    def layer_norm_spatial(self, x: Float32Input, scale: Values, shift: Values, *, eps: Real = 1e-5,
-                           format: Format = "nchw", out: Float32Input | None = None, timeout: Timeout = None,
-                           metadata: Metadata = None) -> F32:
+    def layer_norm_spatial(
+        self,
+        x: Float32Input,
+        scale: Values,
+        shift: Values,
+        *,
+        eps: Real = 1e-5,
+        format: Format = "nchw",
+        out: Float32Input | None = None,
+        timeout: Timeout = None,
+        metadata: Metadata = None,
+    ) -> F32:
         """Layer normalization across spatial positions (SimdSynetNormalizeLayerForwardV3)."""
-        return cast(F32, self._call_into("layer_norm_spatial", dict(x=x, scale=scale, shift=shift, eps=eps,
-                                                                    format=format), out, timeout, metadata))
+        return cast(
+            F32,
+            self._call_into(
+                "layer_norm_spatial",
+                dict(x=x, scale=scale, shift=shift, eps=eps, format=format),
+                out,
+                timeout,
+                metadata,
+            ),
+        )
 
-    def channel_norm(self, x: Float32Input, scale: Values, shift: Values, *, eps: Real = 1e-5,
-                     format: Format = "nchw", out: Float32Input | None = None, timeout: Timeout = None,
-                     metadata: Metadata = None) -> F32:
+    def channel_norm(
+        self,
+        x: Float32Input,
+        scale: Values,
+        shift: Values,
+        *,
+        eps: Real = 1e-5,
+        format: Format = "nchw",
+        out: Float32Input | None = None,
+        timeout: Timeout = None,
+        metadata: Metadata = None,
+    ) -> F32:
         """Channel-norm scaling (SimdSynetNormalizeLayerForwardV4)."""
-        return cast(F32, self._call_into("channel_norm", dict(x=x, scale=scale, shift=shift, eps=eps, format=format),
-                                         out, timeout, metadata))
+        return cast(
+            F32,
+            self._call_into(
+                "channel_norm", dict(x=x, scale=scale, shift=shift, eps=eps, format=format), out, timeout, metadata
+            ),
+        )
 
-    def channel_sum(self, x: FloatInput, *, format: Format = "nchw", out: Float32Input | None = None,
-                    timeout: Timeout = None, metadata: Metadata = None) -> F32:
+    def channel_sum(
+        self,
+        x: FloatInput,
+        *,
+        format: Format = "nchw",
+        out: Float32Input | None = None,
+        timeout: Timeout = None,
+        metadata: Metadata = None,
+    ) -> F32:
         """Per-channel sums of a BF16 image tensor, fp32 (batch, channels)
         (SimdSynetChannelSum16b)."""
         return cast(F32, self._call_into("channel_sum", dict(x=x, format=format), out, timeout, metadata))
 
-    def eltwise(self, inputs: Sequence[Float32Input], op: EltwiseOp | int, weights: Values | None = None, *,
-                out: Float32Input | None = None, timeout: Timeout = None, metadata: Metadata = None) -> F32:
+    def eltwise(
+        self,
+        inputs: Sequence[Float32Input],
+        op: EltwiseOp | int,
+        weights: Values | None = None,
+        *,
+        out: Float32Input | None = None,
+        timeout: Timeout = None,
+        metadata: Metadata = None,
+    ) -> F32:
         """Product, weighted sum, max or min of >= 2 fp32 arrays of one shape
         (SimdSynetEltwiseLayerForward)."""
-        return cast(F32, self._call_into("eltwise", dict(inputs=inputs, op=op, weights=weights), out, timeout,
-                                         metadata))
+        return cast(
+            F32, self._call_into("eltwise", dict(inputs=inputs, op=op, weights=weights), out, timeout, metadata)
+        )
 
-    def lrn_cross_channels(self, x: Float32Input, half: Integer, k: Values, *, format: Format = "nchw",
-                           out: Float32Input | None = None, timeout: Timeout = None, metadata: Metadata = None) -> F32:
+    def lrn_cross_channels(
+        self,
+        x: Float32Input,
+        half: Integer,
+        k: Values,
+        *,
+        format: Format = "nchw",
+        out: Float32Input | None = None,
+        timeout: Timeout = None,
+        metadata: Metadata = None,
+    ) -> F32:
         """Local response normalization across channels (SimdSynetLrnLayerCrossChannels)."""
-        return cast(F32, self._call_into("lrn_cross_channels", dict(x=x, half=half, k=k, format=format), out,
-                                         timeout, metadata))
+        return cast(
+            F32, self._call_into("lrn_cross_channels", dict(x=x, half=half, k=k, format=format), out, timeout, metadata)
+        )
 
-    def shuffle(self, x0: Float32Input, x1: Float32Input, *, type: ShuffleType | int, format: Format = "nchw",
-                channels: Sequence[Integer] | None = None, timeout: Timeout = None, metadata: Metadata = None) -> Pair:
+    def shuffle(
+        self,
+        x0: Float32Input,
+        x1: Float32Input,
+        *,
+        type: ShuffleType | int,
+        format: Format = "nchw",
+        channels: Sequence[Integer] | None = None,
+        timeout: Timeout = None,
+        metadata: Metadata = None,
+    ) -> Pair:
         """Channel shuffle of two tensors (SimdSynetShuffleLayerForward); returns (y0, y1)."""
-        return cast(Pair, self._call_into("shuffle", dict(x0=x0, x1=x1, type=type, format=format, channels=channels),
-                                          None, timeout, metadata))
+        return cast(
+            Pair,
+            self._call_into(
+                "shuffle", dict(x0=x0, x1=x1, type=type, format=format, channels=channels), None, timeout, metadata
+            ),
+        )
 
-    def softmax(self, x: FloatInput, axis: Integer = -1, *, out: FloatInput | None = None, timeout: Timeout = None,
-                metadata: Metadata = None) -> Floats:
+    def softmax(
+        self,
+        x: FloatInput,
+        axis: Integer = -1,
+        *,
+        out: FloatInput | None = None,
+        timeout: Timeout = None,
+        metadata: Metadata = None,
+    ) -> Floats:
         """Softmax along `axis` (SimdSynetSoftmax32f, Softmax16b for BF16 x)."""
         return cast(Floats, self._call_into("softmax", dict(x=x, axis=axis), out, timeout, metadata))
 
-    def tiled_scale_2d(self, x: Float32Input, ver: Values, hor: Values, *, format: Format = "nchw",
-                       out: Float32Input | None = None, timeout: Timeout = None, metadata: Metadata = None) -> F32:
+    def tiled_scale_2d(
+        self,
+        x: Float32Input,
+        ver: Values,
+        hor: Values,
+        *,
+        format: Format = "nchw",
+        out: Float32Input | None = None,
+        timeout: Timeout = None,
+        metadata: Metadata = None,
+    ) -> F32:
         """Multiply a 4-D tensor by two tiled 2-D scales (SimdSynetTiledScale2D32f)."""
-        return cast(F32, self._call_into("tiled_scale_2d", dict(x=x, ver=ver, hor=hor, format=format), out, timeout,
-                                         metadata))
+        return cast(
+            F32, self._call_into("tiled_scale_2d", dict(x=x, ver=ver, hor=hor, format=format), out, timeout, metadata)
+        )
 
-    def unary(self, x: Float32Input, op: UnaryOp | int, *, out: Float32Input | None = None, timeout: Timeout = None,
-              metadata: Metadata = None) -> F32:
+    def unary(
+        self,
+        x: Float32Input,
+        op: UnaryOp | int,
+        *,
+        out: Float32Input | None = None,
+        timeout: Timeout = None,
+        metadata: Metadata = None,
+    ) -> F32:
         """Element-wise unary operation (SimdSynetUnaryOperation32f); op by name or value."""
         return cast(F32, self._call_into("unary", dict(x=x, op=op), out, timeout, metadata))
 
-    def normalize(self, x: FloatInput, scale: Values | None = None, bias: Values | None = None, *,
-                  axes: Integer | Sequence[Integer], num_groups: Integer = 1, eps: Real = 1e-5,
-                  normalize_variance: bool = True, activation: Activation | None = None,
-                  compute_dtype: ComputeDType | None = None, out: FloatInput | None = None, timeout: Timeout = None,
-                  metadata: Metadata = None) -> Floats:
+    def normalize(
+        self,
+        x: FloatInput,
+        scale: Values | None = None,
+        bias: Values | None = None,
+        *,
+        axes: Integer | Sequence[Integer],
+        num_groups: Integer = 1,
+        eps: Real = 1e-5,
+        normalize_variance: bool = True,
+        activation: Activation | None = None,
+        compute_dtype: ComputeDType | None = None,
+        out: FloatInput | None = None,
+        timeout: Timeout = None,
+        metadata: Metadata = None,
+    ) -> Floats:
         """Generic normalization (TensorRT INormalization, DirectML MVN1): mean and variance
         over `axes` (indices or a TensorRT bitmask), optional groups, scale, bias and fused
         activation; FP32, FP16 or BF16 x."""
-        return cast(Floats, self._call_into("normalize", dict(x=x, scale=scale, bias=bias, axes=axes,
-                                                              num_groups=num_groups, eps=eps,
-                                                              normalize_variance=normalize_variance,
-                                                              activation=activation, compute_dtype=compute_dtype),
-                                            out, timeout, metadata))
+        return cast(
+            Floats,
+            self._call_into(
+                "normalize",
+                dict(
+                    x=x,
+                    scale=scale,
+                    bias=bias,
+                    axes=axes,
+                    num_groups=num_groups,
+                    eps=eps,
+                    normalize_variance=normalize_variance,
+                    activation=activation,
+                    compute_dtype=compute_dtype,
+                ),
+                out,
+                timeout,
+                metadata,
+            ),
+        )
 
     @overload
-    def quantized_inner_product(self, b: Int8Input, /, *, b_scale: Values, a_scale: Real, a_zero: Integer,
-                                c_scale: Real, c_zero: Integer, bias: Values | None = None, trans_b: bool = False,
-                                max_m: Integer | None = None, algorithm: Algorithm | None = None,
-                                timeout: Timeout = None, metadata: Metadata = None) -> Session: ...
+    def quantized_inner_product(
+        self,
+        b: Int8Input,
+        /,
+        *,
+        b_scale: Values,
+        a_scale: Real,
+        a_zero: Integer,
+        c_scale: Real,
+        c_zero: Integer,
+        bias: Values | None = None,
+        trans_b: bool = False,
+        max_m: Integer | None = None,
+        algorithm: Algorithm | None = None,
+        timeout: Timeout = None,
+        metadata: Metadata = None,
+    ) -> Session: ...
 
     @overload
-    def quantized_inner_product(self, a: UInt8Input, b: Int8Input, /, *, b_scale: Values, a_scale: Real,
-                                a_zero: Integer, c_scale: Real, c_zero: Integer, bias: Values | None = None,
-                                trans_b: bool = False, max_m: None = None, algorithm: Algorithm | None = None,
-                                timeout: Timeout = None, metadata: Metadata = None) -> U8: ...
+    def quantized_inner_product(
+        self,
+        a: UInt8Input,
+        b: Int8Input,
+        /,
+        *,
+        b_scale: Values,
+        a_scale: Real,
+        a_zero: Integer,
+        c_scale: Real,
+        c_zero: Integer,
+        bias: Values | None = None,
+        trans_b: bool = False,
+        max_m: None = None,
+        algorithm: Algorithm | None = None,
+        timeout: Timeout = None,
+        metadata: Metadata = None,
+    ) -> U8: ...
 
-    def quantized_inner_product(self, *arrays: UInt8Input | Int8Input, b_scale: Values, a_scale: Real,
-                                a_zero: Integer, c_scale: Real, c_zero: Integer, bias: Values | None = None,
-                                trans_b: bool = False, max_m: Integer | None = None, algorithm: Algorithm | None = None,
-                                timeout: Timeout = None, metadata: Metadata = None) -> Session | U8:
+    def quantized_inner_product(
+        self,
+        *arrays: UInt8Input | Int8Input,
+        b_scale: Values,
+        a_scale: Real,
+        a_zero: Integer,
+        c_scale: Real,
+        c_zero: Integer,
+        bias: Values | None = None,
+        trans_b: bool = False,
+        max_m: Integer | None = None,
+        algorithm: Algorithm | None = None,
+        timeout: Timeout = None,
+        metadata: Metadata = None,
+    ) -> Session | U8:
         """UINT8 x INT8 -> UINT8 matrix product with requantization
         (SimdSynetQuantizedInnerProduct*).
 
@@ -326,24 +557,61 @@ class Operations(Generic[F32, Floats, Pair, U8, Session]):
         expected per forward) applies to sessions only.
         """
         self._check_open()
-        params: dict[str, object] = dict(b_scale=b_scale, a_scale=a_scale, a_zero=a_zero, c_scale=c_scale,
-                                         c_zero=c_zero, bias=bias, trans_b=trans_b, algorithm=algorithm)
+        params: dict[str, object] = dict(
+            b_scale=b_scale,
+            a_scale=a_scale,
+            a_zero=a_zero,
+            c_scale=c_scale,
+            c_zero=c_zero,
+            bias=bias,
+            trans_b=trans_b,
+            algorithm=algorithm,
+        )
         if len(arrays) == 2:
             if max_m is not None:
                 raise TypeError("max_m applies to sessions: quantized_inner_product(b, ..., max_m=...)")
-            return cast(U8, self._call_into("quantized_inner_product", dict(a=arrays[0], b=arrays[1], **params),
-                                            None, timeout, metadata))
+            return cast(
+                U8,
+                self._call_into(
+                    "quantized_inner_product", dict(a=arrays[0], b=arrays[1], **params), None, timeout, metadata
+                ),
+            )
         if len(arrays) == 1:
             return self._session(dict(b=arrays[0], max_m=max_m, **params), timeout, metadata)
         raise TypeError(f"quantized_inner_product() takes b (a session) or a, b (one call), got {len(arrays)} arrays")
 
-    def QuantizedInnerProduct(self, b: Int8Input, *, b_scale: Values, a_scale: Real, a_zero: Integer, c_scale: Real,
-                              c_zero: Integer, bias: Values | None = None, trans_b: bool = False, max_m: Integer = 1,
-                              algorithm: Algorithm | None = None, timeout: Timeout = None,
-                              metadata: Metadata = None) -> Session:
+    def QuantizedInnerProduct(
+        self,
+        b: Int8Input,
+        *,
+        b_scale: Values,
+        a_scale: Real,
+        a_zero: Integer,
+        c_scale: Real,
+        c_zero: Integer,
+        bias: Values | None = None,
+        trans_b: bool = False,
+        max_m: Integer = 1,
+        algorithm: Algorithm | None = None,
+        timeout: Timeout = None,
+        metadata: Metadata = None,
+    ) -> Session:
         """A quantized inner-product session for a constant B (as
         tensorops_native.QuantizedInnerProduct): `.forward(a)`, `.info`,
         `.internal_buffer_size`, `.external_buffer_size_for(m)`, `.close()`."""
-        return self._session(dict(b=b, b_scale=b_scale, a_scale=a_scale, a_zero=a_zero, c_scale=c_scale,
-                                  c_zero=c_zero, bias=bias, trans_b=trans_b, max_m=max_m, algorithm=algorithm),
-                             timeout, metadata)
+        return self._session(
+            dict(
+                b=b,
+                b_scale=b_scale,
+                a_scale=a_scale,
+                a_zero=a_zero,
+                c_scale=c_scale,
+                c_zero=c_zero,
+                bias=bias,
+                trans_b=trans_b,
+                max_m=max_m,
+                algorithm=algorithm,
+            ),
+            timeout,
+            metadata,
+        )

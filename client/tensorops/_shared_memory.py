@@ -23,6 +23,7 @@ Whenever shared memory cannot serve, the call goes over the wire instead, unchan
 Regions: one per concurrent call at most (up to MAX_REGIONS), each grown to fit; they are
 unregistered and unlinked by close().
 """
+
 from __future__ import annotations
 
 import mmap
@@ -54,8 +55,13 @@ MAX_REGIONS = 8
 MAX_REQUESTS = 64  # requests kept serialized, for calls that recur (beyond: serialized each time)
 ALIGNMENT = 64
 # Refusals of a region that mean "not for this client": shared memory goes off.
-_OFF_CODES = (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.NOT_FOUND,
-              grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED)
+_OFF_CODES = (
+    grpc.StatusCode.UNIMPLEMENTED,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.UNAUTHENTICATED,
+)
 
 
 # (path, request bytes, timeout, metadata) -> response bytes: the blocking client's _invoke.
@@ -150,8 +156,9 @@ class SharedMemoryTransport:
                     self._count -= 1
 
     # ---- arrays in regions of their own
-    def shared_array(self, shape: int | Iterable[int], dtype: npt.DTypeLike, timeout: float | None,
-                     metadata: Pairs | None) -> npt.NDArray[Any]:
+    def shared_array(
+        self, shape: int | Iterable[int], dtype: npt.DTypeLike, timeout: float | None, metadata: Pairs | None
+    ) -> npt.NDArray[Any]:
         dtype = np.dtype(dtype)
         dims = (int(shape),) if isinstance(shape, (int, numbers.Integral)) else tuple(int(n) for n in shape)
         if dtype not in _DATATYPE_NAMES and dtype != np.uint16:
@@ -211,8 +218,9 @@ class SharedMemoryTransport:
         with self._lock:
             self._free.append(region)
 
-    def _drop(self, name: str, mapped: mmap.mmap | None, timeout: float | None = None,
-              metadata: Pairs | None = None) -> None:
+    def _drop(
+        self, name: str, mapped: mmap.mmap | None, timeout: float | None = None, metadata: Pairs | None = None
+    ) -> None:
         """Unregister the region `name` and release its memory (`mapped`: its map, if this
         transport still holds it)."""
         try:
@@ -245,8 +253,14 @@ class SharedMemoryTransport:
             self._drop(name, mapped, 5.0)
 
     # ---- calls
-    def call(self, name: str, arguments: dict[str, object], timeout: float | None, metadata: Pairs | None,
-             out: np.ndarray | None = None) -> object:
+    def call(
+        self,
+        name: str,
+        arguments: dict[str, object],
+        timeout: float | None,
+        metadata: Pairs | None,
+        out: np.ndarray | None = None,
+    ) -> object:
         """The result (`out` when the server wrote it there), or NotImplemented when this
         call goes over the wire."""
         if self.off_reason is not None:
@@ -276,14 +290,16 @@ class SharedMemoryTransport:
             if region is None:
                 return NotImplemented
         try:
-            return self._infer(region, op, tensors, placed, out, out_placed, parameters, bits, copied,
-                               timeout, metadata)
+            return self._infer(
+                region, op, tensors, placed, out, out_placed, parameters, bits, copied, timeout, metadata
+            )
         finally:
             if region is not None:
                 self._release(region)
 
-    def _split(self, name: str, arguments: dict[str, object]
-               ) -> tuple[dict[str, np.ndarray], dict[str, Parameter], bool]:
+    def _split(
+        self, name: str, arguments: dict[str, object]
+    ) -> tuple[dict[str, np.ndarray], dict[str, Parameter], bool]:
         op = wire.OPERATIONS[name]
         message_codec = op.request_codec
         tensors: dict[str, np.ndarray] = {}
@@ -313,10 +329,20 @@ class SharedMemoryTransport:
                 parameters[key] = _parameter(value)
         return tensors, parameters, bits
 
-    def _infer(self, region: _Region | None, op: wire.Operation, tensors: dict[str, np.ndarray],
-               placed: dict[str, tuple[str, int] | None], out: np.ndarray | None, out_placed: tuple[str, int] | None,
-               parameters: dict[str, Parameter], bits: bool, copied: int, timeout: float | None,
-               metadata: Pairs | None) -> object:
+    def _infer(
+        self,
+        region: _Region | None,
+        op: wire.Operation,
+        tensors: dict[str, np.ndarray],
+        placed: dict[str, tuple[str, int] | None],
+        out: np.ndarray | None,
+        out_placed: tuple[str, int] | None,
+        parameters: dict[str, Parameter],
+        bits: bool,
+        copied: int,
+        timeout: float | None,
+        metadata: Pairs | None,
+    ) -> object:
         view = np.frombuffer(region.map, np.uint8) if region is not None else None
         offset = 0
         inputs: list[tuple[str, str, tuple[int, ...], Place]] = []  # name, datatype, shape, place of each input
@@ -330,7 +356,7 @@ class SharedMemoryTransport:
                 continue
             if where is None:  # copied into the call's region (acquired for what is copied)
                 assert region is not None and view is not None
-                view[offset:offset + arr.nbytes] = arr.reshape(-1).view(np.uint8)
+                view[offset : offset + arr.nbytes] = arr.reshape(-1).view(np.uint8)
                 where = (region.name, offset)
                 offset += _aligned(arr.nbytes)
             inputs.append((key, _DATATYPE_NAMES[arr.dtype], arr.shape, (where[0], arr.nbytes, where[1])))
@@ -345,8 +371,7 @@ class SharedMemoryTransport:
             head = _request_head(op, parameters, inputs, output)
             if len(self._requests) < MAX_REQUESTS:
                 self._requests[request_key] = head
-        data = b"".join([head, *(part for arr in in_message
-                                 for part in bytes_field(_RAW_INPUTS, array_bytes(arr)))])
+        data = b"".join([head, *(part for arr in in_message for part in bytes_field(_RAW_INPUTS, array_bytes(arr)))])
         try:
             raw = self._invoke(method_path("ModelInfer"), data, timeout, metadata)
         except Exception as exc:
@@ -378,8 +403,12 @@ _DATATYPE_NAMES = {dtype: name for name, (_, dtype) in DATATYPES.items()}
 _RAW_INPUTS = pb.ModelInferRequest.DESCRIPTOR.fields_by_name["raw_input_contents"].number
 
 
-def _request_head(op: wire.Operation, parameters: dict[str, Parameter],
-                  inputs: list[tuple[str, str, tuple[int, ...], Place]], output: tuple[str, int, int]) -> bytes:
+def _request_head(
+    op: wire.Operation,
+    parameters: dict[str, Parameter],
+    inputs: list[tuple[str, str, tuple[int, ...], Place]],
+    output: tuple[str, int, int],
+) -> bytes:
     """The ModelInferRequest of a call without its raw contents (appended after it, as
     fields of the same message)."""
     request = pb.ModelInferRequest(model_name=op.name)

@@ -1,9 +1,10 @@
 """The asyncio client: the methods of tensorops.Client, awaited.
 
-    from tensorops.aio import Client
-    async with Client("localhost:50051") as c:
-        y = await c.softmax(x)
+from tensorops.aio import Client
+async with Client("localhost:50051") as c:
+    y = await c.softmax(x)
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -53,8 +54,15 @@ __all__ = ["Client", "QuantizedInnerProductSession"]
 T = TypeVar("T")
 
 
-class Client(ClientBase[Awaitable[Float32Array], Awaitable[FloatArray], Awaitable[Float32Pair],
-                        Awaitable[UInt8Array], Awaitable["QuantizedInnerProductSession"]]):
+class Client(
+    ClientBase[
+        Awaitable[Float32Array],
+        Awaitable[FloatArray],
+        Awaitable[Float32Pair],
+        Awaitable[UInt8Array],
+        Awaitable["QuantizedInnerProductSession"],
+    ]
+):
     """asyncio client. Create it inside a running event loop; every operation method
     returns an awaitable. `await c.quantized_inner_product(b, ...)` opens a session.
     Takes the keyword arguments of tensorops.Client (TLS, mutual TLS, token: see
@@ -62,17 +70,28 @@ class Client(ClientBase[Awaitable[Float32Array], Awaitable[FloatArray], Awaitabl
 
     _channel: grpc.aio.Channel
 
-    def __init__(self, target: str = DEFAULT_TARGET, *, shared_memory: bool = False,
-                 shared_memory_prefix: str = "tensorops_", shared_memory_min_bytes: int = MIN_BYTES,
-                 **kwargs: Unpack[ClientOptions]):
+    def __init__(
+        self,
+        target: str = DEFAULT_TARGET,
+        *,
+        shared_memory: bool = False,
+        shared_memory_prefix: str = "tensorops_",
+        shared_memory_min_bytes: int = MIN_BYTES,
+        **kwargs: Unpack[ClientOptions],
+    ):
         super().__init__(target, **kwargs)
         self._channel = self._open_channel(self._options)
         # Shared memory (see tensorops.Client) through a blocking client of its own, whose
         # calls (a region copy and a small message) run on a thread.
         self._blocking: BlockingClient | None = None
         if shared_memory:
-            self._blocking = BlockingClient(target, shared_memory=True, shared_memory_prefix=shared_memory_prefix,
-                                            shared_memory_min_bytes=shared_memory_min_bytes, **kwargs)
+            self._blocking = BlockingClient(
+                target,
+                shared_memory=True,
+                shared_memory_prefix=shared_memory_prefix,
+                shared_memory_min_bytes=shared_memory_min_bytes,
+                **kwargs,
+            )
         self._shared = self._blocking._shared if self._blocking is not None else None
 
     def _open_channel(self, options: list[tuple[str, object]]) -> grpc.aio.Channel:
@@ -101,8 +120,9 @@ class Client(ClientBase[Awaitable[Float32Array], Awaitable[FloatArray], Awaitabl
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _invoke(self, path: str, data: bytes, timeout: float | None = None,
-                      metadata: Pairs | None = None) -> bytes:
+    async def _invoke(
+        self, path: str, data: bytes, timeout: float | None = None, metadata: Pairs | None = None
+    ) -> bytes:
         try:
             return await cast(Awaitable[bytes], self._method(path)(data, **self._call_options(timeout, metadata)))
         except (grpc.RpcError, grpc.aio.UsageError) as exc:  # UsageError: the channel closed
@@ -124,8 +144,7 @@ class Client(ClientBase[Awaitable[Float32Array], Awaitable[FloatArray], Awaitabl
             raise ValueError("shared_array: the client was made without shared_memory=True")
         return self._blocking.shared_array(shape, dtype)
 
-    async def _call(self, name: str, arguments: dict[str, object], timeout: float | None,
-                    metadata: Pairs) -> object:
+    async def _call(self, name: str, arguments: dict[str, object], timeout: float | None, metadata: Pairs) -> object:
         out = cast("np.ndarray | None", arguments.pop("out", None))
         if self._shared is not None and self._shared.off_reason is None:
             result = await asyncio.to_thread(self._shared.call, name, arguments, timeout, metadata, out)
@@ -136,8 +155,9 @@ class Client(ClientBase[Awaitable[Float32Array], Awaitable[FloatArray], Awaitabl
         raw = await self._invoke(op.path, request.data, timeout, metadata)
         return result_into(out, wire.decode_response(op, raw, request.bf16_bits))
 
-    async def _open_session(self, arguments: dict[str, object], timeout: float | None,
-                            metadata: Pairs) -> QuantizedInnerProductSession:
+    async def _open_session(
+        self, arguments: dict[str, object], timeout: float | None, metadata: Pairs
+    ) -> QuantizedInnerProductSession:
         session = QuantizedInnerProductSession(self, encode(wire.CREATE_SESSION, arguments).data)
         try:
             await session._create(timeout, session._metadata(metadata))
@@ -193,18 +213,24 @@ class QuantizedInnerProductSession(SessionBase):
             request = self._forward_request(a)
             raw = await self._client._invoke(op.path, request.data, checked_timeout, checked_metadata)
             return cast(UInt8Array, wire.decode_response(op, raw))
+
         return await self._retrying(call, checked_timeout, checked_metadata)
 
-    async def describe(self, m: int | None = None, *, timeout: Timeout = None,
-                       metadata: Metadata = None) -> SessionInfo:
+    async def describe(
+        self, m: int | None = None, *, timeout: Timeout = None, metadata: Metadata = None
+    ) -> SessionInfo:
         """As tensorops.QuantizedInnerProductSession.describe."""
         checked_timeout, checked_metadata = self._begin(timeout, metadata)
 
         async def call() -> SessionInfo:
-            raw = await self._client._invoke(wire.method_path("DescribeSession"),
-                                             self._describe_request(self._created.session_id, m), checked_timeout,
-                                             checked_metadata)
+            raw = await self._client._invoke(
+                wire.method_path("DescribeSession"),
+                self._describe_request(self._created.session_id, m),
+                checked_timeout,
+                checked_metadata,
+            )
             return session_info(tensorops_pb2.SessionInfo.FromString(raw))
+
         return await self._retrying(call, checked_timeout, checked_metadata)
 
     async def external_buffer_size_for(self, m: int, *, timeout: Timeout = None, metadata: Metadata = None) -> int:
@@ -219,8 +245,7 @@ class QuantizedInnerProductSession(SessionBase):
         self._closed = True
         request = tensorops_pb2.ReleaseSessionRequest(session_id=self._created.session_id).SerializeToString()
         try:
-            await self._client._invoke(wire.method_path("ReleaseSession"), request, checked_timeout,
-                                       checked_metadata)
+            await self._client._invoke(wire.method_path("ReleaseSession"), request, checked_timeout, checked_metadata)
         except NotFoundError:
             pass
         finally:

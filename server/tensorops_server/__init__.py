@@ -4,6 +4,7 @@ Handlers come from a declarative op table (optable.py) over tensorops_native; se
 holds the quantized inner-product contexts; metrics.py the Prometheus metrics; config.py
 the flags and TENSOROPS_* variables; cli.py the process (signals, graceful shutdown).
 """
+
 from .config import Config
 from .server import TensorOpsServer
 

@@ -50,6 +50,7 @@ Health checks never pass through here: they are served on the event loop, outsid
 every limit. Receiving and admission run on the event loop; accounts are also charged
 from worker threads, so the byte count is guarded by a lock.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -104,14 +105,19 @@ class Admission:
             if waiting.evicted == "drain":
                 raise draining() from None
             if waiting.evicted == "place":
-                raise errors.exhausted(f"{self.max_pending} other requests were arriving (the server's limit) "
-                                       "and this one had waited longest") from None
+                raise errors.exhausted(
+                    f"{self.max_pending} other requests were arriving (the server's limit) "
+                    "and this one had waited longest"
+                ) from None
             if stream:
-                raise errors.Failure(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                     f"no request arrived on the stream within {self.read_timeout:g} s (the "
-                                     "server's read timeout): the stream is closed") from None
-            raise errors.Failure(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                 f"the request did not arrive within {self.read_timeout:g} s") from None
+                raise errors.Failure(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"no request arrived on the stream within {self.read_timeout:g} s (the "
+                    "server's read timeout): the stream is closed",
+                ) from None
+            raise errors.Failure(
+                grpc.StatusCode.DEADLINE_EXCEEDED, f"the request did not arrive within {self.read_timeout:g} s"
+            ) from None
         finally:
             self._pending.pop(waiting, None)
         if request is grpc.aio.EOF and not stream:
@@ -138,7 +144,7 @@ class Admission:
             self._sweeper.cancel()
             self._sweeper = None
 
-    def admit(self, nbytes: int) -> "Account":
+    def admit(self, nbytes: int) -> Account:
         """Admit a call whose request takes `nbytes`: its account, charged those bytes.
         Close it when the response was sent (or the call ended)."""
         if self.draining:
@@ -160,7 +166,9 @@ class Admission:
                 return
         raise errors.exhausted(
             f"{what} needs {nbytes} bytes; the calls in flight hold {held}, and the server's limit is "
-            f"{self.max_inflight_bytes} (--max-inflight-bytes); try again", field=field)
+            f"{self.max_inflight_bytes} (--max-inflight-bytes); try again",
+            field=field,
+        )
 
     def _refund(self, nbytes: int) -> None:
         with self._lock:
@@ -175,8 +183,9 @@ class Admission:
 
 
 def draining() -> errors.Failure:
-    return errors.Failure(grpc.StatusCode.UNAVAILABLE,
-                          "the server is shutting down; retry the call on another instance")
+    return errors.Failure(
+        grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry the call on another instance"
+    )
 
 
 class Account:
@@ -192,7 +201,7 @@ class Account:
         self.nbytes = 0
         self.running = False  # counted among the running calls (max_concurrent)
         self.closed = False
-        self._holds = 0       # workers still computing for the ended call
+        self._holds = 0  # workers still computing for the ended call
 
     def reserve(self, nbytes: int, field: str | None = None, what: str = "this call") -> None:
         """Charge `nbytes` more before allocating them; RESOURCE_EXHAUSTED naming `field`

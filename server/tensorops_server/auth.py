@@ -10,6 +10,7 @@
   never the token itself), else the client certificate's subject (mutual TLS), else one
   shared anonymous identity.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -55,8 +56,8 @@ class Authenticator:
         for key, value in context.invocation_metadata() or ():
             if key == "authorization":
                 text = value if isinstance(value, str) else value.decode("latin-1")
-                if text[:len(_PREFIX)].lower() == _PREFIX:
-                    token = text[len(_PREFIX):].strip().encode()
+                if text[: len(_PREFIX)].lower() == _PREFIX:
+                    token = text[len(_PREFIX) :].strip().encode()
                 break
         if token is None:
             raise errors.unauthenticated("the call needs an `authorization: Bearer <token>` header")
@@ -87,8 +88,10 @@ class Authenticator:
         except OSError as exc:
             if force:
                 raise OSError(f"cannot read the auth token file {self._file}: {exc}") from None
-            log.warning("auth token file unreadable; keeping the tokens read before",
-                        extra=fields(file=self._file, error=str(exc)))
+            log.warning(
+                "auth token file unreadable; keeping the tokens read before",
+                extra=fields(file=self._file, error=str(exc)),
+            )
             return
         self._file_tokens = [t for t in tokens if t and not t.startswith(b"#")]
         self._file_stamp = stamp
@@ -99,7 +102,7 @@ def _certificate_subject(context) -> str | None:
     """The verified client certificate's subject, under mutual TLS."""
     try:
         auth = context.auth_context()
-    except Exception:  # noqa: BLE001 - no security context on an insecure port
+    except Exception:
         return None
     subject = auth.get("x509_subject") or auth.get("x509_common_name")
     return "cert:" + subject[0].decode("utf-8", "replace") if subject else None

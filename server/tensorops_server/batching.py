@@ -16,14 +16,15 @@ batch started is left out of it, and a session released while forwards wait fail
 those forwards with NOT_FOUND. A request that is not plainly batchable (more rows than
 `max_rows`, or an array the kernel will refuse) runs alone and gets its own error.
 """
+
 from __future__ import annotations
 
 import asyncio
 import collections
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -42,18 +43,27 @@ class _Waiting:
 @dataclass(eq=False)
 class SessionQueue:
     """Forwards waiting for the running batch of one session."""
+
     waiting: collections.deque = field(default_factory=collections.deque)
     draining: bool = False
 
 
 class ForwardBatcher:
-    def __init__(self, executor: Executor, *, max_rows: int, window: float, result_limit: int,
-                 observe: Callable[[int, int], None], time_kernel: Callable[[float], None]):
+    def __init__(
+        self,
+        executor: Executor,
+        *,
+        max_rows: int,
+        window: float,
+        result_limit: int,
+        observe: Callable[[int, int], None],
+        time_kernel: Callable[[float], None],
+    ):
         self.executor = executor
         self.max_rows = max_rows
         self.window = window
         self.result_limit = result_limit
-        self._observe = observe          # (requests, rows) of each kernel call
+        self._observe = observe  # (requests, rows) of each kernel call
         self._time_kernel = time_kernel  # seconds of each kernel call
         self._drains: set[asyncio.Task] = set()
 
@@ -85,15 +95,15 @@ class ForwardBatcher:
             raise
 
     def _batchable(self, session, a) -> bool:
-        return a.dtype == np.uint8 and a.ndim == 2 and 0 < a.shape[0] < self.max_rows \
-            and a.shape[1] == session.shape[1]
+        return a.dtype == np.uint8 and a.ndim == 2 and 0 < a.shape[0] < self.max_rows and a.shape[1] == session.shape[1]
 
     def _alone(self, session, a, call: CallState) -> np.ndarray:
         call.ensure_active()
         if a.ndim == 2:
             n, k = session.shape
-            result = in_row_blocks(call, lambda rows: self._kernel(session, rows), a, qip_rows_per_block(k, n),
-                                   a.shape[0] * n)
+            result = in_row_blocks(
+                call, lambda rows: self._kernel(session, rows), a, qip_rows_per_block(k, n), a.shape[0] * n
+            )
         else:  # refused by the kernel, naming it
             result = self._kernel(session, a)
         self._observe(1, a.shape[0])
@@ -154,7 +164,7 @@ class ForwardBatcher:
             waiting.work = work
         try:
             c = await asyncio.wrap_future(work)
-        except Exception as exc:  # noqa: BLE001 - each caller gets its own outcome below
+        except Exception as exc:
             if len(batch) == 1:
                 _settle(batch[0], exception=exc)
                 return
@@ -162,16 +172,17 @@ class ForwardBatcher:
             # that a failure reaches only the caller it belongs to.
             for waiting in batch:
                 try:
-                    _settle(waiting, result=await loop.run_in_executor(self.executor.pool, self._kernel,
-                                                                       session, waiting.a))
-                except Exception as alone:  # noqa: BLE001
+                    _settle(
+                        waiting, result=await loop.run_in_executor(self.executor.pool, self._kernel, session, waiting.a)
+                    )
+                except Exception as alone:
                     _settle(waiting, exception=alone)
             return
         self._observe(len(batch), a.shape[0])
         row = 0
         for waiting in batch:
             rows = waiting.a.shape[0]
-            _settle(waiting, result=c[row:row + rows])
+            _settle(waiting, result=c[row : row + rows])
             row += rows
 
     async def wait_idle(self) -> None:

@@ -1,5 +1,6 @@
 """`tensorops-server`: run the service until SIGTERM or SIGINT, then drain and exit 0.
 SIGHUP re-reads the TLS files at the next connection."""
+
 from __future__ import annotations
 
 import logging
@@ -8,10 +9,10 @@ import signal
 import sys
 import threading
 
-from . import config as config_module
-from . import logs
 from tensorops import retain_freed_buffers
 
+from . import config as config_module
+from . import logs
 from .server import TensorOpsServer
 
 
@@ -47,8 +48,10 @@ def serve(config, log, stderr) -> int:
         signal.signal(signum, on_signal)
     while not stop.wait(0.5):
         pass
-    log.info("draining", extra=logs.fields(signal=received[0], drain_delay_seconds=config.drain_delay,
-                                           grace_seconds=config.grace))
+    log.info(
+        "draining",
+        extra=logs.fields(signal=received[0], drain_delay_seconds=config.drain_delay, grace_seconds=config.grace),
+    )
     server.stop(drain_delay=config.drain_delay)
     log.info("stopped")
     stderr.close()

@@ -1,6 +1,7 @@
 """Failures of a call and their gRPC status: one exception type, turned into the status (with
 google.rpc.BadRequest field violations for INVALID_ARGUMENT) by the wrapper every handler
 runs in."""
+
 from __future__ import annotations
 
 import grpc
@@ -11,7 +12,6 @@ from grpc_status import rpc_status
 import tensorops_native
 from tensorops.protocol.codec import WireError
 from tensorops.protocol.wire import MAX_NAME_CHARS
-
 
 # Longest status message sent back ("<field>: <description>"): messages may echo values the
 # caller sent, and status details travel in HTTP/2 trailers, which clients cap at a few KB.
@@ -86,7 +86,7 @@ def from_native(exc: tensorops_native.ArgumentError | tensorops_native.ArgumentT
     """Validation of tensorops_native: its message starts with the argument's name."""
     message = str(exc)
     prefix = f"{exc.argument}: "
-    return invalid(exc.argument, message[len(prefix):] if message.startswith(prefix) else message)
+    return invalid(exc.argument, message[len(prefix) :] if message.startswith(prefix) else message)
 
 
 NATIVE_ERRORS = (tensorops_native.ArgumentError, tensorops_native.ArgumentTypeError)

@@ -8,12 +8,14 @@ pool of worker threads; the kernels release the GIL there.
 A call's deadline and cancellation are checked right before its kernel starts, on either
 side: a call cancelled or expired while it waited for a worker never runs its kernel.
 """
+
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from concurrent import futures
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 import numpy as np
@@ -104,7 +106,7 @@ def in_row_blocks(call: CallState, fn: Callable[[Any], Any], a, rows: int, resul
     blocks = []
     for start in range(0, a.shape[0], rows):
         call.ensure_active()
-        blocks.append(fn(a[start:start + rows]))
+        blocks.append(fn(a[start : start + rows]))
     return np.concatenate(blocks)
 
 

@@ -6,6 +6,7 @@ HEALTH_WATCHES_PER_CONNECTION for one connection (so that one client cannot take
 More get RESOURCE_EXHAUSTED at once. The statuses are those of the fixed set of services
 the server sets; a name it never set is answered (NOT_FOUND for Check, SERVICE_UNKNOWN for
 Watch) without being stored, however long or many the names."""
+
 from __future__ import annotations
 
 import asyncio
@@ -38,13 +39,17 @@ class HealthService(health_pb2_grpc.HealthServicer):
     async def Watch(self, request, context):
         connection = context.peer()
         if self.watches >= self.max_watches:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"too many health Watch streams: {self.watches} open on this server, the most "
-                                f"allowed (--max-health-watches); use Check, or close a Watch")
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"too many health Watch streams: {self.watches} open on this server, the most "
+                f"allowed (--max-health-watches); use Check, or close a Watch",
+            )
         if self._watches_by_connection[connection] >= self.max_watches_per_connection:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"too many health Watch streams on this connection: "
-                                f"{self.max_watches_per_connection} are open, the most allowed per connection")
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"too many health Watch streams on this connection: "
+                f"{self.max_watches_per_connection} are open, the most allowed per connection",
+            )
         self.watches += 1
         self._watches_by_connection[connection] += 1
         try:
@@ -52,7 +57,7 @@ class HealthService(health_pb2_grpc.HealthServicer):
                 sent = self._current(request.service)
                 await context.write(health_pb2.HealthCheckResponse(status=sent))
                 async with self._changed:  # a change made while the write waited is seen here
-                    await self._changed.wait_for(lambda: self._current(request.service) != sent)
+                    await self._changed.wait_for(lambda sent=sent: self._current(request.service) != sent)
         finally:
             self.watches -= 1
             self._watches_by_connection[connection] -= 1

@@ -7,6 +7,7 @@ gRPC's C core writes its own lines to file descriptor 2, not through Python: the
 process routes that descriptor through the logger too (`StderrCapture`), so that every
 line it prints is one of these objects.
 """
+
 from __future__ import annotations
 
 import faulthandler
@@ -78,8 +79,7 @@ class StderrCapture:
         read_end, write_end = os.pipe()
         os.dup2(write_end, 2)
         os.close(write_end)
-        self._thread = threading.Thread(target=self._forward, args=(read_end,), name="tensorops-stderr",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._forward, args=(read_end,), name="tensorops-stderr", daemon=True)
         self._thread.start()
 
     def _forward(self, read_end: int) -> None:

@@ -7,6 +7,7 @@ connections cost no thread, a request must arrive within the read timeout, and a
 MAX_CONNECTIONS are open (a new one closes the one that has waited longest for its
 request, before the next is accepted), so idle or slow connections cannot hold threads,
 more than MAX_CONNECTIONS + 1 descriptors, or the gRPC loop."""
+
 from __future__ import annotations
 
 import asyncio
@@ -27,8 +28,25 @@ from prometheus_client.exposition import choose_encoder
 
 disable_created_metrics()  # the *_created series only add noise to every scrape
 
-_LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-                    1.0, 2.5, 5.0, 10.0, 30.0)
+_LATENCY_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 MAX_CONNECTIONS = 32  # open connections to /metrics (a scraper needs one)
 _MAX_REQUEST_HEAD = 8192  # bytes of request line and headers
@@ -42,28 +60,46 @@ class Metrics:
         self.info = Info("tensorops_server", "Version and ISA level of the kernels in use", registry=r)
         self.info.info({"version": version, "isa": isa, "workers": str(workers)})
         self.request_duration = Histogram(
-            "tensorops_request_duration_seconds", "Time from the start of the handler to its result",
-            ["operation", "code"], buckets=_LATENCY_BUCKETS, registry=r)
+            "tensorops_request_duration_seconds",
+            "Time from the start of the handler to its result",
+            ["operation", "code"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.kernel_duration = Histogram(
-            "tensorops_kernel_duration_seconds", "Time spent in tensorops_native (the kernel and its checks)",
-            ["operation"], buckets=_LATENCY_BUCKETS, registry=r)
+            "tensorops_kernel_duration_seconds",
+            "Time spent in tensorops_native (the kernel and its checks)",
+            ["operation"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.in_flight = Gauge("tensorops_requests_in_flight", "Calls being handled", ["operation"], registry=r)
-        self.request_bytes = Counter("tensorops_request_bytes", "Bytes of request messages received",
-                                     ["operation"], registry=r)
-        self.response_bytes = Counter("tensorops_response_bytes", "Bytes of response messages sent",
-                                      ["operation"], registry=r)
-        self.errors = Counter("tensorops_errors", "Calls that ended with a status other than OK",
-                              ["operation", "code"], registry=r)
+        self.request_bytes = Counter(
+            "tensorops_request_bytes", "Bytes of request messages received", ["operation"], registry=r
+        )
+        self.response_bytes = Counter(
+            "tensorops_response_bytes", "Bytes of response messages sent", ["operation"], registry=r
+        )
+        self.errors = Counter(
+            "tensorops_errors", "Calls that ended with a status other than OK", ["operation", "code"], registry=r
+        )
         self.sessions = Gauge("tensorops_sessions_active", "Quantized inner-product sessions held", registry=r)
         self.session_bytes = Gauge("tensorops_session_bytes", "Bytes held by the sessions", registry=r)
-        self.evictions = Counter("tensorops_session_evictions", "Sessions removed by the server",
-                                 ["reason"], registry=r)
+        self.evictions = Counter(
+            "tensorops_session_evictions", "Sessions removed by the server", ["reason"], registry=r
+        )
         self.batch_requests = Histogram(
-            "tensorops_forward_batch_requests", "Session forwards merged into one kernel call",
-            buckets=_BATCH_BUCKETS, registry=r)
+            "tensorops_forward_batch_requests",
+            "Session forwards merged into one kernel call",
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
         self.batch_rows = Histogram(
-            "tensorops_forward_batch_rows", "Rows (M) of one session forward kernel call",
-            buckets=_BATCH_BUCKETS, registry=r)
+            "tensorops_forward_batch_rows",
+            "Rows (M) of one session forward kernel call",
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
         self._endpoint: Endpoint | None = None
 
     def observe_batch(self, requests: int, rows: int) -> None:
@@ -148,6 +184,7 @@ class Endpoint:
                 writer.close()
             if self._listener is not None:
                 self._listener.close()
+
         if self._thread.is_alive():
             asyncio.run_coroutine_threadsafe(close(), self._loop).result()
             self._loop.call_soon_threadsafe(self._loop.stop)
@@ -158,14 +195,14 @@ class Endpoint:
         try:
             try:
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.timeout)
-            except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+            except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
                 return
             if writer not in self._connections:  # lost its place meanwhile
                 return
             self._connections[writer] = False
             writer.write(self._response(head))
             await asyncio.wait_for(writer.drain(), self.timeout)
-        except (asyncio.TimeoutError, ConnectionError):
+        except (TimeoutError, ConnectionError):
             pass
         finally:
             self._connections.pop(writer, None)
@@ -189,6 +226,8 @@ class Endpoint:
 
 
 def _http(code: int, reason: str, body: bytes, content_type: str, length: int | None = None) -> bytes:
-    head = (f"HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\n"
-            f"Content-Length: {len(body) if length is None else length}\r\nConnection: close\r\n\r\n")
+    head = (
+        f"HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body) if length is None else length}\r\nConnection: close\r\n\r\n"
+    )
     return head.encode("latin-1") + body

@@ -24,6 +24,7 @@ The table's `result_shapes` says how many bytes a result takes, from the native 
 and before anything is allocated: the server reserves them, and the encoded response, in
 the call's memory account (admission.py) before the kernel runs.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -68,8 +69,9 @@ class Entry:
     def result(self, kwargs: dict) -> tuple[str, int]:
         return self.op.result_bytes(kwargs)
 
-    def arguments(self, decoded: codec.Decoded, max_tensor_bytes: int | None,
-                  reserve: Callable[[int, str], None] | None = None) -> tuple[dict, int]:
+    def arguments(
+        self, decoded: codec.Decoded, max_tensor_bytes: int | None, reserve: Callable[[int, str], None] | None = None
+    ) -> tuple[dict, int]:
         """The native keyword arguments of a request, and the request's format (wire enum).
         `reserve(nbytes, field)` is charged for a tensor copied out of the request."""
         kwargs = native_arguments(self.op, decoded, max_tensor_bytes, reserve=reserve)
@@ -99,44 +101,63 @@ def enum_argument(enum, number: int, name: str, required: bool) -> str | None:
     value = wire.enum_names(enum).get(number)
     if value is None and (number or required):
         prefix = "required: " if not number else ""
-        raise errors.invalid(name, f"{prefix}expected one of {wire.wire_choices(enum)}, "
-                                   f"got {wire.wire_value(enum, number)}")
+        raise errors.invalid(
+            name, f"{prefix}expected one of {wire.wire_choices(enum)}, got {wire.wire_value(enum, number)}"
+        )
     return value
 
 
-def tensor_argument(op: table.Operation, tensor: codec.WireTensor, name: str, max_tensor_bytes: int | None,
-                    image: bool, reserve: Callable[[int, str], None] | None = None) -> Any:
+def tensor_argument(
+    op: table.Operation,
+    tensor: codec.WireTensor,
+    name: str,
+    max_tensor_bytes: int | None,
+    image: bool,
+    reserve: Callable[[int, str], None] | None = None,
+) -> Any:
     """A received tensor as an array, after the checks whose failures the codec would word
     in NumPy's terms or without the wire's enum numbers."""
     if tensor.format and not image:
         fmt = wire.wire_value(_FORMAT_ENUM, tensor.format)
         if op.layout:
             several = len(op.layout) > 1
-            reason = (f"only the image tensor{'s' if several else ''} {' and '.join(op.layout)} of {op.rpc} "
-                      f"carr{'y' if several else 'ies'} a format")
+            reason = (
+                f"only the image tensor{'s' if several else ''} {' and '.join(op.layout)} of {op.rpc} "
+                f"carr{'y' if several else 'ies'} a format"
+            )
         else:
             reason = f"{op.rpc} has no layout"
         raise errors.invalid(f"{name}.format", f"{reason}: leave it unset (FORMAT_UNSPECIFIED), got {fmt}")
     itemsize = ITEMSIZE.get(tensor.dtype)
     if itemsize is None:
-        raise errors.invalid(f"{name}.dtype", f"expected one of {wire.wire_choices(_DTYPE_ENUM)}, "
-                                             f"got {wire.wire_value(_DTYPE_ENUM, tensor.dtype)}")
+        raise errors.invalid(
+            f"{name}.dtype",
+            f"expected one of {wire.wire_choices(_DTYPE_ENUM)}, got {wire.wire_value(_DTYPE_ENUM, tensor.dtype)}",
+        )
     shape = tensor.shape
     # Without a 0 dimension the payload's length bounds the size; negative dimensions and
     # too many of them are the codec's to name.
     described = 0 in shape and len(shape) <= codec.MAX_NDIM and min(shape) >= 0
     if described and math.prod(filter(None, shape)) * itemsize > MAX_DESCRIBED_BYTES:
-        raise errors.invalid(f"{name}.shape", f"the tensor has too many elements: {list(shape)} of "
-                             f"{_DTYPE_ENUM.values_by_number[tensor.dtype].name} describes more than 2**63 - 1 "
-                             "bytes (counting the non-zero dimensions, even when another one is 0)")
+        raise errors.invalid(
+            f"{name}.shape",
+            f"the tensor has too many elements: {list(shape)} of "
+            f"{_DTYPE_ENUM.values_by_number[tensor.dtype].name} describes more than 2**63 - 1 "
+            "bytes (counting the non-zero dimensions, even when another one is 0)",
+        )
     try:
         return codec.to_array(tensor, name, max_bytes=max_tensor_bytes, reserve=reserve)
     except codec.WireError as exc:
         raise errors.from_wire(exc) from None
 
 
-def native_arguments(op: table.Operation, decoded: codec.Decoded, max_tensor_bytes: int | None,
-                     skip: tuple[str, ...] = (), reserve: Callable[[int, str], None] | None = None) -> dict:
+def native_arguments(
+    op: table.Operation,
+    decoded: codec.Decoded,
+    max_tensor_bytes: int | None,
+    skip: tuple[str, ...] = (),
+    reserve: Callable[[int, str], None] | None = None,
+) -> dict:
     """The native keyword arguments of a request. A field left unset whose argument has no
     default in the table is refused as missing. Attributes the request gives already
     converted (decoded.attributes) are taken as they are."""
@@ -157,8 +178,10 @@ def native_arguments(op: table.Operation, decoded: codec.Decoded, max_tensor_byt
                 continue
             value = tensor_argument(op, tensor, name, max_tensor_bytes, f.image, reserve)
         elif kind is Kind.TENSORS:
-            value = [tensor_argument(op, t, f"{name}[{i}]", max_tensor_bytes, f.image, reserve)
-                     for i, t in enumerate(tensors[name])]
+            value = [
+                tensor_argument(op, t, f"{name}[{i}]", max_tensor_bytes, f.image, reserve)
+                for i, t in enumerate(tensors[name])
+            ]
         elif kind is Kind.ENUM:
             value = enum_argument(f.enum, getattr(message, name), name, required)
         elif kind is Kind.MESSAGE:
@@ -197,11 +220,14 @@ def request_format(op: table.Operation, decoded: codec.Decoded) -> int:
             continue
         if tensor.format not in codec.FORMAT_NAMES:
             choices = wire.wire_choices(_FORMAT_ENUM, unspecified=True)
-            raise errors.invalid(f"{name}.format", f"expected one of {choices}, "
-                                                   f"got {wire.wire_value(_FORMAT_ENUM, tensor.format)}")
+            raise errors.invalid(
+                f"{name}.format", f"expected one of {choices}, got {wire.wire_value(_FORMAT_ENUM, tensor.format)}"
+            )
         if fmt and tensor.format != fmt:
-            raise errors.invalid(f"{name}.format", f"{tensor_pb2.Format.Name(tensor.format)} differs from "
-                                 f"{source}.format {tensor_pb2.Format.Name(fmt)}")
+            raise errors.invalid(
+                f"{name}.format",
+                f"{tensor_pb2.Format.Name(tensor.format)} differs from {source}.format {tensor_pb2.Format.Name(fmt)}",
+            )
         fmt, source = tensor.format, name
     return fmt
 

@@ -49,14 +49,15 @@ The shape endpoints use (kept stable):
 Handlers outside the pipeline (health, KServe's liveness and readiness) are answered by
 the event loop outside every limit and take no token.
 """
+
 from __future__ import annotations
 
 import asyncio
 import functools
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Awaitable, Callable
 
 import grpc
 
@@ -79,10 +80,11 @@ Behavior = Callable[[codec.Decoded, CallState, int], Awaitable[bytes]]
 class Incoming:
     """A request as the deserializer leaves it: decoded, or the reason it could not be, or
     (`later`) still to be decoded, by calling it, on a worker."""
+
     decoded: codec.Decoded | None
     error: codec.WireError | None
     nbytes: int
-    later: Callable[[], "Incoming"] | None = None
+    later: Callable[[], Incoming] | None = None
 
 
 Decode = Callable[[bytes], Incoming]
@@ -91,10 +93,12 @@ Decode = Callable[[bytes], Incoming]
 def deferred(decode: Decode, inline_bytes: int) -> Decode:
     """A request deserializer that decodes at once (on the event loop) only requests of up
     to `inline_bytes`; larger ones are decoded by the pipeline on a worker, once admitted."""
+
     def deserialize(raw: bytes) -> Incoming:
         if len(raw) <= inline_bytes:
             return decode(raw)
         return Incoming(None, None, len(raw), functools.partial(decode, raw))
+
     return deserialize
 
 
@@ -107,9 +111,11 @@ def message_decoder(message_codec: codec.MessageCodec) -> Decode:
             return Incoming(message_codec.decode(raw), None, len(raw))
         except codec.WireError as exc:  # reported by the call as INVALID_ARGUMENT
             if exc.field == "message" and exc.message.startswith("cannot parse"):  # the protobuf runtime's words
-                exc = codec.WireError("message", f"the request is not a valid {name} message in the "
-                                       "protobuf binary encoding")
+                exc = codec.WireError(
+                    "message", f"the request is not a valid {name} message in the protobuf binary encoding"
+                )
             return Incoming(None, exc, len(raw))
+
     return decode
 
 
@@ -134,8 +140,11 @@ class CallPipeline:
         self.executor = Executor(config.workers, config.inline_bytes)
         self.auth = Authenticator(config.auth_tokens, config.auth_token_file, certificates=bool(config.tls_client_ca))
         self.admission = Admission(
-            max_pending=config.max_pending_requests, read_timeout=config.read_timeout,
-            max_concurrent=config.max_concurrent_rpcs, max_inflight_bytes=config.max_inflight_bytes)
+            max_pending=config.max_pending_requests,
+            read_timeout=config.read_timeout,
+            max_concurrent=config.max_concurrent_rpcs,
+            max_inflight_bytes=config.max_inflight_bytes,
+        )
 
     def rpc(self, label: str, behavior: Behavior) -> Rpc:
         return Rpc(self, label, behavior)
@@ -144,20 +153,25 @@ class CallPipeline:
         """The handler of a unary RPC. It is registered as client-streaming so that the
         request is read by the call, under the admission limits; on the wire it is unary."""
         return grpc.stream_unary_rpc_method_handler(
-            self.rpc(label, behavior).handle, request_deserializer=deferred(decode, self.config.inline_bytes))
+            self.rpc(label, behavior).handle, request_deserializer=deferred(decode, self.config.inline_bytes)
+        )
 
-    def stream_handler(self, label: str, behavior: Behavior, decode: Decode,
-                       failed: Callable[[grpc.Status], bytes]) -> grpc.RpcMethodHandler:
+    def stream_handler(
+        self, label: str, behavior: Behavior, decode: Decode, failed: Callable[[grpc.Status], bytes]
+    ) -> grpc.RpcMethodHandler:
         """The handler of a stream of calls (see the module's description)."""
         rpc = self.rpc(label, behavior)
 
         async def stream(requests, context: grpc.aio.ServicerContext) -> None:
             await self._serve_stream(rpc, context, failed)
-        return grpc.stream_stream_rpc_method_handler(
-            stream, request_deserializer=deferred(decode, self.config.inline_bytes))
 
-    async def _serve_stream(self, rpc: Rpc, context: grpc.aio.ServicerContext,
-                           failed: Callable[[grpc.Status], bytes]) -> None:
+        return grpc.stream_stream_rpc_method_handler(
+            stream, request_deserializer=deferred(decode, self.config.inline_bytes)
+        )
+
+    async def _serve_stream(
+        self, rpc: Rpc, context: grpc.aio.ServicerContext, failed: Callable[[grpc.Status], bytes]
+    ) -> None:
         """Each request of the stream as one call of `rpc`, answered in order, until the
         client ends the stream. A failure to identify the caller or to receive a request
         (read timeout, pending place lost, drain) ends the stream with its status."""
@@ -211,9 +225,13 @@ class Rpc:
             return response
         await context.abort_with_status(status)
 
-    async def call(self, context: grpc.aio.ServicerContext, incoming: Incoming | None = None,
-                   identity: str | None = None,
-                   send: Callable[[bytes], Awaitable[None]] | None = None) -> tuple[bytes | None, grpc.Status | None]:
+    async def call(
+        self,
+        context: grpc.aio.ServicerContext,
+        incoming: Incoming | None = None,
+        identity: str | None = None,
+        send: Callable[[bytes], Awaitable[None]] | None = None,
+    ) -> tuple[bytes | None, grpc.Status | None]:
         """One call: (the response, None), or (None, the status it failed with). Without
         `incoming`, the request is read here; a stream handler passes each request it read
         (and the caller's identity, established once for the stream), and `send`, which
@@ -250,8 +268,10 @@ class Rpc:
                 self._in_flight.dec()
                 account.stop_running()
             if len(response) > self.max_response_bytes:
-                raise errors.exhausted(f"the response of {len(response)} bytes exceeds the limit of "
-                                       f"{self.max_response_bytes} bytes per message")
+                raise errors.exhausted(
+                    f"the response of {len(response)} bytes exceeds the limit of "
+                    f"{self.max_response_bytes} bytes per message"
+                )
             if call.deadline is not None and time.monotonic() > call.deadline:  # the caller gets nothing
                 code = grpc.StatusCode.DEADLINE_EXCEEDED
             self._response_bytes.inc(len(response))
@@ -291,7 +311,15 @@ class Rpc:
             # line at debug level, so that a flood of bad calls cannot flood the log.
             if code is not grpc.StatusCode.INTERNAL and log.isEnabledFor(logging.DEBUG):
                 details = {} if status is None else {"message": status.details[:200]}
-                log.debug("call" if code is grpc.StatusCode.OK else "call failed",
-                          extra=fields(operation=self.label, code=code.name, seconds=round(elapsed, 6),
-                                       request_bytes=nbytes, peer=context.peer(), **details))
+                log.debug(
+                    "call" if code is grpc.StatusCode.OK else "call failed",
+                    extra=fields(
+                        operation=self.label,
+                        code=code.name,
+                        seconds=round(elapsed, 6),
+                        request_bytes=nbytes,
+                        peer=context.peer(),
+                        **details,
+                    ),
+                )
         return None, status

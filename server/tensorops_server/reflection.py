@@ -14,9 +14,10 @@ The servicer reads a pool of its own, holding the files of the services listed (
 dependencies) and those renamed copies: the process's default pool is left alone, so a
 renamed copy never clashes with the original (tritonclient's `inference` package, say).
 """
+
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool
@@ -40,12 +41,13 @@ def renamed(file, name: str, package: str) -> descriptor_pb2.FileDescriptorProto
     proto.ClearField("options")  # language package names of the original
 
     def rename(type_name: str) -> str:
-        return new + type_name[len(old):] if type_name.startswith(old) else type_name
+        return new + type_name[len(old) :] if type_name.startswith(old) else type_name
 
     def messages(types):
         for message in types:
             yield message
             yield from messages(message.nested_type)
+
     for message in messages(proto.message_type):
         for f in message.field:
             if f.HasField("type_name"):  # messages and enums
@@ -71,18 +73,22 @@ def reflection_pool(service_names: Iterable[str], aliases: Iterable[descriptor_p
         file.CopyToProto(proto)
         pool.Add(proto)
         added.add(file.name)
+
     default = descriptor_pool.Default()
     for name in service_names:
         add(default.FindFileContainingSymbol(name))
     add(reflection_pb2.DESCRIPTOR)
-    for proto in (renamed(reflection_pb2.DESCRIPTOR, "grpc/reflection/v1/reflection.proto", "grpc.reflection.v1"),
-                  *aliases):
+    for proto in (
+        renamed(reflection_pb2.DESCRIPTOR, "grpc/reflection/v1/reflection.proto", "grpc.reflection.v1"),
+        *aliases,
+    ):
         pool.Add(proto)
     return pool
 
 
-def enable(service_names: Iterable[str], server: grpc.aio.Server,
-           aliases: Iterable[descriptor_pb2.FileDescriptorProto] = ()) -> None:
+def enable(
+    service_names: Iterable[str], server: grpc.aio.Server, aliases: Iterable[descriptor_pb2.FileDescriptorProto] = ()
+) -> None:
     """Serve reflection (v1 and v1alpha) describing `service_names`, the services of the
     renamed files `aliases` and both reflection services."""
     service_names, aliases = tuple(service_names), tuple(aliases)
@@ -91,6 +97,7 @@ def enable(service_names: Iterable[str], server: grpc.aio.Server,
     handler = grpc.stream_stream_rpc_method_handler(
         servicer.ServerReflectionInfo,
         request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
-        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString)
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+    )
     for name in SERVICE_NAMES:
         add_handlers(server, name, {"ServerReflectionInfo": handler})

@@ -5,6 +5,7 @@ sweeper, and the Prometheus endpoint.
 
 The asyncio event loop runs on a thread of its own, so the server is started and stopped
 with plain calls (`start()`, `stop()`) from the command line or from a test."""
+
 from __future__ import annotations
 
 import asyncio
@@ -36,20 +37,26 @@ class TensorOpsServer:
     def __init__(self, config: Config, *, qip_class=None):
         self.config = config
         self.table = optable.build_table()
-        self.metrics = Metrics(version=tensorops_native.__version__, isa=tensorops_native.isa(),
-                               workers=config.workers)
-        self.store = SessionStore(max_sessions=config.max_sessions, max_bytes=config.max_session_bytes,
-                                  max_sessions_per_owner=config.max_sessions_per_caller,
-                                  max_bytes_per_owner=config.max_session_bytes_per_caller, ttl=config.session_ttl,
-                                  on_evict=lambda reason: self.metrics.evictions.labels(reason).inc())
+        self.metrics = Metrics(version=tensorops_native.__version__, isa=tensorops_native.isa(), workers=config.workers)
+        self.store = SessionStore(
+            max_sessions=config.max_sessions,
+            max_bytes=config.max_session_bytes,
+            max_sessions_per_owner=config.max_sessions_per_caller,
+            max_bytes_per_owner=config.max_session_bytes_per_caller,
+            ttl=config.session_ttl,
+            on_evict=lambda reason: self.metrics.evictions.labels(reason).inc(),
+        )
         self.metrics.watch_sessions(self.store)
         self.pipeline = CallPipeline(config, self.metrics)  # every call of both endpoints
         self.service = Service(self.pipeline, self.store, self.table, qip_class)  # tensorops.v1
         self.shared_memory = shm.SharedMemory(
-            allowed=config.allow_shared_memory, prefix=config.shared_memory_prefix,
-            max_regions=config.max_shared_memory_regions, max_bytes=config.max_shared_memory_bytes,
+            allowed=config.allow_shared_memory,
+            prefix=config.shared_memory_prefix,
+            max_regions=config.max_shared_memory_regions,
+            max_bytes=config.max_shared_memory_bytes,
             max_regions_per_caller=config.max_shared_memory_regions_per_caller,
-            max_bytes_per_caller=config.max_shared_memory_bytes_per_caller)
+            max_bytes_per_caller=config.max_shared_memory_bytes_per_caller,
+        )
         # inference.GRPCInferenceService, on the same port and through the same pipeline
         self.kserve = kserve.KServe(self.pipeline, self.service, self.shared_memory)
         self._sweeper = Sweeper(self.store, interval=min(config.session_ttl / 4, 10.0))
@@ -74,16 +81,26 @@ class TensorOpsServer:
             raise
         if self.config.metrics_port >= 0:
             try:
-                self.metrics_port = self.metrics.serve(self.config.metrics_host, self.config.metrics_port,
-                                                       timeout=self.config.read_timeout)
+                self.metrics_port = self.metrics.serve(
+                    self.config.metrics_host, self.config.metrics_port, timeout=self.config.read_timeout
+                )
             except OSError as exc:
                 self.stop(0)
                 raise OSError(f"cannot serve metrics on port {self.config.metrics_port}: {exc}") from None
         self._sweeper.start()
-        log.info("serving", extra=fields(
-            host=self.config.host, port=self.port, metrics_port=self.metrics_port, workers=self.config.workers,
-            max_connections=self.max_connections,
-            isa=tensorops_native.isa(), operations=list(self.table), version=tensorops_native.__version__))
+        log.info(
+            "serving",
+            extra=fields(
+                host=self.config.host,
+                port=self.port,
+                metrics_port=self.metrics_port,
+                workers=self.config.workers,
+                max_connections=self.max_connections,
+                isa=tensorops_native.isa(),
+                operations=list(self.table),
+                version=tensorops_native.__version__,
+            ),
+        )
 
     def stop(self, grace: float | None = None, drain_delay: float = 0.0) -> None:
         """Report NOT_SERVING on the health service, keep serving for `drain_delay` seconds
@@ -113,23 +130,29 @@ class TensorOpsServer:
     async def _start(self) -> None:
         c = self.config
         server = grpc.aio.server(
-            options=[("grpc.max_receive_message_length", c.max_message_bytes),
-                     ("grpc.max_send_message_length", c.max_message_bytes),
-                     ("grpc.so_reuseport", 0),
-                     # streams one connection may open at once (HTTP/2 SETTINGS)
-                     ("grpc.max_concurrent_streams", 2 * c.max_pending_requests),
-                     # connections beyond the cap are closed as they arrive; one that never
-                     # completes its handshake holds a descriptor only this long
-                     ("grpc.max_allowed_incoming_connections", self.max_connections),
-                     ("grpc.server_handshake_timeout_ms", max(1, round(c.handshake_timeout * 1000))),
-                     *connection_age_options(c)])
+            options=[
+                ("grpc.max_receive_message_length", c.max_message_bytes),
+                ("grpc.max_send_message_length", c.max_message_bytes),
+                ("grpc.so_reuseport", 0),
+                # streams one connection may open at once (HTTP/2 SETTINGS)
+                ("grpc.max_concurrent_streams", 2 * c.max_pending_requests),
+                # connections beyond the cap are closed as they arrive; one that never
+                # completes its handshake holds a descriptor only this long
+                ("grpc.max_allowed_incoming_connections", self.max_connections),
+                ("grpc.server_handshake_timeout_ms", max(1, round(c.handshake_timeout * 1000))),
+                *connection_age_options(c),
+            ]
+        )
         add_handlers(server, wire.SERVICE_NAME, self.service.handlers())
         add_handlers(server, kserve.SERVICE_NAME, self.kserve.handlers())
         self.health = HealthService(c.max_health_watches)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         if c.reflection:
-            reflection.enable((wire.SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name),
-                              server, aliases=(kserve.reflection_file(),))
+            reflection.enable(
+                (wire.SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name),
+                server,
+                aliases=(kserve.reflection_file(),),
+            )
         self.tls = tls.from_config(c)  # TLSConfigError (an OSError) when the files are not usable
         try:
             if self.tls is None:
@@ -183,8 +206,10 @@ def fit_connections_to_file_limit(c: Config) -> int:
         return c.max_connections
     room = soft - _OTHER_DESCRIPTORS - MAX_METRICS_CONNECTIONS - c.max_shared_memory_regions
     if room < c.max_connections:
-        log.warning("connection cap lowered to fit the file descriptor limit",
-                    extra=fields(max_connections=c.max_connections, lowered_to=max(1, room), limit=soft))
+        log.warning(
+            "connection cap lowered to fit the file descriptor limit",
+            extra=fields(max_connections=c.max_connections, lowered_to=max(1, room), limit=soft),
+        )
         return max(1, room)
     return c.max_connections
 

@@ -8,6 +8,7 @@ Executor (see execution.py); session forwards go through the ForwardBatcher.
 
 Requests and responses are bytes: the codec decodes the Tensor payloads in place and
 writes the response payloads with one copy (see tensorops.protocol.codec)."""
+
 from __future__ import annotations
 
 import functools
@@ -51,8 +52,13 @@ class Service:
         self.result_limit = min(config.max_tensor_bytes, config.max_message_bytes - RESPONSE_OVERHEAD)
         forward_timer = self._timer("quantized_inner_product_forward")
         self.batcher = ForwardBatcher(
-            executor, max_rows=config.max_batch_rows, window=config.batch_window_us / 1e6,
-            result_limit=self.result_limit, observe=metrics.observe_batch, time_kernel=forward_timer.observe)
+            executor,
+            max_rows=config.max_batch_rows,
+            window=config.batch_window_us / 1e6,
+            result_limit=self.result_limit,
+            observe=metrics.observe_batch,
+            time_kernel=forward_timer.observe,
+        )
 
     # ---- helpers
     @staticmethod
@@ -85,10 +91,16 @@ class Service:
     def _session_info(self, session, m: int | None = None) -> tensorops_pb2.SessionInfo:
         context = session.context
         info = tensorops_pb2.SessionInfo(
-            session_id=session.id, info=str(context.info), internal_buffer_size=int(context.internal_buffer_size),
-            n=session.shape[0], k=session.shape[1], bytes=session.nbytes,
-            idle_seconds=max(0.0, time.monotonic() - session.last_used), forward_count=session.forward_count,
-            max_m=int(getattr(context, "max_m", 1)))
+            session_id=session.id,
+            info=str(context.info),
+            internal_buffer_size=int(context.internal_buffer_size),
+            n=session.shape[0],
+            k=session.shape[1],
+            bytes=session.nbytes,
+            idle_seconds=max(0.0, time.monotonic() - session.last_used),
+            forward_count=session.forward_count,
+            max_m=int(getattr(context, "max_m", 1)),
+        )
         if m is not None:
             info.m = m
             info.external_buffer_size = int(context.external_buffer_size_for(m))
@@ -122,8 +134,9 @@ class Service:
         def compute(decoded: codec.Decoded, call: CallState, extra: dict | None = None) -> bytes:
             return run(call, *prepare(decoded, call, extra))
 
-        async def behavior(decoded: codec.Decoded, call: CallState, nbytes: int, extra: dict | None = None,
-                           inline: bool | None = None):
+        async def behavior(
+            decoded: codec.Decoded, call: CallState, nbytes: int, extra: dict | None = None, inline: bool | None = None
+        ):
             """`extra`: more native arguments (the KServe endpoint's `out` in shared memory);
             `inline`: whether to compute on the event loop (default: by the bytes of the
             request and of its result)."""
@@ -135,6 +148,7 @@ class Service:
             if inline is None and not executor.inline(nbytes + prepared[2]):
                 return await executor.offload(call, run, call, *prepared)
             return run(call, *prepared)
+
         return behavior
 
     def _run_in_row_blocks(self, timer, call: CallState, entry: optable.Entry, kwargs: dict, result_bytes: int):
@@ -147,8 +161,16 @@ class Service:
         if shapes is None or not isinstance(rows, np.ndarray) or rows.ndim != 2:
             return self._run(timer, call, entry.native, **kwargs)
         rest = {key: value for key, value in kwargs.items() if key != name}
-        return self._run(timer, call, in_row_blocks, call, functools.partial(entry.native, **rest), rows,
-                         qip_rows_per_block(rows.shape[1], shapes[0][0][1]), result_bytes)
+        return self._run(
+            timer,
+            call,
+            in_row_blocks,
+            call,
+            functools.partial(entry.native, **rest),
+            rows,
+            qip_rows_per_block(rows.shape[1], shapes[0][0][1]),
+            result_bytes,
+        )
 
     # ---- sessions
     async def open_session(self, decoded: codec.Decoded, call: CallState):
@@ -157,8 +179,12 @@ class Service:
             raise errors.Failure(grpc.StatusCode.UNIMPLEMENTED, "this build has no quantized inner product")
         entry = optable.Entry(wire.CREATE_SESSION, self._qip_class)
         kwargs, _ = entry.arguments(decoded, self.config.max_tensor_bytes, call.reserve)
-        qip = await self.executor.offload(call, functools.partial(
-            self._run, self._timer("create_quantized_inner_product"), call, self._qip_class, **kwargs))
+        qip = await self.executor.offload(
+            call,
+            functools.partial(
+                self._run, self._timer("create_quantized_inner_product"), call, self._qip_class, **kwargs
+            ),
+        )
         b = kwargs["b"]
         shape = (b.shape[0], b.shape[1]) if kwargs.get("trans_b") else (b.shape[1], b.shape[0])
         session = self.store.add(qip, int(qip.internal_buffer_size), shape, call.identity)
@@ -169,8 +195,9 @@ class Service:
         """The session's forward of the request's `a` (a QuantizedInnerProductForward
         request, or any whose tensors hold `a`)."""
         with self.store.use(session_id, call.identity, forward=True) as session:
-            kwargs = optable.native_arguments(wire.FORWARD_SESSION, decoded, self.config.max_tensor_bytes,
-                                              skip=("session_id",), reserve=call.reserve)
+            kwargs = optable.native_arguments(
+                wire.FORWARD_SESSION, decoded, self.config.max_tensor_bytes, skip=("session_id",), reserve=call.reserve
+            )
             return await self.batcher.forward(session, kwargs["a"], call)
 
     async def create_session(self, decoded: codec.Decoded, call: CallState, nbytes: int) -> bytes:
@@ -203,11 +230,21 @@ class Service:
         native = tensorops_native.info()
         c = self.config
         limits = tensorops_pb2.ServerLimits(
-            max_message_bytes=c.max_message_bytes, max_tensor_bytes=c.max_tensor_bytes, max_ndim=codec.MAX_NDIM,
-            max_sessions=c.max_sessions, max_session_bytes=c.max_session_bytes, session_ttl_seconds=c.session_ttl)
+            max_message_bytes=c.max_message_bytes,
+            max_tensor_bytes=c.max_tensor_bytes,
+            max_ndim=codec.MAX_NDIM,
+            max_sessions=c.max_sessions,
+            max_session_bytes=c.max_session_bytes,
+            session_ttl_seconds=c.session_ttl,
+        )
         return tensorops_pb2.ServerInfo(
-            version=native["version"], isa=native["isa"], cpu_features=native["cpu_features"],
-            kernels=native["kernels"], limits=limits, operations=list(self.table), workers=c.workers,
+            version=native["version"],
+            isa=native["isa"],
+            cpu_features=native["cpu_features"],
+            kernels=native["kernels"],
+            limits=limits,
+            operations=list(self.table),
+            workers=c.workers,
             instance=c.instance_name or socket.gethostname(),
         ).SerializeToString()
 
@@ -215,15 +252,18 @@ class Service:
     def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
         """RPC name -> handler, for every operation in the table and the other calls."""
         behaviors: dict[str, tuple[str, Callable]] = {
-            entry.op.rpc: (entry.name, self.operation(entry)) for entry in self.table.values()}
-        behaviors.update({
-            "CreateQuantizedInnerProduct": ("create_quantized_inner_product", self.create_session),
-            "QuantizedInnerProductForward": ("quantized_inner_product_forward", self.forward_session),
-            "DescribeSession": ("describe_session", self.describe_session),
-            "ReleaseSession": ("release_session", self.release_session),
-            "ListSessions": ("list_sessions", self.list_sessions),
-            "GetServerInfo": ("get_server_info", self.server_info),
-        })
+            entry.op.rpc: (entry.name, self.operation(entry)) for entry in self.table.values()
+        }
+        behaviors.update(
+            {
+                "CreateQuantizedInnerProduct": ("create_quantized_inner_product", self.create_session),
+                "QuantizedInnerProductForward": ("quantized_inner_product_forward", self.forward_session),
+                "DescribeSession": ("describe_session", self.describe_session),
+                "ReleaseSession": ("release_session", self.release_session),
+                "ListSessions": ("list_sessions", self.list_sessions),
+                "GetServerInfo": ("get_server_info", self.server_info),
+            }
+        )
         handlers = {}
         for rpc, (label, behavior) in behaviors.items():
             request_class = wire.message_class(wire.SERVICE.methods_by_name[rpc].input_type)

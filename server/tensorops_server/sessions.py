@@ -13,15 +13,17 @@
   session that expires or is evicted or released while calls use it leaves the store at
   once and is closed when the last of those calls finishes.
 """
+
 from __future__ import annotations
 
 import secrets
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from . import errors
 
@@ -30,7 +32,7 @@ from . import errors
 class Session:
     id: str
     owner: str
-    context: Any          # tensorops_native.QuantizedInnerProduct
+    context: Any  # tensorops_native.QuantizedInnerProduct
     nbytes: int
     shape: tuple[int, int]  # (n, k)
     created: float
@@ -38,13 +40,21 @@ class Session:
     forward_count: int = 0
     users: int = 0
     retired: bool = False
-    queue: Any = None     # forwards waiting to be batched (batching.SessionQueue)
+    queue: Any = None  # forwards waiting to be batched (batching.SessionQueue)
 
 
 class SessionStore:
-    def __init__(self, *, max_sessions: int, max_bytes: int, ttl: float, max_sessions_per_owner: int | None = None,
-                 max_bytes_per_owner: int | None = None, clock: Callable[[], float] = time.monotonic,
-                 on_evict: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        *,
+        max_sessions: int,
+        max_bytes: int,
+        ttl: float,
+        max_sessions_per_owner: int | None = None,
+        max_bytes_per_owner: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        on_evict: Callable[[str], None] | None = None,
+    ):
         self.max_sessions = max_sessions
         self.max_bytes = max_bytes
         self.max_sessions_per_owner = max_sessions_per_owner or max_sessions
@@ -76,8 +86,10 @@ class SessionStore:
         limit = min(self.max_bytes, self.max_bytes_per_owner)
         if nbytes > limit:
             context.close()
-            raise errors.exhausted(f"the session needs {nbytes} bytes, more than the {limit} bytes the sessions "
-                                   "of one caller may hold", field="b")
+            raise errors.exhausted(
+                f"the session needs {nbytes} bytes, more than the {limit} bytes the sessions of one caller may hold",
+                field="b",
+            )
         now = self._clock()
         session = Session(secrets.token_urlsafe(16), owner, context, nbytes, shape, now, now)
         closing = []
@@ -85,9 +97,12 @@ class SessionStore:
             closing += self._expire_locked(now)
             own = [s for s in self._sessions.values() if s.owner == owner]  # least recently used first
             own_bytes = sum(s.nbytes for s in own)
-            while own and (len(self._sessions) >= self.max_sessions or self._bytes + nbytes > self.max_bytes
-                           or len(own) >= self.max_sessions_per_owner
-                           or own_bytes + nbytes > self.max_bytes_per_owner):
+            while own and (
+                len(self._sessions) >= self.max_sessions
+                or self._bytes + nbytes > self.max_bytes
+                or len(own) >= self.max_sessions_per_owner
+                or own_bytes + nbytes > self.max_bytes_per_owner
+            ):
                 victim = own.pop(0)
                 own_bytes -= victim.nbytes
                 del self._sessions[victim.id]
@@ -99,8 +114,9 @@ class SessionStore:
         self._close(closing)
         if full:
             context.close()
-            raise errors.exhausted("the server holds as many sessions as it may, all of other callers; "
-                                   "try again when some have expired")
+            raise errors.exhausted(
+                "the server holds as many sessions as it may, all of other callers; try again when some have expired"
+            )
         return session
 
     @contextmanager
@@ -128,8 +144,9 @@ class SessionStore:
                     session.forward_count += 1
         self._close(closing)
         if missing:
-            raise errors.not_found("no such quantized inner-product session (it expired, was evicted or "
-                                   "released, or the server restarted)")
+            raise errors.not_found(
+                "no such quantized inner-product session (it expired, was evicted or released, or the server restarted)"
+            )
         try:
             yield session
         finally:

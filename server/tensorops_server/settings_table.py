@@ -1,6 +1,7 @@
 """README's table of the server's settings, made from their declaration (the fields of
 config.Config). `python -m tensorops_server.settings_table` prints it; a test fails while
 README's copy differs."""
+
 from __future__ import annotations
 
 import re
@@ -41,8 +42,10 @@ def markdown() -> str:
     for f in fields(Config):
         parse = parse_of(f)
         value = re.sub(r"^an? ", "", parse.expects) + (f", {parse.unit}" if parse.unit else "")
-        rows.append(f"| `{flag_name(f.name)}` | `{env_name(f.name)}` | {_cell(value)} | {_cell(shown_default(f))} "
-                    f"| {_cell(f.metadata['help'])} |")
+        rows.append(
+            f"| `{flag_name(f.name)}` | `{env_name(f.name)}` | {_cell(value)} | {_cell(shown_default(f))} "
+            f"| {_cell(f.metadata['help'])} |"
+        )
     return "\n".join(rows) + "\n"
 
 

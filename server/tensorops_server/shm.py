@@ -23,6 +23,7 @@ The server maps what callers hand it, so every step is checked:
 - a region unregistered while calls use it is unmapped when the last of them ends;
   every region is unmapped on Unregister and at shutdown.
 """
+
 from __future__ import annotations
 
 import errno
@@ -58,13 +59,19 @@ class Region:
 
 
 def unavailable(field: str | None = None) -> errors.Failure:
-    return errors.Failure(grpc.StatusCode.UNIMPLEMENTED,
-                          "system shared memory is off on this server (tensorops-server --allow-shared-memory)", field)
+    return errors.Failure(
+        grpc.StatusCode.UNIMPLEMENTED,
+        "system shared memory is off on this server (tensorops-server --allow-shared-memory)",
+        field,
+    )
 
 
 def shrank_during_call(name: str, field: str) -> errors.Failure:
-    return errors.invalid(field, f"the shared-memory object of region {name!r} shrank while the call used it; "
-                                 "the region is unregistered: register it again")
+    return errors.invalid(
+        field,
+        f"the shared-memory object of region {name!r} shrank while the call used it; "
+        "the region is unregistered: register it again",
+    )
 
 
 def _map(fd: int, size: int) -> GuardedMapping:
@@ -72,24 +79,39 @@ def _map(fd: int, size: int) -> GuardedMapping:
         return GuardedMapping(fd, size)
     except OSError as exc:
         if exc.errno == errno.ENOTSUP:  # unguarded, a shrink would kill the server: no mapping at all
-            raise errors.Failure(grpc.StatusCode.FAILED_PRECONDITION, "this server process cannot guard shared "
-                                 "memory against a shrinking object (another SIGBUS handler is locked in)") from None
+            raise errors.Failure(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "this server process cannot guard shared "
+                "memory against a shrinking object (another SIGBUS handler is locked in)",
+            ) from None
         if exc.errno == errno.ENOSPC:
-            raise errors.exhausted("the server maps as many regions as it can (unregistered ones stay mapped while "
-                                   "calls still use them); try again", "name") from None
+            raise errors.exhausted(
+                "the server maps as many regions as it can (unregistered ones stay mapped while "
+                "calls still use them); try again",
+                "name",
+            ) from None
         raise errors.exhausted(f"the region cannot be mapped: {exc.strerror}", "byte_size") from None
 
 
 @dataclass
 class Usage:
     """What a caller (or all callers together) holds registered."""
+
     regions: int = 0
     bytes: int = 0
 
 
 class SharedMemory:
-    def __init__(self, *, allowed: bool, prefix: str, max_regions: int, max_bytes: int,
-                 max_regions_per_caller: int, max_bytes_per_caller: int):
+    def __init__(
+        self,
+        *,
+        allowed: bool,
+        prefix: str,
+        max_regions: int,
+        max_bytes: int,
+        max_regions_per_caller: int,
+        max_bytes_per_caller: int,
+    ):
         self.allowed = allowed
         self.prefix = prefix
         self.max_regions = max_regions
@@ -111,12 +133,17 @@ class SharedMemory:
         errors.check_length("key", key)
         name = key.lstrip("/")
         if not name or "/" in name or "\0" in name or name in (".", ".."):
-            raise errors.invalid("key", "expected the name of a POSIX shared-memory object (no NUL, no '/' after "
-                                        f"the leading ones), like '/{self.prefix}input'")
+            raise errors.invalid(
+                "key",
+                "expected the name of a POSIX shared-memory object (no NUL, no '/' after "
+                f"the leading ones), like '/{self.prefix}input'",
+            )
         if not name.startswith(self.prefix):
-            raise errors.Failure(grpc.StatusCode.PERMISSION_DENIED,
-                                 f"this server maps only the shared-memory objects whose names start with "
-                                 f"{self.prefix!r}", "key")
+            raise errors.Failure(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"this server maps only the shared-memory objects whose names start with {self.prefix!r}",
+                "key",
+            )
         return name
 
     def _open_object(self, object_name: str) -> tuple[int, int]:
@@ -127,16 +154,22 @@ class SharedMemory:
         except FileNotFoundError:
             raise errors.not_found("no shared-memory object of that name", field="key") from None
         except OSError as exc:
-            reason = "is a symbolic link" if os.path.islink(os.path.join(SHM_DIR, object_name)) else \
-                f"cannot be opened for reading and writing ({os.strerror(exc.errno)})"
+            reason = (
+                "is a symbolic link"
+                if os.path.islink(os.path.join(SHM_DIR, object_name))
+                else f"cannot be opened for reading and writing ({os.strerror(exc.errno)})"
+            )
             raise errors.invalid("key", f"the shared-memory object {reason}") from None
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode) or info.st_dev != self._shm_device:
                 raise errors.invalid("key", f"not a shared-memory object (a regular file of {SHM_DIR})")
             if info.st_nlink != 1:
-                raise errors.invalid("key", f"the object has {info.st_nlink} names (hard links); only objects with "
-                                            "one name are mapped, so that the name's prefix says what is mapped")
+                raise errors.invalid(
+                    "key",
+                    f"the object has {info.st_nlink} names (hard links); only objects with "
+                    "one name are mapped, so that the name's prefix says what is mapped",
+                )
         except BaseException:
             os.close(fd)
             raise
@@ -144,20 +177,29 @@ class SharedMemory:
 
     def _check_room_locked(self, owner: str, name: str, byte_size: int) -> None:
         if (owner, name) in self._regions:
-            raise errors.Failure(grpc.StatusCode.ALREADY_EXISTS, f"region {name!r} is registered already; "
-                                 "unregister it first", "name")
+            raise errors.Failure(
+                grpc.StatusCode.ALREADY_EXISTS, f"region {name!r} is registered already; unregister it first", "name"
+            )
         mine = self._by_owner.get(owner, Usage())
         if mine.regions >= self.max_regions_per_caller:
-            raise errors.exhausted(f"this caller has {mine.regions} regions registered, the limit per caller; "
-                                   "unregister some first", "name")
+            raise errors.exhausted(
+                f"this caller has {mine.regions} regions registered, the limit per caller; unregister some first",
+                "name",
+            )
         if mine.bytes + byte_size > self.max_bytes_per_caller:
-            raise errors.exhausted(f"this caller's regions hold {mine.bytes} bytes; {byte_size} more exceed the "
-                                   f"limit of {self.max_bytes_per_caller} per caller", "byte_size")
+            raise errors.exhausted(
+                f"this caller's regions hold {mine.bytes} bytes; {byte_size} more exceed the "
+                f"limit of {self.max_bytes_per_caller} per caller",
+                "byte_size",
+            )
         if self._total.regions >= self.max_regions:
             raise errors.exhausted(f"{self._total.regions} regions are registered, the server's limit", "name")
         if self._total.bytes + byte_size > self.max_bytes:
-            raise errors.exhausted(f"the regions registered hold {self._total.bytes} bytes; {byte_size} more "
-                                   f"exceed the server's limit of {self.max_bytes}", "byte_size")
+            raise errors.exhausted(
+                f"the regions registered hold {self._total.bytes} bytes; {byte_size} more "
+                f"exceed the server's limit of {self.max_bytes}",
+                "byte_size",
+            )
 
     # ---- the calls
     def register(self, owner: str, name: str, key: str, offset: int, byte_size: int) -> None:
@@ -173,8 +215,9 @@ class SharedMemory:
         fd, size = self._open_object(object_name)
         try:
             if size < offset + byte_size:
-                raise errors.invalid("byte_size", f"offset {offset} + byte_size {byte_size} exceed the object's "
-                                                  f"{size} bytes")
+                raise errors.invalid(
+                    "byte_size", f"offset {offset} + byte_size {byte_size} exceed the object's {size} bytes"
+                )
             mapping = _map(fd, offset + byte_size)
         except BaseException:
             os.close(fd)
@@ -240,7 +283,7 @@ class SharedMemory:
                 self._retire_locked((region.owner, region.name))
 
     # ---- inference
-    def for_call(self, owner: str) -> "CallRegions":
+    def for_call(self, owner: str) -> CallRegions:
         """The regions of one call (close() it when the call ends)."""
         return CallRegions(self, owner)
 
@@ -275,10 +318,11 @@ class SharedMemory:
 @dataclass(eq=False)
 class Held:
     """A region as one call holds it."""
+
     region: Region
     object_size: int  # the object's size at the call's first use of the region
-    field: str        # the parameter of that first use, named in errors about the region
-    end: int = 0      # the end of the furthest part of the object the call uses
+    field: str  # the parameter of that first use, named in errors about the region
+    end: int = 0  # the end of the furthest part of the object the call uses
 
 
 class CallRegions:
@@ -305,14 +349,17 @@ class CallRegions:
             held = self._held[name] = Held(*self._shm._hold(self._owner, name, field), field)
         region = held.region
         if offset < 0 or byte_size < 0 or offset + byte_size > region.byte_size:
-            raise errors.invalid(field, f"offset {offset} + byte_size {byte_size} exceed the region's "
-                                        f"{region.byte_size} bytes")
+            raise errors.invalid(
+                field, f"offset {offset} + byte_size {byte_size} exceed the region's {region.byte_size} bytes"
+            )
         start = region.offset + offset
         if held.object_size < start + byte_size:
-            raise errors.invalid(field, f"the shared-memory object of region {name!r} shrank below what was "
-                                        "registered; register it again")
+            raise errors.invalid(
+                field,
+                f"the shared-memory object of region {name!r} shrank below what was registered; register it again",
+            )
         held.end = max(held.end, start + byte_size)
-        view = region.mapping.memory[start:start + byte_size]
+        view = region.mapping.memory[start : start + byte_size]
         self._views.append(view)
         self.nbytes += byte_size
         return view
@@ -328,8 +375,9 @@ class CallRegions:
                 self._shm._retire_broken(held.region)
                 raise shrank_during_call(name, held.field)
             if os.fstat(held.region.fd).st_size < held.end:
-                raise errors.invalid(held.field, f"the shared-memory object of region {name!r} shrank while the "
-                                                 "call used it")
+                raise errors.invalid(
+                    held.field, f"the shared-memory object of region {name!r} shrank while the call used it"
+                )
 
     def close(self) -> None:
         for view in self._views:

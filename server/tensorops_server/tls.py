@@ -7,6 +7,7 @@ called (the server does that on SIGHUP). A new set of files is checked first: a 
 does not match its certificate, or a file that does not parse (a rotation caught half
 way), is logged as a warning and the previous configuration stays in force. Connections
 already open keep the configuration of their handshake."""
+
 from __future__ import annotations
 
 import contextlib
@@ -33,6 +34,7 @@ class TLSConfigError(OSError):
 @dataclass(frozen=True)
 class _Material:
     """The bytes of one consistent set of files, and the stamps they were read under."""
+
     cert: bytes
     key: bytes
     client_ca: bytes | None
@@ -74,8 +76,9 @@ class CertificateFiles:
         return "client_ca" in self.paths
 
     def credentials(self) -> grpc.ServerCredentials:
-        return grpc.dynamic_ssl_server_credentials(self._current.configuration(), self.fetch,
-                                                   require_client_authentication=self.mutual)
+        return grpc.dynamic_ssl_server_credentials(
+            self._current.configuration(), self.fetch, require_client_authentication=self.mutual
+        )
 
     def request_reload(self) -> None:
         """Re-read the files at the next handshake even if they look unchanged (SIGHUP).
@@ -88,7 +91,7 @@ class CertificateFiles:
         try:
             with self._lock:
                 return self._fetch()
-        except Exception:  # noqa: BLE001 - an exception here would only be logged by gRPC
+        except Exception:
             log.exception("tls reload failed; keeping the current certificate")
             return None
 
@@ -106,14 +109,19 @@ class CertificateFiles:
         except (OSError, ValueError) as exc:
             return self._reject(stamps, exc, forced)
         previous, self._current, self._rejected = self._current, material, None
-        log.info("tls reloaded", extra=fields(**self.paths, sha256=material.digest,
-                                              changed=material.digest != previous.digest, forced=forced))
+        log.info(
+            "tls reloaded",
+            extra=fields(
+                **self.paths, sha256=material.digest, changed=material.digest != previous.digest, forced=forced
+            ),
+        )
         return material.configuration()
 
     def _reject(self, stamps: tuple, exc: Exception, forced: bool) -> None:
         if forced or stamps != self._rejected:
-            log.warning("tls files not usable; keeping the current certificate",
-                        extra=fields(**self.paths, error=str(exc)))
+            log.warning(
+                "tls files not usable; keeping the current certificate", extra=fields(**self.paths, error=str(exc))
+            )
         self._rejected = stamps
         return None
 

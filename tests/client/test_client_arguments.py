@@ -2,6 +2,7 @@
 call starts, with an error naming the argument (never Python's internals or INTERNAL), the
 same for the blocking, asyncio and in-process clients; the forms that are right reach a
 real server."""
+
 from __future__ import annotations
 
 import asyncio
@@ -39,6 +40,7 @@ def call_with(kind: str, target: str, client_kwargs=None, **call_kwargs):
     async def main():
         async with tensorops.aio.Client(target, **client_kwargs) as c:
             return await c.softmax(X, **call_kwargs)
+
     return asyncio.run(main())
 
 
@@ -90,8 +92,11 @@ def test_bad_metadata_is_named(server, kind, metadata, reason):
 
 
 def test_checked_metadata_keeps_order_and_duplicates():
-    assert check_metadata([("x-a", "1"), ("x-a", "2"), ("x-b-bin", bytearray(b"\x01"))]) == \
-        (("x-a", "1"), ("x-a", "2"), ("x-b-bin", b"\x01"))
+    assert check_metadata([("x-a", "1"), ("x-a", "2"), ("x-b-bin", bytearray(b"\x01"))]) == (
+        ("x-a", "1"),
+        ("x-a", "2"),
+        ("x-b-bin", b"\x01"),
+    )
 
 
 @pytest.mark.parametrize("kind", ["sync", "local"])
@@ -111,9 +116,15 @@ def test_session_calls_check_metadata_and_timeout(server, kind):
             client.quantized_inner_product(b, metadata=[("x-a",)], **params)
 
 
-BAD_TIMEOUTS = [("5", "got str '5'"), (0, "positive finite"), (-1.5, "positive finite"),
-                (float("nan"), "positive finite"), (float("inf"), "positive finite"), (True, "got bool"),
-                ([5], "got list")]
+BAD_TIMEOUTS = [
+    ("5", "got str '5'"),
+    (0, "positive finite"),
+    (-1.5, "positive finite"),
+    (float("nan"), "positive finite"),
+    (float("inf"), "positive finite"),
+    (True, "got bool"),
+    ([5], "got list"),
+]
 
 
 @KINDS
@@ -159,9 +170,15 @@ def test_a_target_without_port_gets_the_default_port(given, dialed):
         assert c.target == dialed
 
 
-@pytest.mark.parametrize("target,suggestion", [
-    ("http://localhost:50051", "'localhost:50051'"), ("https://example.com", "'example.com:50051'"),
-    ("grpc://127.0.0.1:7000/", "'127.0.0.1:7000'"), ("GRPCS://[::1]", "'[::1]:50051'")])
+@pytest.mark.parametrize(
+    "target,suggestion",
+    [
+        ("http://localhost:50051", "'localhost:50051'"),
+        ("https://example.com", "'example.com:50051'"),
+        ("grpc://127.0.0.1:7000/", "'127.0.0.1:7000'"),
+        ("GRPCS://[::1]", "'[::1]:50051'"),
+    ],
+)
 def test_a_url_scheme_is_explained(target, suggestion):
     for make in (tensorops.Client, tensorops.aio.Client):
         with pytest.raises(ValueError, match="^target: a gRPC target is 'host:port', not a URL") as err:
@@ -169,8 +186,7 @@ def test_a_url_scheme_is_explained(target, suggestion):
         assert f"write {suggestion} instead" in str(err.value) and "root_certificates=" in str(err.value)
 
 
-@pytest.mark.parametrize("target,error", [("", ValueError), ("  ", ValueError), (None, TypeError),
-                                          (50051, TypeError)])
+@pytest.mark.parametrize("target,error", [("", ValueError), ("  ", ValueError), (None, TypeError), (50051, TypeError)])
 def test_a_missing_target_is_named(target, error):
     with pytest.raises(error, match="^target: "):
         tensorops.Client(target)
@@ -186,14 +202,17 @@ def test_ipv6_targets_reach_a_server(tmp_path):
         proc.kill()
 
 
-@pytest.mark.parametrize("kwargs,error,message", [
-    (dict(max_attempts="3"), TypeError, "max_attempts: expected an integer, got str"),
-    (dict(max_attempts=0), ValueError, "max_attempts: expected 1 .. "),
-    (dict(max_message_bytes=2**40), ValueError, "max_message_bytes: expected 1 .. 2147483647"),
-    (dict(max_message_bytes=1.5), TypeError, "max_message_bytes: expected an integer"),
-    (dict(options=5), TypeError, "options: expected gRPC channel arguments"),
-    (dict(options=[("grpc.x",)]), TypeError, "options: expected gRPC channel arguments"),
-])
+@pytest.mark.parametrize(
+    "kwargs,error,message",
+    [
+        (dict(max_attempts="3"), TypeError, "max_attempts: expected an integer, got str"),
+        (dict(max_attempts=0), ValueError, "max_attempts: expected 1 .. "),
+        (dict(max_message_bytes=2**40), ValueError, "max_message_bytes: expected 1 .. 2147483647"),
+        (dict(max_message_bytes=1.5), TypeError, "max_message_bytes: expected an integer"),
+        (dict(options=5), TypeError, "options: expected gRPC channel arguments"),
+        (dict(options=[("grpc.x",)]), TypeError, "options: expected gRPC channel arguments"),
+    ],
+)
 def test_bad_channel_settings_are_named(kwargs, error, message):
     for make in (tensorops.Client, tensorops.aio.Client):
         with pytest.raises(error, match="^" + re.escape(message)):

@@ -1,6 +1,7 @@
 """What a client says when it cannot connect for a reason the user can fix (TLS on one side
 only, a certificate it does not trust), against real servers with certificates made by
 trustme, and what it says when the data's layout needs a `format` it was not given."""
+
 from __future__ import annotations
 
 import asyncio
@@ -25,21 +26,39 @@ def pki(tmp_path_factory):
     client_leaf = ca.issue_cert("client.example")
     (directory / "cert.pem").write_bytes(b"".join(blob.bytes() for blob in leaf.cert_chain_pems))
     leaf.private_key_pem.write_to_path(str(directory / "key.pem"))
-    return {"dir": directory, "ca": ca.cert_pem.bytes(), "stranger": stranger.cert_pem.bytes(),
-            "client": dict(certificate_chain=b"".join(blob.bytes() for blob in client_leaf.cert_chain_pems),
-                           private_key=client_leaf.private_key_pem.bytes())}
+    return {
+        "dir": directory,
+        "ca": ca.cert_pem.bytes(),
+        "stranger": stranger.cert_pem.bytes(),
+        "client": dict(
+            certificate_chain=b"".join(blob.bytes() for blob in client_leaf.cert_chain_pems),
+            private_key=client_leaf.private_key_pem.bytes(),
+        ),
+    }
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory, pki):
     directory = pki["dir"]
-    tls = ServerProcess(tmp_path_factory.mktemp("tls") / "server.log", "--tls-cert", str(directory / "cert.pem"),
-                        "--tls-key", str(directory / "key.pem")).start()
+    tls = ServerProcess(
+        tmp_path_factory.mktemp("tls") / "server.log",
+        "--tls-cert",
+        str(directory / "cert.pem"),
+        "--tls-key",
+        str(directory / "key.pem"),
+    ).start()
     plain = ServerProcess(tmp_path_factory.mktemp("plain") / "server.log").start()
     ca_file = directory / "ca.pem"
     ca_file.write_bytes(pki["ca"])
-    mutual = ServerProcess(tmp_path_factory.mktemp("mutual") / "server.log", "--tls-cert", str(directory / "cert.pem"),
-                           "--tls-key", str(directory / "key.pem"), "--tls-client-ca", str(ca_file)).start()
+    mutual = ServerProcess(
+        tmp_path_factory.mktemp("mutual") / "server.log",
+        "--tls-cert",
+        str(directory / "cert.pem"),
+        "--tls-key",
+        str(directory / "key.pem"),
+        "--tls-client-ca",
+        str(ca_file),
+    ).start()
     yield {"tls": tls, "plain": plain, "mutual": mutual}
     for proc in (tls, plain, mutual):
         proc.kill()
@@ -53,9 +72,11 @@ def info_error(kind: str, target: str, **kwargs) -> tensorops.TensorOpsError | N
             with tensorops.Client(target, **kwargs) as c:
                 c.info()
         else:
+
             async def main():
                 async with tensorops.aio.Client(target, **kwargs) as c:
                     await c.info()
+
             asyncio.run(main())
     except tensorops.TensorOpsError as exc:
         return exc
@@ -126,8 +147,10 @@ FORMAT_CASES = {
     "layer_norm_channels": (lambda c, **kw: c.layer_norm_channels(NHWC, SCALE, SHIFT, **kw), "scale"),
     "channel_norm": (lambda c, **kw: c.channel_norm(NHWC, SCALE, SHIFT, **kw), "scale"),
     "normalize_l2": (lambda c, **kw: c.normalize_l2(NHWC, SCALE, **kw), "scale"),
-    "tiled_scale_2d": (lambda c, **kw: c.tiled_scale_2d(NHWC, np.ones((5, 3), np.float32),
-                                                       np.ones((4, 3), np.float32), **kw), "ver"),
+    "tiled_scale_2d": (
+        lambda c, **kw: c.tiled_scale_2d(NHWC, np.ones((5, 3), np.float32), np.ones((4, 3), np.float32), **kw),
+        "ver",
+    ),
 }
 
 

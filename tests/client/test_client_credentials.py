@@ -1,5 +1,6 @@
 """Channel credentials and the bearer token rule of the clients, without a server (a
 channel connects only at its first call)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -14,12 +15,34 @@ from tensorops._client import channel_credentials, is_loopback_target
 PEM = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 AUTH = ("authorization", "Bearer s3cret")
 
-LOOPBACK = ["127.0.0.1:50051", "127.8.9.10:1", "localhost:50051", "LOCALHOST", "localhost.:1", "[::1]:50051",
-            "::1", "ipv4:127.0.0.1:1,127.0.0.2:2", "ipv6:[::1]:1", "dns:localhost:1", "dns:///localhost:1",
-            "dns://8.8.8.8/127.0.0.1:1", "unix:/run/tensorops.sock", "unix:///run/tensorops.sock",
-            "unix-abstract:tensorops"]
-REMOTE = ["10.0.0.1:50051", "example.com:50051", "localhost.example.com:1", "[2001:db8::1]:1", "0.0.0.0:1",
-          "ipv4:127.0.0.1:1,10.0.0.1:2", "dns:///example.com:443", "128.0.0.1:1", ""]
+LOOPBACK = [
+    "127.0.0.1:50051",
+    "127.8.9.10:1",
+    "localhost:50051",
+    "LOCALHOST",
+    "localhost.:1",
+    "[::1]:50051",
+    "::1",
+    "ipv4:127.0.0.1:1,127.0.0.2:2",
+    "ipv6:[::1]:1",
+    "dns:localhost:1",
+    "dns:///localhost:1",
+    "dns://8.8.8.8/127.0.0.1:1",
+    "unix:/run/tensorops.sock",
+    "unix:///run/tensorops.sock",
+    "unix-abstract:tensorops",
+]
+REMOTE = [
+    "10.0.0.1:50051",
+    "example.com:50051",
+    "localhost.example.com:1",
+    "[2001:db8::1]:1",
+    "0.0.0.0:1",
+    "ipv4:127.0.0.1:1,10.0.0.1:2",
+    "dns:///example.com:443",
+    "128.0.0.1:1",
+    "",
+]
 
 
 @pytest.mark.parametrize("target", LOOPBACK)
@@ -42,6 +65,7 @@ def make(client_class, target, **kwargs):
         c = client_class(target, **kwargs)
         await c.close()
         return c.metadata
+
     return asyncio.run(build())
 
 
@@ -101,12 +125,15 @@ def test_pem_arguments_make_ssl_credentials(tmp_path):
     assert isinstance(channel_credentials(None, certificate_chain=PEM, private_key=path), grpc.ChannelCredentials)
 
 
-@pytest.mark.parametrize("kwargs,needle", [
-    (dict(certificate_chain=PEM), "^private_key"),
-    (dict(private_key=PEM), "^certificate_chain"),
-    (dict(root_certificates="/nonexistent/ca.pem"), "^root_certificates: cannot read '/nonexistent/ca.pem'"),
-    (dict(root_certificates=PEM, credentials=grpc.ssl_channel_credentials()), "^credentials"),
-])
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        (dict(certificate_chain=PEM), "^private_key"),
+        (dict(private_key=PEM), "^certificate_chain"),
+        (dict(root_certificates="/nonexistent/ca.pem"), "^root_certificates: cannot read '/nonexistent/ca.pem'"),
+        (dict(root_certificates=PEM, credentials=grpc.ssl_channel_credentials()), "^credentials"),
+    ],
+)
 def test_bad_pem_arguments(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
         tensorops.Client("localhost:1", **kwargs)

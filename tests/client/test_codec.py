@@ -1,5 +1,6 @@
 """The codec: arrays <-> Tensor fields, interoperable with standard protobuf, validating the
 wire form and naming the field."""
+
 from __future__ import annotations
 
 import ml_dtypes
@@ -49,7 +50,7 @@ def test_payloads_start_aligned_whatever_precedes_them(path):
         raw = message_codec.encode(pb.EltwiseRequest(op=n % 5), {"inputs": [encode_tensor(a, "a") for a in inputs]})
         decoded = message_codec.decode(raw)
         base = np.frombuffer(raw, np.uint8).ctypes.data
-        for t, a in zip(decoded.tensors["inputs"], inputs):
+        for t, a in zip(decoded.tensors["inputs"], inputs, strict=True):
             arr = to_array(t, "inputs")
             assert np.array_equal(arr, a)
             if a.size:
@@ -58,8 +59,11 @@ def test_payloads_start_aligned_whatever_precedes_them(path):
 
 def test_decodes_what_standard_protobuf_writes():
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
-    msg = pb.EltwiseRequest(inputs=[codec.from_array(x, format=1), codec.from_array(x * 2)], op=2,
-                            weights=codec.from_array(np.ones(2, np.float32)))
+    msg = pb.EltwiseRequest(
+        inputs=[codec.from_array(x, format=1), codec.from_array(x * 2)],
+        op=2,
+        weights=codec.from_array(np.ones(2, np.float32)),
+    )
     decoded = MessageCodec(pb.EltwiseRequest).decode(msg.SerializeToString())
     assert decoded.message.op == 2
     arrays = [to_array(t, "x") for t in decoded.tensors["inputs"]]
@@ -83,8 +87,11 @@ def test_misaligned_payload_is_copied_not_refused():
     x = np.arange(5, dtype=np.float32)
     raw = pb.SoftmaxRequest(x=codec.from_array(x)).SerializeToString()  # standard layout: unaligned
     copies = []
-    arr = to_array(MessageCodec(pb.SoftmaxRequest).decode(raw).tensors["x"], "x",
-                   reserve=lambda nbytes, name: copies.append((nbytes, name)))
+    arr = to_array(
+        MessageCodec(pb.SoftmaxRequest).decode(raw).tensors["x"],
+        "x",
+        reserve=lambda nbytes, name: copies.append((nbytes, name)),
+    )
     assert arr.flags.aligned and np.array_equal(arr, x)
     # a copy (this decoding path's payload is misaligned) is announced before it is made: the
     # server charges it to the call
@@ -95,16 +102,19 @@ def _tensor(**fields):
     return codec.WireTensor(**fields)
 
 
-@pytest.mark.parametrize("tensor,field,code", [
-    (_tensor(shape=[2], dtype=0, data=b"\0" * 8), "x.dtype", "INVALID_ARGUMENT"),
-    (_tensor(shape=[2], dtype=99, data=b"\0" * 8), "x.dtype", "INVALID_ARGUMENT"),
-    (_tensor(shape=[2, -1], dtype=1, data=b""), "x.shape", "INVALID_ARGUMENT"),
-    (_tensor(shape=[1] * 33, dtype=1, data=b"\0" * 4), "x.shape", "INVALID_ARGUMENT"),
-    (_tensor(shape=[3], dtype=1, data=b"\0" * 11), "x.data", "INVALID_ARGUMENT"),
-    (_tensor(shape=[3], dtype=1, data=b"\0" * 16), "x.data", "INVALID_ARGUMENT"),
-    (_tensor(shape=[], dtype=2, data=b""), "x.data", "INVALID_ARGUMENT"),
-    (_tensor(shape=[1 << 20, 1 << 20], dtype=1, data=b""), "x", "RESOURCE_EXHAUSTED"),
-])
+@pytest.mark.parametrize(
+    "tensor,field,code",
+    [
+        (_tensor(shape=[2], dtype=0, data=b"\0" * 8), "x.dtype", "INVALID_ARGUMENT"),
+        (_tensor(shape=[2], dtype=99, data=b"\0" * 8), "x.dtype", "INVALID_ARGUMENT"),
+        (_tensor(shape=[2, -1], dtype=1, data=b""), "x.shape", "INVALID_ARGUMENT"),
+        (_tensor(shape=[1] * 33, dtype=1, data=b"\0" * 4), "x.shape", "INVALID_ARGUMENT"),
+        (_tensor(shape=[3], dtype=1, data=b"\0" * 11), "x.data", "INVALID_ARGUMENT"),
+        (_tensor(shape=[3], dtype=1, data=b"\0" * 16), "x.data", "INVALID_ARGUMENT"),
+        (_tensor(shape=[], dtype=2, data=b""), "x.data", "INVALID_ARGUMENT"),
+        (_tensor(shape=[1 << 20, 1 << 20], dtype=1, data=b""), "x", "RESOURCE_EXHAUSTED"),
+    ],
+)
 def test_wire_errors_name_the_field(tensor, field, code):
     with pytest.raises(WireError) as err:
         to_array(tensor, "x", max_bytes=1 << 30)

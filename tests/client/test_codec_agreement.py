@@ -6,6 +6,7 @@ Inputs: the hand-written cases of wire_cases, messages generated from random fie
 (all wire types, groups, overlong and over-64-bit varints, wire types that differ from the
 declared ones, repeated and split fields, unknown fields), and valid messages, as both
 encoders write them, then truncated or mutated."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,14 +17,33 @@ from hypothesis import strategies as st
 from tensorops.protocol import codec, dtypes
 from tensorops.protocol.codec import MessageCodec, encode_tensor
 from tensorops.v1 import tensorops_pb2 as pb
-from wire_cases import (CASES, CODECS, EGROUP, I32, I64, LEN, MESSAGE_CLASSES, SGROUP, VARINT, check, encode, field,
-                        key, varint)
+from wire_cases import (
+    CASES,
+    CODECS,
+    EGROUP,
+    I32,
+    I64,
+    LEN,
+    MESSAGE_CLASSES,
+    SGROUP,
+    VARINT,
+    check,
+    encode,
+    field,
+    key,
+    varint,
+)
 
 # Deterministic (CI runs the same examples every time; tests/fuzz explores further) and
 # with no example database left in the tree. Generating an example costs far more than
 # checking it, so each generated message is also checked truncated at several points.
-SETTINGS = settings(max_examples=400, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = settings(
+    max_examples=400,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 @pytest.mark.parametrize("label,cls,raw,accepted", CASES, ids=[c[0] for c in CASES])
@@ -32,7 +52,7 @@ def test_hand_written_case(label, cls, raw, accepted):
 
 
 def test_huge_enum_decodes_as_protobuf_reads_it():
-    raw = dict((c[0], c[2]) for c in CASES)["dtype 2**32 + 1 is FP32"]
+    raw = {c[0]: c[2] for c in CASES}["dtype 2**32 + 1 is FP32"]
     decoded = MessageCodec(pb.SoftmaxRequest).decode_in_place(raw)
     assert decoded.tensors["x"].dtype == 1
     assert codec.to_array(decoded.tensors["x"], "x").dtype == np.float32
@@ -54,7 +74,7 @@ def test_large_messages_take_the_in_place_path():
 def check_truncated(codec, raw: bytes, cuts: int = 8) -> None:
     """check() on raw and on `cuts` prefixes of it, evenly spaced."""
     for i in range(cuts + 1):
-        check(codec, raw[:len(raw) - len(raw) * i // (cuts + 1)])
+        check(codec, raw[: len(raw) - len(raw) * i // (cuts + 1)])
 
 
 # ---------------------------------------------------------------------------------------
@@ -62,8 +82,12 @@ def check_truncated(codec, raw: bytes, cuts: int = 8) -> None:
 
 # Varint values: small, any 64-bit, past 64 bits (10 bytes: protobuf drops the extra bits),
 # the int32 boundaries of enums.
-values = st.one_of(st.integers(0, 300), st.integers(0, (1 << 64) - 1), st.integers(1 << 64, (1 << 70) - 1),
-                   st.sampled_from([1 << 31, (1 << 32) + 1, (1 << 32) + 2, 1 << 63, (1 << 64) - 1, -2 + (1 << 64)]))
+values = st.one_of(
+    st.integers(0, 300),
+    st.integers(0, (1 << 64) - 1),
+    st.integers(1 << 64, (1 << 70) - 1),
+    st.sampled_from([1 << 31, (1 << 32) + 1, (1 << 32) + 2, 1 << 63, (1 << 64) - 1, -2 + (1 << 64)]),
+)
 dims = st.one_of(st.integers(0, 5), values, st.integers(-(1 << 63), -1))
 # Hypothesis favours the ends of a sampled list: rare choices go in the middle.
 numbers = st.sampled_from([1, 2, 3, 4, 5, 15, 16, 99, (1 << 29) - 1, 6, 7, 8, 9, 10, 11, 12, 1, 2])
@@ -131,8 +155,11 @@ def tensors(draw, broken=False) -> bytes:
         shape = draw(st.lists(st.integers(0, 3), max_size=3))
         dtype = draw(st.integers(1, 8))
         nbytes = int(np.prod(shape)) * dtypes.BY_WIRE[dtype].itemsize
-        parts.append(field(1, LEN, b"".join(varint(d) for d in shape)) + field(2, VARINT, dtype)
-                     + field(4, LEN, bytes(range(nbytes))))
+        parts.append(
+            field(1, LEN, b"".join(varint(d) for d in shape))
+            + field(2, VARINT, dtype)
+            + field(4, LEN, bytes(range(nbytes)))
+        )
     for kind in draw(st.lists(st.sampled_from(["packed", "unpacked", "dtype", "format", "data", "other"]), max_size=4)):
         if kind == "packed":
             body = b"".join(draw(st.lists(a_varint(dims, broken), max_size=4)))
@@ -140,7 +167,9 @@ def tensors(draw, broken=False) -> bytes:
         elif kind == "unpacked":
             parts.append(key(1, VARINT) + draw(a_varint(dims, broken)))
         elif kind in ("dtype", "format"):
-            parts.append(key(2 if kind == "dtype" else 3, VARINT) + draw(a_varint(st.one_of(st.integers(0, 9), values), broken)))
+            parts.append(
+                key(2 if kind == "dtype" else 3, VARINT) + draw(a_varint(st.one_of(st.integers(0, 9), values), broken))
+            )
         elif kind == "data":
             parts.append(field(4, LEN, draw(st.binary(max_size=48))))
         else:
@@ -166,6 +195,7 @@ def test_random_field_lists(message):
 # ---------------------------------------------------------------------------------------
 # Valid messages, truncated or mutated
 
+
 @st.composite
 def valid_messages(draw):
     """A message with tensors as the client and server write it (the in-place encoder with
@@ -175,8 +205,10 @@ def valid_messages(draw):
     dtype = draw(st.sampled_from([np.float32, np.uint16, np.int8, np.float64]))
     tensors = {}
     for name in codec.numbers:
-        arrays = [np.arange(draw(st.integers(0, 12)), dtype=dtype).reshape(draw(st.sampled_from([(-1,), (1, -1)])))
-                  for _ in range(draw(st.integers(1, 3)) if name in codec.repeated else 1)]
+        arrays = [
+            np.arange(draw(st.integers(0, 12)), dtype=dtype).reshape(draw(st.sampled_from([(-1,), (1, -1)])))
+            for _ in range(draw(st.integers(1, 3)) if name in codec.repeated else 1)
+        ]
         encoded = [encode_tensor(a, name, draw(st.integers(0, 2))) for a in arrays]
         tensors[name] = encoded if name in codec.repeated else encoded[0]
     raw = encode(codec, None, tensors, in_place=draw(st.booleans()))
@@ -192,11 +224,11 @@ def mutated(draw):
         if op == "truncate":
             raw = raw[:pos]
         elif op == "flip" and pos < len(raw):
-            raw = raw[:pos] + bytes([raw[pos] ^ draw(st.integers(1, 255))]) + raw[pos + 1:]
+            raw = raw[:pos] + bytes([raw[pos] ^ draw(st.integers(1, 255))]) + raw[pos + 1 :]
         elif op == "insert":
             raw = raw[:pos] + draw(st.one_of(st.binary(min_size=1, max_size=4), a_varint())) + raw[pos:]
         elif op == "delete":
-            raw = raw[:pos] + raw[pos + draw(st.integers(1, 4)):]
+            raw = raw[:pos] + raw[pos + draw(st.integers(1, 4)) :]
         elif op == "duplicate":
             end = draw(st.integers(pos, len(raw)))
             raw = raw[:end] + raw[pos:end] + raw[end:]

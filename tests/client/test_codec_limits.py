@@ -1,6 +1,7 @@
 """The codec's counts: operands (MAX_OPERANDS) on both decode paths and in the client's
 encoder, and the fields the in-place decoder walks (MAX_FIELDS), refused before the objects
 they would cost are built, in time bounded by the limits rather than the message's size."""
+
 from __future__ import annotations
 
 import time
@@ -19,8 +20,9 @@ SOFTMAX = MessageCodec(pb.SoftmaxRequest)
 
 def eltwise(operands: int, values: int = 0) -> bytes:
     """An EltwiseRequest of `operands` FP32 tensors of `values` elements each."""
-    return pb.EltwiseRequest(inputs=[codec.from_array(np.zeros(values, np.float32))] * operands,
-                             op=pb.ELTWISE_OP_SUM).SerializeToString()
+    return pb.EltwiseRequest(
+        inputs=[codec.from_array(np.zeros(values, np.float32))] * operands, op=pb.ELTWISE_OP_SUM
+    ).SerializeToString()
 
 
 @pytest.mark.parametrize("values", [0, 16])  # 16: large enough for the in-place path
@@ -31,7 +33,10 @@ def test_operands_up_to_the_limit(path, values):
     with pytest.raises(WireError) as info:
         getattr(ELTWISE, path)(eltwise(MAX_OPERANDS + 1, values))
     assert (info.value.field, info.value.message, info.value.code) == (
-        "inputs", f"at most {MAX_OPERANDS} tensors (the limit), got more", "INVALID_ARGUMENT")
+        "inputs",
+        f"at most {MAX_OPERANDS} tensors (the limit), got more",
+        "INVALID_ARGUMENT",
+    )
 
 
 def test_millions_of_empty_operands_are_refused_at_once():
@@ -54,12 +59,15 @@ def length_delimited(number: int, body: bytes) -> bytes:
     return codec._tag(number, 2) + codec._varint(len(body)) + body
 
 
-@pytest.mark.parametrize("label, raw", [
-    ("unknown fields", b"\x78\x00" * (MAX_FIELDS + 1)),
-    ("fields of a group", b"\x7b" + b"\x08\x00" * MAX_FIELDS + b"\x7c"),
-    ("packed dimensions", length_delimited(1, length_delimited(1, b"\x01" * MAX_FIELDS))),
-    ("unpacked dimensions", length_delimited(1, b"\x08\x01" * MAX_FIELDS)),
-])
+@pytest.mark.parametrize(
+    "label, raw",
+    [
+        ("unknown fields", b"\x78\x00" * (MAX_FIELDS + 1)),
+        ("fields of a group", b"\x7b" + b"\x08\x00" * MAX_FIELDS + b"\x7c"),
+        ("packed dimensions", length_delimited(1, length_delimited(1, b"\x01" * MAX_FIELDS))),
+        ("unpacked dimensions", length_delimited(1, b"\x08\x01" * MAX_FIELDS)),
+    ],
+)
 def test_the_in_place_walk_stops_at_the_field_limit(label, raw):
     with pytest.raises(WireError) as info:
         SOFTMAX.decode_in_place(raw)

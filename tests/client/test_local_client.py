@@ -1,4 +1,5 @@
 """LocalClient: the clients' methods in-process, with the clients' errors."""
+
 from __future__ import annotations
 
 import subprocess
@@ -11,8 +12,10 @@ import tensorops
 
 
 def test_client_package_does_not_import_native_or_server():
-    code = ("import sys, tensorops, tensorops.aio; "
-            "print(sorted(m for m in sys.modules if m.startswith(('tensorops_native', 'tensorops_server'))))")
+    code = (
+        "import sys, tensorops, tensorops.aio; "
+        "print(sorted(m for m in sys.modules if m.startswith(('tensorops_native', 'tensorops_server'))))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -35,6 +38,7 @@ def test_empty_calls_work_without_kernels():
 
 def test_out_receives_the_result():
     import tensorops_native as tn
+
     x = np.random.default_rng(0).standard_normal((4, 9)).astype(np.float32)
     with tensorops.LocalClient() as c:
         out = np.full_like(x, 7)

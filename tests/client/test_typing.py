@@ -8,6 +8,7 @@ naming the argument, while the calls the API documents are accepted. The package
 must check without errors on the way (it is imported from the programs). The closed sets
 of names declared for the type checker are compared with the protocol's own.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -53,9 +54,11 @@ FIRST_LINE = PRELUDE.count("\n") + 1  # of main's body, where the checked lines 
 
 _ARRAY = "numpy.ndarray[tuple[int, ...], numpy.dtype[{}]]"
 F32 = _ARRAY.format("numpy.floating[numpy._typing._nbit_base._32Bit]")
-FLOATS = _ARRAY.format("numpy.floating[numpy._typing._nbit_base._32Bit]"
-                       " | numpy.floating[numpy._typing._nbit_base._16Bit]"
-                       " | numpy.unsignedinteger[numpy._typing._nbit_base._16Bit] | numpy.generic[float]")
+FLOATS = _ARRAY.format(
+    "numpy.floating[numpy._typing._nbit_base._32Bit]"
+    " | numpy.floating[numpy._typing._nbit_base._16Bit]"
+    " | numpy.unsignedinteger[numpy._typing._nbit_base._16Bit] | numpy.generic[float]"
+)
 U8 = _ARRAY.format("numpy.unsignedinteger[numpy._typing._nbit_base._8Bit]")
 
 # (expression, {c} standing for the client, and the type the blocking clients give: the
@@ -77,8 +80,10 @@ OPERATION_RESULTS = [
     ("{c}.tiled_scale_2d(x, np.ones((4, 2)), np.ones((4, 2)))", F32),
     ("{c}.unary(x, 'rsqrt', out=np.empty_like(x))", F32),
     ("{c}.normalize(x, axes=0b1100, num_groups=2, activation=('leaky_relu', 0.1), compute_dtype='float32')", FLOATS),
-    ("{c}.normalize(x, axes=(np.int64(1),), activation=('linear', 2, np.float32(0.5)), compute_dtype=np.float32)",
-     FLOATS),
+    (
+        "{c}.normalize(x, axes=(np.int64(1),), activation=('linear', 2, np.float32(0.5)), compute_dtype=np.float32)",
+        FLOATS,
+    ),
     ("{c}.normalize(x, np.ones(4), None, axes=[1, 2], activation='gelu', metadata=[('k-bin', b'v')])", FLOATS),
     ("{c}.quantized_inner_product(a, b, {q})", U8),
     ("{c}.quantized_inner_product(a, b, {q}, bias=np.zeros(5, np.int32), algorithm='scalar')", U8),
@@ -123,7 +128,7 @@ WRONG_CALLS = [
     ("client.normalize(x, axes=[1], activation='swish')", 'Argument "activation"'),
     ("client.normalize(x, axes=[1], activation=('elu', 'one'))", 'Argument "activation"'),
     ("client.normalize(x, axes='1')", 'Argument "axes"'),
-    ("client.quantized_inner_product(a, b, {q}, algorithm='avx3')", 'No overload variant'),
+    ("client.quantized_inner_product(a, b, {q}, algorithm='avx3')", "No overload variant"),
     ("client.softmax(x, timeout='5s')", 'Argument "timeout"'),
     ("client.softmax(x, metadata={{'k': 1}})", 'Argument "metadata"'),
     ("client.lrn_cross_channels(x, 2.5, (1.0, 1.0, 1.0))", "Argument 2"),
@@ -145,10 +150,26 @@ def checked(tmp_path_factory) -> dict[str, dict[int, list[str]]]:
     reveals += [expr.format(q=QIP) for expr, _ in OTHER_RESULTS]
     (tmp / "reveals.py").write_text(PRELUDE + "".join(f"    reveal_type({e})\n" for e in reveals))
     (tmp / "wrong.py").write_text(PRELUDE + "".join(f"    {c.format(q=QIP)}\n" for c, _ in WRONG_CALLS))
-    run = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
-                          "--cache-dir", str(tmp / "cache"), "--no-error-summary", "--hide-error-context",
-                          "--show-absolute-path", "reveals.py", "wrong.py"],
-                         cwd=tmp, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--config-file",
+            str(ROOT / "pyproject.toml"),
+            "--cache-dir",
+            str(tmp / "cache"),
+            "--no-error-summary",
+            "--hide-error-context",
+            "--show-absolute-path",
+            "reveals.py",
+            "wrong.py",
+        ],
+        cwd=tmp,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     # 1: errors found (the wrong calls); 2: mypy could not run
     assert run.returncode in (0, 1) and "reveals.py" in run.stdout, run.stdout + run.stderr
     found: dict[str, dict[int, list[str]]] = {}
@@ -171,12 +192,13 @@ def test_the_package_checks_cleanly(checked):
 def _revealed(checked, index: int) -> str:
     messages = checked["reveals.py"].get(FIRST_LINE + index, [])
     assert len(messages) == 1 and messages[0].startswith('Revealed type is "'), messages
-    return messages[0][len('Revealed type is "'):-1]
+    return messages[0][len('Revealed type is "') : -1]
 
 
 @pytest.mark.parametrize("client", ["client", "local", "aio"])
-@pytest.mark.parametrize("index", range(len(OPERATION_RESULTS)),
-                         ids=[expr[4:].split("(")[0] for expr, _ in OPERATION_RESULTS])
+@pytest.mark.parametrize(
+    "index", range(len(OPERATION_RESULTS)), ids=[expr[4:].split("(")[0] for expr, _ in OPERATION_RESULTS]
+)
 def test_operation_results(checked, client, index):
     expected = OPERATION_RESULTS[index][1]
     revealed = _revealed(checked, ["client", "local", "aio"].index(client) * len(OPERATION_RESULTS) + index)
@@ -198,29 +220,43 @@ def test_wrong_arguments_are_errors(checked, index):
 
 def _wire_names(enum) -> tuple[str, ...]:
     """The Python API's names of a tensorops.v1 enum, in its order (UNSPECIFIED left out)."""
-    prefix = enum.values_by_number[0].name[:-len("UNSPECIFIED")]
-    return tuple(v.name[len(prefix):].lower() for v in enum.values if v.number)
+    prefix = enum.values_by_number[0].name[: -len("UNSPECIFIED")]
+    return tuple(v.name[len(prefix) :].lower() for v in enum.values if v.number)
 
 
-@pytest.mark.parametrize("alias,names", [
-    (_operations.Format, tuple(dtypes.FORMATS)),
-    (_operations.EltwiseOp, _wire_names(tensorops_pb2.EltwiseOp.DESCRIPTOR)),
-    (_operations.ShuffleType, _wire_names(tensorops_pb2.ShuffleType.DESCRIPTOR)),
-    (_operations.UnaryOp, _wire_names(tensorops_pb2.UnaryOp.DESCRIPTOR)),
-    (_operations.ActivationName, _wire_names(tensorops_pb2.Activation.DESCRIPTOR)),
-    (_operations.Algorithm, tuple(tensorops_native._qip.ALGORITHMS)),
-], ids=["Format", "EltwiseOp", "ShuffleType", "UnaryOp", "ActivationName", "Algorithm"])
+@pytest.mark.parametrize(
+    "alias,names",
+    [
+        (_operations.Format, tuple(dtypes.FORMATS)),
+        (_operations.EltwiseOp, _wire_names(tensorops_pb2.EltwiseOp.DESCRIPTOR)),
+        (_operations.ShuffleType, _wire_names(tensorops_pb2.ShuffleType.DESCRIPTOR)),
+        (_operations.UnaryOp, _wire_names(tensorops_pb2.UnaryOp.DESCRIPTOR)),
+        (_operations.ActivationName, _wire_names(tensorops_pb2.Activation.DESCRIPTOR)),
+        (_operations.Algorithm, tuple(tensorops_native._qip.ALGORITHMS)),
+    ],
+    ids=["Format", "EltwiseOp", "ShuffleType", "UnaryOp", "ActivationName", "Algorithm"],
+)
 def test_declared_names_are_the_protocols(alias, names):
     assert typing.get_args(alias) == names
 
 
-@pytest.mark.parametrize("described,message", [
-    (_client.SessionInfo, tensorops_pb2.SessionInfo), (_client.ServerInfo, tensorops_pb2.ServerInfo),
-    (_client.ServerLimits, tensorops_pb2.ServerLimits)], ids=["SessionInfo", "ServerInfo", "ServerLimits"])
+@pytest.mark.parametrize(
+    "described,message",
+    [
+        (_client.SessionInfo, tensorops_pb2.SessionInfo),
+        (_client.ServerInfo, tensorops_pb2.ServerInfo),
+        (_client.ServerLimits, tensorops_pb2.ServerLimits),
+    ],
+    ids=["SessionInfo", "ServerInfo", "ServerLimits"],
+)
 def test_typed_dicts_follow_the_messages(described, message):
     """Every field of the message, with the Python type protobuf gives its values."""
-    scalars = {FieldDescriptor.TYPE_STRING: str, FieldDescriptor.TYPE_DOUBLE: float,
-               FieldDescriptor.TYPE_INT64: int, FieldDescriptor.TYPE_INT32: int}
+    scalars = {
+        FieldDescriptor.TYPE_STRING: str,
+        FieldDescriptor.TYPE_DOUBLE: float,
+        FieldDescriptor.TYPE_INT64: int,
+        FieldDescriptor.TYPE_INT32: int,
+    }
     hints = typing.get_type_hints(described)
     assert set(hints) == set(message.DESCRIPTOR.fields_by_name)
     for f in message.DESCRIPTOR.fields:
@@ -237,7 +273,8 @@ def test_typed_dicts_follow_the_messages(described, message):
 
 def test_client_options_are_the_base_clients_keywords():
     """What Client and tensorops.aio.Client pass on to ClientBase is what it takes."""
-    keywords = [p.name for p in inspect.signature(_client.ClientBase.__init__).parameters.values()
-                if p.kind is p.KEYWORD_ONLY]
+    keywords = [
+        p.name for p in inspect.signature(_client.ClientBase.__init__).parameters.values() if p.kind is p.KEYWORD_ONLY
+    ]
     assert list(typing.get_type_hints(_client.ClientOptions)) == keywords
     assert typing.get_args(_client.LoadBalancing) == _client.LOAD_BALANCING_POLICIES

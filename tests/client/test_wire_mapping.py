@@ -1,4 +1,5 @@
 """Call arguments <-> request messages, enums and formats; errors raised before sending."""
+
 from __future__ import annotations
 
 import grpc
@@ -8,8 +9,8 @@ import pytest
 
 import tensorops
 from tensorops import _errors
-from tensorops.protocol import codec, wire
 from tensorops._client import channel_options, default_load_balancing, encode, retry_service_config
+from tensorops.protocol import codec, wire
 from tensorops.v1 import tensorops_pb2 as pb
 
 
@@ -24,12 +25,14 @@ def test_request_carries_arguments_by_name_and_format_on_the_image_tensors():
 
 def test_defaults_and_none_leave_fields_unset():
     op = wire.OPERATIONS["eltwise"]
-    msg = pb.EltwiseRequest.FromString(encode(op, dict(inputs=[np.zeros(2, np.float32)] * 2, op=1,
-                                                        weights=None)).data)
+    msg = pb.EltwiseRequest.FromString(encode(op, dict(inputs=[np.zeros(2, np.float32)] * 2, op=1, weights=None)).data)
     assert msg.op == pb.ELTWISE_OP_SUM and not msg.HasField("weights") and len(msg.inputs) == 2
-    msg = pb.NormalizeL2Request.FromString(encode(wire.OPERATIONS["normalize_l2"],
-                                                  dict(x=np.zeros((1, 1), np.float32), scale=[1.0], eps=1e-10,
-                                                       across_spatial=False, format="nchw")).data)
+    msg = pb.NormalizeL2Request.FromString(
+        encode(
+            wire.OPERATIONS["normalize_l2"],
+            dict(x=np.zeros((1, 1), np.float32), scale=[1.0], eps=1e-10, across_spatial=False, format="nchw"),
+        ).data
+    )
     assert msg.HasField("eps") and msg.eps == 1e-10 and msg.x.format == 1
 
 
@@ -44,19 +47,22 @@ def test_uint16_inputs_mark_bf16_results_as_bits():
     assert out.dtype == y.dtype and out.flags.writeable and np.array_equal(out, y)
 
 
-@pytest.mark.parametrize("op,args,field", [
-    ("unary", dict(x=np.zeros(2, np.float32), op="expo"), "op"),
-    ("unary", dict(x=np.zeros(2, np.float32), op=17), "op"),
-    ("unary", dict(x=np.zeros(2, np.float32), op=True), "op"),
-    ("softmax", dict(x=np.zeros(2, np.complex64), axis=0), "x"),
-    ("softmax", dict(x=np.zeros(2, np.float32), axis="last"), "axis"),
-    ("eltwise", dict(inputs=[np.zeros(2, np.float32), np.zeros(2, bool)], op="sum"), "inputs[1]"),
-    ("eltwise", dict(inputs="ab", op="sum"), "inputs"),
-    ("layer_norm_spatial", dict(x=np.zeros((1, 1)), scale=[1], shift=[0], eps=1e-5, format="nwhc"), "format"),
-    ("shuffle", dict(x0=np.zeros((1, 2)), x1=np.zeros((1, 2)), type=0, channels=(1.5, 2)), "channels"),
-    ("normalize_l2", dict(x=np.zeros((1, 1)), scale=[1.0], eps=True), "eps"),
-    ("lrn_cross_channels", dict(x=np.zeros((1, 1)), half=np.True_, k=[1, 1, 1]), "half"),
-])
+@pytest.mark.parametrize(
+    "op,args,field",
+    [
+        ("unary", dict(x=np.zeros(2, np.float32), op="expo"), "op"),
+        ("unary", dict(x=np.zeros(2, np.float32), op=17), "op"),
+        ("unary", dict(x=np.zeros(2, np.float32), op=True), "op"),
+        ("softmax", dict(x=np.zeros(2, np.complex64), axis=0), "x"),
+        ("softmax", dict(x=np.zeros(2, np.float32), axis="last"), "axis"),
+        ("eltwise", dict(inputs=[np.zeros(2, np.float32), np.zeros(2, bool)], op="sum"), "inputs[1]"),
+        ("eltwise", dict(inputs="ab", op="sum"), "inputs"),
+        ("layer_norm_spatial", dict(x=np.zeros((1, 1)), scale=[1], shift=[0], eps=1e-5, format="nwhc"), "format"),
+        ("shuffle", dict(x0=np.zeros((1, 2)), x1=np.zeros((1, 2)), type=0, channels=(1.5, 2)), "channels"),
+        ("normalize_l2", dict(x=np.zeros((1, 1)), scale=[1.0], eps=True), "eps"),
+        ("lrn_cross_channels", dict(x=np.zeros((1, 1)), half=np.True_, k=[1, 1, 1]), "half"),
+    ],
+)
 def test_unencodable_arguments_raise_invalid_argument_naming_them(op, args, field):
     with pytest.raises(tensorops.InvalidArgumentError) as err:
         encode(wire.OPERATIONS[op], args)
@@ -78,6 +84,7 @@ def test_channel_options_retry_unavailable_and_match_message_limits():
     assert opts["grpc.max_send_message_length"] == opts["grpc.max_receive_message_length"] == 1234
     assert opts["grpc.enable_retries"] == 1
     import json
+
     policy = json.loads(opts["grpc.service_config"])["methodConfig"][0]
     assert policy["name"] == [{"service": "tensorops.v1.TensorOps"}]
     assert policy["retryPolicy"]["retryableStatusCodes"] == ["UNAVAILABLE"]
@@ -86,13 +93,21 @@ def test_channel_options_retry_unavailable_and_match_message_limits():
     assert dict(channel_options(10, 4, [("grpc.max_send_message_length", 5)]))["grpc.max_send_message_length"] == 5
 
 
-@pytest.mark.parametrize("target,policy", [
-    ("localhost:50051", "pick_first"), ("127.0.0.1:5", "pick_first"), ("ipv4:127.0.0.1:5", "pick_first"),
-    ("ipv4:127.0.0.1:5,127.0.0.1:6", "round_robin"), ("dns:///tensorops-headless:50051", "round_robin"),
-    ("dns:tensorops:50051", "round_robin"), ("unix:/tmp/s", "pick_first"),
-])
+@pytest.mark.parametrize(
+    "target,policy",
+    [
+        ("localhost:50051", "pick_first"),
+        ("127.0.0.1:5", "pick_first"),
+        ("ipv4:127.0.0.1:5", "pick_first"),
+        ("ipv4:127.0.0.1:5,127.0.0.1:6", "round_robin"),
+        ("dns:///tensorops-headless:50051", "round_robin"),
+        ("dns:tensorops:50051", "round_robin"),
+        ("unix:/tmp/s", "pick_first"),
+    ],
+)
 def test_load_balancing_follows_the_target(target, policy):
     import json
+
     assert default_load_balancing(target) == policy
     config = json.loads(dict(channel_options(10, 4, load_balancing=policy))["grpc.service_config"])
     assert config["loadBalancingConfig"] == [{policy: {}}]
@@ -125,13 +140,20 @@ class FakeRpcError(grpc.RpcError):
 def test_status_codes_map_to_one_hierarchy_with_field_violations():
     from google.protobuf import any_pb2
     from google.rpc import error_details_pb2, status_pb2
-    bad = error_details_pb2.BadRequest(field_violations=[
-        error_details_pb2.BadRequest.FieldViolation(field="x.data", description="expected 8 bytes")])
+
+    bad = error_details_pb2.BadRequest(
+        field_violations=[error_details_pb2.BadRequest.FieldViolation(field="x.data", description="expected 8 bytes")]
+    )
     detail = any_pb2.Any()
     detail.Pack(bad)
     status = status_pb2.Status(code=3, message="x.data: expected 8 bytes", details=[detail])
-    err = _errors.from_rpc_error(FakeRpcError(grpc.StatusCode.INVALID_ARGUMENT, "x.data: expected 8 bytes",
-                                              (("grpc-status-details-bin", status.SerializeToString()),)))
+    err = _errors.from_rpc_error(
+        FakeRpcError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "x.data: expected 8 bytes",
+            (("grpc-status-details-bin", status.SerializeToString()),),
+        )
+    )
     assert type(err) is tensorops.InvalidArgumentError and err.field == "x.data"
     assert err.field_violations == (tensorops.FieldViolation("x.data", "expected 8 bytes"),)
     expected = {

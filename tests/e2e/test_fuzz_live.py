@@ -30,6 +30,7 @@ error, and its memory never peaked above PEAK_MEMORY_BOUND.
 TENSOROPS_FUZZ_EXAMPLES (default 3000) is the total number of examples; raise it for a
 long campaign (docs/fuzz-and-soak.md).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -49,15 +50,17 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
 import tensorops_native as tn
+from rpc_server import ServerProcess, metric_value, resident_bytes
 from tensorops import _errors
 from tensorops.protocol import codec, wire
 from tensorops.v1 import tensor_pb2
 from tensorops.v1 import tensorops_pb2 as pb
-from rpc_server import ServerProcess, metric_value, resident_bytes
 
 # float64 arguments beyond float32 become infinities in-process and on the server alike
-pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning"),
-              pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning"),
+]
 
 # ---------------------------------------------------------------------------------------
 # The server under test and the budget
@@ -65,48 +68,78 @@ pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered in cast:Ru
 MAX_TENSOR = 1 << 20
 MAX_MESSAGE = 4 << 20
 RESULT_LIMIT = min(MAX_TENSOR, MAX_MESSAGE - 1024)  # the largest result a call may produce
-MAX_SESSIONS = 4        # small: session churn exercises eviction
-CALL_TIMEOUT = 10.0     # seconds; DEADLINE_EXCEEDED is a failure (a hang)
+MAX_SESSIONS = 4  # small: session churn exercises eviction
+CALL_TIMEOUT = 10.0  # seconds; DEADLINE_EXCEEDED is a failure (a hang)
 PEAK_MEMORY_BOUND = 256 << 20  # the server's resident memory at its peak (see the last test)
-MAX_DETAILS = 1100      # characters of an error message
+MAX_DETAILS = 1100  # characters of an error message
 
 TOTAL_EXAMPLES = int(os.environ.get("TENSOROPS_FUZZ_EXAMPLES", "3000"))
-SESSION_STEPS = 20      # steps per state-machine run; each step is one example
+SESSION_STEPS = 20  # steps per state-machine run; each step is one example
 # Half the examples are requests, a fifth session calls, the rest garbage (with floors, so
 # that each family sees every kind of answer it asserts on)
-BUDGET = {"requests": max(100, TOTAL_EXAMPLES * 50 // 100),
-          "sessions": max(10, TOTAL_EXAMPLES * 20 // 100 // SESSION_STEPS),
-          "garbage": max(100, TOTAL_EXAMPLES * 30 // 100)}
+BUDGET = {
+    "requests": max(100, TOTAL_EXAMPLES * 50 // 100),
+    "sessions": max(10, TOTAL_EXAMPLES * 20 // 100 // SESSION_STEPS),
+    "garbage": max(100, TOTAL_EXAMPLES * 30 // 100),
+}
 
 # The server requires a bearer token. Most calls carry the campaign's own; the others a
 # header drawn from AUTH_HEADERS: another valid token (another caller: it sees none of the
 # campaign's sessions), the same token spelled otherwise, or no, a wrong or a malformed one.
 TOKEN, OTHER_TOKEN = "fuzz-token-0123456789", "other-token-9876543210"
-AUTH_HEADERS = [None, f"Bearer {OTHER_TOKEN}", f"bearer {TOKEN}", f"BEARER  {TOKEN}", "Bearer wrong-token",
-                f"Bearer {TOKEN}x", f"Bearer {TOKEN[:-1]}", "Bearer ", TOKEN, f"Basic {TOKEN}", f"Token {TOKEN}"]
+AUTH_HEADERS = [
+    None,
+    f"Bearer {OTHER_TOKEN}",
+    f"bearer {TOKEN}",
+    f"BEARER  {TOKEN}",
+    "Bearer wrong-token",
+    f"Bearer {TOKEN}x",
+    f"Bearer {TOKEN[:-1]}",
+    "Bearer ",
+    TOKEN,
+    f"Basic {TOKEN}",
+    f"Token {TOKEN}",
+]
 
 
 def authorized(header: str | None) -> bool:
     """The documented rule: `authorization: Bearer <token>` (the scheme in any case), the
     token one of the server's."""
-    return (header is not None and header[:7].lower() == "bearer "
-            and header[7:].strip() in (TOKEN, OTHER_TOKEN))
+    return header is not None and header[:7].lower() == "bearer " and header[7:].strip() in (TOKEN, OTHER_TOKEN)
 
 
-ALLOWED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
-           grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAUTHENTICATED}
+ALLOWED = {
+    grpc.StatusCode.OK,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.UNAUTHENTICATED,
+}
 OK, INVALID, EXHAUSTED, NOT_FOUND, UNAUTHENTICATED = (
-    grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
-    grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAUTHENTICATED)
+    grpc.StatusCode.OK,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.UNAUTHENTICATED,
+)
 
 
 def fuzz_settings(examples: int, **kwargs) -> settings:
     # No example database: a failure prints the example (and a reproduce_failure blob),
     # and the worktree stays clean.
-    return settings(max_examples=examples, deadline=None, database=None, print_blob=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                           HealthCheck.filter_too_much, HealthCheck.large_base_example],
-                    **kwargs)
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        print_blob=True,
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.filter_too_much,
+            HealthCheck.large_base_example,
+        ],
+        **kwargs,
+    )
 
 
 @dataclass
@@ -126,9 +159,14 @@ class Campaign:
 
     def __init__(self, server: ServerProcess):
         self.server = server
-        self.channel = grpc.insecure_channel(server.target, options=[
-            ("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20),
-            ("grpc.enable_retries", 0)])
+        self.channel = grpc.insecure_channel(
+            server.target,
+            options=[
+                ("grpc.max_send_message_length", 64 << 20),
+                ("grpc.max_receive_message_length", 64 << 20),
+                ("grpc.enable_retries", 0),
+            ],
+        )
         self._methods: dict[str, Any] = {}
         self.tally: Counter = Counter()  # (family, code name) -> calls
         self.by_rpc: Counter = Counter()  # (rpc, code name) -> calls
@@ -153,10 +191,13 @@ class Campaign:
         if exited or answer.code is grpc.StatusCode.DEADLINE_EXCEEDED:
             # Fatal: every later example fails at once with this message (which names the
             # request that did it) instead of waiting for a dead or stuck server.
-            what = f"exited with {self.server.proc.returncode}" if exited else \
-                f"did not answer within {CALL_TIMEOUT:g} s"
-            self.death = (f"the server {what} on {rpc} with request {raw[:256].hex()}"
-                          f"{'...' if len(raw) > 256 else ''} ({len(raw)} bytes)")
+            what = (
+                f"exited with {self.server.proc.returncode}" if exited else f"did not answer within {CALL_TIMEOUT:g} s"
+            )
+            self.death = (
+                f"the server {what} on {rpc} with request {raw[:256].hex()}"
+                f"{'...' if len(raw) > 256 else ''} ({len(raw)} bytes)"
+            )
             raise ServerDied(self.death)
         assert answer.code in ALLOWED, f"{rpc} answered {answer.code.name}: {answer.details!r}"
         assert len(answer.details) < MAX_DETAILS, f"{rpc}: {len(answer.details)} characters of details"
@@ -172,9 +213,12 @@ class Campaign:
         families = Counter()
         for (fam, _), n in self.tally.items():
             families[fam] += n
-        return (f"fuzz: {sum(codes.values())} calls; by status: "
-                + ", ".join(f"{c} {n}" for c, n in codes.most_common())
-                + "; by family: " + ", ".join(f"{f} {n}" for f, n in sorted(families.items())))
+        return (
+            f"fuzz: {sum(codes.values())} calls; by status: "
+            + ", ".join(f"{c} {n}" for c, n in codes.most_common())
+            + "; by family: "
+            + ", ".join(f"{f} {n}" for f, n in sorted(families.items()))
+        )
 
     def close(self) -> None:
         self.channel.close()
@@ -182,10 +226,16 @@ class Campaign:
 
 @pytest.fixture(scope="module")
 def campaign(tmp_path_factory):
-    server = ServerProcess(tmp_path_factory.mktemp("fuzz") / "server.log",
-                           "--max-tensor-bytes", str(MAX_TENSOR), "--max-message-bytes", str(MAX_MESSAGE),
-                           "--max-sessions", str(MAX_SESSIONS),
-                           env={"TENSOROPS_AUTH_TOKENS": f"{TOKEN},{OTHER_TOKEN}"}).start()
+    server = ServerProcess(
+        tmp_path_factory.mktemp("fuzz") / "server.log",
+        "--max-tensor-bytes",
+        str(MAX_TENSOR),
+        "--max-message-bytes",
+        str(MAX_MESSAGE),
+        "--max-sessions",
+        str(MAX_SESSIONS),
+        env={"TENSOROPS_AUTH_TOKENS": f"{TOKEN},{OTHER_TOKEN}"},
+    ).start()
     c = Campaign(server)
     try:
         yield c
@@ -227,7 +277,7 @@ def run_native(fn, *args, **kwargs) -> Expect:
         return Expect(INVALID, exc.argument)
     except MemoryError:
         return Expect(EXHAUSTED)
-    except Exception as exc:  # noqa: BLE001 - the server would answer INTERNAL: let its answer decide
+    except Exception as exc:
         return Expect(None, crash=f"{type(exc).__name__}: {exc}")
 
 
@@ -243,8 +293,9 @@ def tensor_value(op: wire.Operation, tensor, name: str, image: bool):
     return codec.to_array(tensor, name, max_bytes=MAX_TENSOR)
 
 
-def decode_arguments(op: wire.Operation, raw: bytes, defaults: frozenset[str] = frozenset(),
-                     skip: tuple[str, ...] = ()) -> tuple[Any, dict]:
+def decode_arguments(
+    op: wire.Operation, raw: bytes, defaults: frozenset[str] = frozenset(), skip: tuple[str, ...] = ()
+) -> tuple[Any, dict]:
     """(message, native keyword arguments) of a request, by the wire contract: tensors
     become arrays (size limit, dtype, shape and payload checked), enums their API names,
     unset optional fields / UNSPECIFIED enums / empty repeated fields "not given" (left out
@@ -261,8 +312,10 @@ def decode_arguments(op: wire.Operation, raw: bytes, defaults: frozenset[str] = 
                 continue
             required = f.name not in defaults
             if is_tensor(f) and f.is_repeated:
-                value = [tensor_value(op, t, f"{f.name}[{i}]", f.name in op.layout)
-                         for i, t in enumerate(decoded.tensors[f.name])]
+                value = [
+                    tensor_value(op, t, f"{f.name}[{i}]", f.name in op.layout)
+                    for i, t in enumerate(decoded.tensors[f.name])
+                ]
             elif is_tensor(f):
                 tensor = decoded.tensors.get(f.name)
                 value = None if tensor is None else tensor_value(op, tensor, f.name, f.name in op.layout)
@@ -284,7 +337,7 @@ def decode_arguments(op: wire.Operation, raw: bytes, defaults: frozenset[str] = 
             kwargs[f.name] = value
     except codec.WireError as exc:
         raise Refused(Expect(getattr(grpc.StatusCode, exc.code), exc.field)) from None
-    except Exception as exc:  # noqa: BLE001 - the codec itself failed: the server's answer decides
+    except Exception as exc:
         raise Refused(Expect(None, crash=f"codec: {type(exc).__name__}: {exc}")) from None
     fmt = 0
     for name in op.layout:  # the image tensors agree on one Format (UNSPECIFIED agrees with any)
@@ -354,8 +407,11 @@ def same_bits(expected, got) -> bool:
     if isinstance(expected, tuple):
         return isinstance(got, tuple) and len(expected) == len(got) and all(map(same_bits, expected, got))
     dtypes_agree = expected.dtype == got.dtype or {expected.dtype, got.dtype} <= {BF16, U16}
-    return (dtypes_agree and expected.shape == got.shape
-            and np.ascontiguousarray(expected).tobytes() == np.ascontiguousarray(got).tobytes())
+    return (
+        dtypes_agree
+        and expected.shape == got.shape
+        and np.ascontiguousarray(expected).tobytes() == np.ascontiguousarray(got).tobytes()
+    )
 
 
 def check(answer: Answer, expect: Expect, decode=None) -> None:
@@ -379,7 +435,8 @@ def check(answer: Answer, expect: Expect, decode=None) -> None:
         return
     assert answer.code in (INVALID, EXHAUSTED, NOT_FOUND), (
         f"the server answered {answer.code.name} ({answer.details}); expected a refusal "
-        f"({expect.code.name} for field {expect.field})")
+        f"({expect.code.name} for field {expect.field})"
+    )
     if expect.field is not None:
         assert answer.field, f"{answer.details!r} names no field; expected {expect.field}"
 
@@ -391,12 +448,30 @@ F32, F16, F64 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.float64)
 I8, U8, I32 = np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int32)
 BITS = "bf16 bits"  # uint16 holding BF16 bits
 SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, 1.2e-38, 3.4e38, -3.4e38, 65504.0, 1.0, -1.0])
-SPECIAL_DOUBLES = [0.0, -0.0, 1e-5, 1e-3, 0.5, 1.0, -1.0, -1e-5, math.nan, math.inf, -math.inf, 1e39, 3.4e38,
-                   5e-324, 1e-45, 1e300, -1e300]
-SPECIAL_INTS = [0, 1, 2, 3, 7, -1, -2, 255, 256, 2**31 - 1, 2**31, 2**40, 2**62, 2**63 - 1, -2**63]
+SPECIAL_DOUBLES = [
+    0.0,
+    -0.0,
+    1e-5,
+    1e-3,
+    0.5,
+    1.0,
+    -1.0,
+    -1e-5,
+    math.nan,
+    math.inf,
+    -math.inf,
+    1e39,
+    3.4e38,
+    5e-324,
+    1e-45,
+    1e300,
+    -1e300,
+]
+SPECIAL_INTS = [0, 1, 2, 3, 7, -1, -2, 255, 256, 2**31 - 1, 2**31, 2**40, 2**62, 2**63 - 1, -(2**63)]
 # Dimensions of malformed shapes (an empty tensor may have huge dimensions)
-WILD_DIMS = [0, 1, 2, 3, 4, 5, 7, 8, 16, -1, -7, -2**63, 2**20, 2**24, 2**31, 2**32 + 1, 2**40, 2**62, 2**63 - 1]
+WILD_DIMS = [0, 1, 2, 3, 4, 5, 7, 8, 16, -1, -7, -(2**63), 2**20, 2**24, 2**31, 2**32 + 1, 2**40, 2**62, 2**63 - 1]
 ITEMSIZE = {1: 4, 2: 2, 3: 2, 4: 1, 5: 1, 6: 4, 7: 8, 8: 8}
+
 
 def mostly(good, bad, one_in: int = 10):
     """`good`, and `bad` one time in `one_in`: each argument is valid most of the time, so
@@ -409,8 +484,12 @@ SIZES = st.sampled_from(["tiny"] * 3 + ["small"] * 5 + ["medium"] * 2 + ["large"
 
 
 def dim(size: str):
-    return {"tiny": st.integers(0, 3), "small": st.integers(1, 6), "medium": st.integers(1, 24),
-            "large": st.integers(1, 4)}[size]
+    return {
+        "tiny": st.integers(0, 3),
+        "small": st.integers(1, 6),
+        "medium": st.integers(1, 24),
+        "large": st.integers(1, 4),
+    }[size]
 
 
 @st.composite
@@ -476,8 +555,9 @@ def per_channel(draw, channels, kinds=("f32", "f32", "f32", "list", "f64", "i32"
 
 
 FORMAT_ARGS = st.sampled_from([None, "nchw", "nhwc", "NHWC", 0, 1])
-EPS = mostly(st.one_of(st.none(), st.sampled_from([1e-5, 1e-3, 0.0, 0.5]), st.floats(0, 1)),
-             st.sampled_from(SPECIAL_DOUBLES))
+EPS = mostly(
+    st.one_of(st.none(), st.sampled_from([1e-5, 1e-3, 0.0, 0.5]), st.floats(0, 1)), st.sampled_from(SPECIAL_DOUBLES)
+)
 CHANNELS = mostly(st.integers(1, 8), st.just(0))
 X_F32 = mostly(st.just(F32), st.sampled_from([F64, F16, BF16, I32]))
 REAL = mostly(st.floats(-10, 10), st.sampled_from(SPECIAL_DOUBLES))
@@ -491,8 +571,9 @@ def is_nhwc(fmt) -> bool:
 def image_op(draw, x_dtypes=X_F32, shift=True):
     """normalize_l2 / layer_norm_* / channel_norm arguments."""
     size, fmt, c = draw(SIZES), draw(FORMAT_ARGS), draw(CHANNELS)
-    args = dict(x=draw(image(size, c, is_nhwc(fmt), draw(x_dtypes))), scale=draw(per_channel(c)),
-                eps=draw(EPS), format=fmt)
+    args = dict(
+        x=draw(image(size, c, is_nhwc(fmt), draw(x_dtypes))), scale=draw(per_channel(c)), eps=draw(EPS), format=fmt
+    )
     if shift:
         args["shift"] = draw(per_channel(c))
     return args
@@ -522,17 +603,21 @@ def eltwise_args(draw):
         own = draw(mostly(st.just(shape), plain_shape("tiny"), 20))
         inputs.append(draw(array(own, draw(mostly(st.just(F32), X_F32, 20)))))
     op = draw(st.sampled_from(["product", "sum", "max", "min", "SUM", 0, 1, 2, 3]))
-    weights = draw(st.one_of(st.none(), mostly(st.lists(REAL, min_size=count, max_size=count),
-                                               st.lists(REAL, max_size=5))))
+    weights = draw(
+        st.one_of(st.none(), mostly(st.lists(REAL, min_size=count, max_size=count), st.lists(REAL, max_size=5)))
+    )
     return dict(inputs=inputs, op=op, weights=weights)
 
 
 @st.composite
 def lrn_args(draw):
     size, fmt, c = draw(SIZES), draw(FORMAT_ARGS), draw(CHANNELS)
-    half = draw(mostly(st.integers(0, 12), st.sampled_from([-1, -2, 2**31, 2**62, -2**63])))
-    k = draw(mostly(st.tuples(st.floats(0.5, 2), st.floats(0, 1e-3), st.floats(-1, 1)),
-                    st.lists(REAL, min_size=2, max_size=4)))
+    half = draw(mostly(st.integers(0, 12), st.sampled_from([-1, -2, 2**31, 2**62, -(2**63)])))
+    k = draw(
+        mostly(
+            st.tuples(st.floats(0.5, 2), st.floats(0, 1e-3), st.floats(-1, 1)), st.lists(REAL, min_size=2, max_size=4)
+        )
+    )
     return dict(x=draw(image(size, c, is_nhwc(fmt), draw(X_F32))), half=half, k=list(k), format=fmt)
 
 
@@ -547,10 +632,15 @@ def shuffle_args(draw):
     shape[-1 if nhwc else 1] = c1
     shape[0] += draw(mostly(st.just(0), st.just(1)))  # another batch size
     x1 = draw(array(tuple(shape), F32))
-    channels = draw(mostly(st.one_of(st.none(), st.integers(0, c0).map(lambda a: [2 * a, 2 * (c0 - a)])),
-                           st.lists(st.integers(-2, 10), min_size=1, max_size=3)))
-    return dict(x0=x0, x1=x1, type=draw(st.sampled_from(["split", "interleave", "SPLIT", 0, 1])),
-                format=fmt, channels=channels)
+    channels = draw(
+        mostly(
+            st.one_of(st.none(), st.integers(0, c0).map(lambda a: [2 * a, 2 * (c0 - a)])),
+            st.lists(st.integers(-2, 10), min_size=1, max_size=3),
+        )
+    )
+    return dict(
+        x0=x0, x1=x1, type=draw(st.sampled_from(["split", "interleave", "SPLIT", 0, 1])), format=fmt, channels=channels
+    )
 
 
 @st.composite
@@ -571,8 +661,9 @@ def tiled_scale_args(draw):
     hor = (h, c) if nhwc else (c, h)
     if not draw(st.integers(0, 9)):
         ver = (ver[0] + 1, ver[1])
-    return dict(x=x, ver=draw(array(ver, draw(st.sampled_from([F32, F32, F64])))), hor=draw(array(hor, F32)),
-                format=fmt)
+    return dict(
+        x=x, ver=draw(array(ver, draw(st.sampled_from([F32, F32, F64])))), hor=draw(array(hor, F32)), format=fmt
+    )
 
 
 @st.composite
@@ -588,12 +679,16 @@ def normalize_args(draw):
     shape = draw(plain_shape(size, 1, 4))
     rank = len(shape)
     x = draw(array(shape, draw(mostly(st.sampled_from([F32, F32, F32, F16, BF16, BITS]), st.just(F64)))))
-    axes = draw(mostly(st.one_of(
-        st.lists(st.integers(-rank, rank - 1), min_size=1, max_size=rank, unique_by=lambda a: a % rank),
-        st.integers(1, 2**rank - 1)),
-        st.lists(st.integers(-6, 6), min_size=1, max_size=4)))
-    groups = draw(mostly(st.one_of(st.none(), st.just(1), st.just(shape[1] if rank > 1 else 1)),
-                         st.integers(0, 5)))
+    axes = draw(
+        mostly(
+            st.one_of(
+                st.lists(st.integers(-rank, rank - 1), min_size=1, max_size=rank, unique_by=lambda a: a % rank),
+                st.integers(1, 2**rank - 1),
+            ),
+            st.lists(st.integers(-6, 6), min_size=1, max_size=4),
+        )
+    )
+    groups = draw(mostly(st.one_of(st.none(), st.just(1), st.just(shape[1] if rank > 1 else 1)), st.integers(0, 5)))
 
     def parameter():  # None, broadcastable to x (or per group), or of another shape
         kind = draw(st.sampled_from(["none", "none", "broadcast", "broadcast", "group", "other"]))
@@ -607,14 +702,26 @@ def normalize_args(draw):
             pshape = tuple(n if draw(st.booleans()) else 1 for n in shape)
         return draw(array(pshape, draw(st.sampled_from([F32, F32, F16, BF16, F64]))))
 
-    activation = draw(st.one_of(
-        st.none(), st.sampled_from(list(tn.ACTIVATIONS)),
-        st.tuples(st.sampled_from(list(tn.ACTIVATIONS)), st.lists(REAL, max_size=2)).map(
-            lambda t: (t[0], *t[1]))))
-    return dict(x=x, scale=parameter(), bias=parameter(), axes=axes, num_groups=groups,
-                eps=draw(EPS), normalize_variance=draw(st.one_of(st.none(), st.booleans())), activation=activation,
-                compute_dtype=draw(mostly(st.sampled_from([None, None, "float32", "fp32", np.float32]),
-                                          st.sampled_from(["float16", "int8"]))))
+    activation = draw(
+        st.one_of(
+            st.none(),
+            st.sampled_from(list(tn.ACTIVATIONS)),
+            st.tuples(st.sampled_from(list(tn.ACTIVATIONS)), st.lists(REAL, max_size=2)).map(lambda t: (t[0], *t[1])),
+        )
+    )
+    return dict(
+        x=x,
+        scale=parameter(),
+        bias=parameter(),
+        axes=axes,
+        num_groups=groups,
+        eps=draw(EPS),
+        normalize_variance=draw(st.one_of(st.none(), st.booleans())),
+        activation=activation,
+        compute_dtype=draw(
+            mostly(st.sampled_from([None, None, "float32", "fp32", np.float32]), st.sampled_from(["float16", "int8"]))
+        ),
+    )
 
 
 @st.composite
@@ -623,18 +730,30 @@ def qip_params(draw, n: int) -> dict:
     # Six parameters that must all be right for a call to succeed: each wrong 1 time in 20
     scale = mostly(st.sampled_from([0.05, 0.5, 0.01, 1.0, 0.002]), st.sampled_from([*SPECIAL_DOUBLES, None]), 20)
     zero = mostly(st.integers(0, 255), st.sampled_from([-1, 256, 2**62, None]), 20)
-    b_scale = draw(array((n,), F32)) if not draw(st.integers(0, 19)) else \
-        np.random.default_rng(draw(st.integers(0, 2**32 - 1))).uniform(0, 0.05, n).astype(np.float32)
+    b_scale = (
+        draw(array((n,), F32))
+        if not draw(st.integers(0, 19))
+        else np.random.default_rng(draw(st.integers(0, 2**32 - 1))).uniform(0, 0.05, n).astype(np.float32)
+    )
     if not draw(st.integers(0, 19)):
         b_scale = b_scale[:-1]
     bias = draw(st.one_of(st.none(), mostly(st.just("small"), st.just("huge"))))
     if bias is not None:
         rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-        bias = rng.integers(-2000, 2000, n, dtype=np.int32) if bias == "small" else \
-            rng.integers(-2**40, 2**40, n + draw(st.integers(-1, 1)), dtype=np.int64)
-    return dict(b_scale=b_scale, a_scale=draw(scale), a_zero=draw(zero), c_scale=draw(scale), c_zero=draw(zero),
-                bias=bias, algorithm=draw(mostly(st.none(), st.sampled_from(["scalar", "avx2", "AVX512-VNNI", "amx",
-                                                                            "fastest"]), 5)))
+        bias = (
+            rng.integers(-2000, 2000, n, dtype=np.int32)
+            if bias == "small"
+            else rng.integers(-(2**40), 2**40, n + draw(st.integers(-1, 1)), dtype=np.int64)
+        )
+    return dict(
+        b_scale=b_scale,
+        a_scale=draw(scale),
+        a_zero=draw(zero),
+        c_scale=draw(scale),
+        c_zero=draw(zero),
+        bias=bias,
+        algorithm=draw(mostly(st.none(), st.sampled_from(["scalar", "avx2", "AVX512-VNNI", "amx", "fastest"]), 5)),
+    )
 
 
 @st.composite
@@ -649,8 +768,9 @@ def qip_b(draw, trans_b: bool | None):
 @st.composite
 def qip_a(draw, k: int, n: int):
     wide = n >= 300
-    m = draw(st.one_of(st.integers(0, 6), st.integers(1, 40),
-                       st.integers(1500, 3000) if wide else st.integers(200, 3000)))
+    m = draw(
+        st.one_of(st.integers(0, 6), st.integers(1, 40), st.integers(1500, 3000) if wide else st.integers(200, 3000))
+    )
     m = min(m, 1_200_000 // max(k, 1))  # a stays about the tensor limit
     k_a = draw(mostly(st.just(k), st.integers(0, 41)))
     dtype = draw(mostly(st.just(U8), st.sampled_from([I8, F32]), 20))
@@ -669,7 +789,9 @@ def quantized_inner_product_args(draw):
 
 ARGUMENTS = {
     "normalize_l2": normalize_l2_args(),
-    "layer_norm_channels": image_op(x_dtypes=mostly(st.sampled_from([F32, F32, BF16, BITS]), st.sampled_from([F64, I8]))),
+    "layer_norm_channels": image_op(
+        x_dtypes=mostly(st.sampled_from([F32, F32, BF16, BITS]), st.sampled_from([F64, I8]))
+    ),
     "layer_norm_spatial": image_op(),
     "channel_norm": image_op(),
     "channel_sum": channel_sum_args(),
@@ -691,15 +813,33 @@ def test_every_operation_has_arguments():
 # ---------------------------------------------------------------------------------------
 # Mutations driven by the protobuf descriptors
 
-ENUM_EXTRA = [-1, 1000, 2**31 - 1, -2**31]
+ENUM_EXTRA = [-1, 1000, 2**31 - 1, -(2**31)]
 DTYPES = st.one_of(st.sampled_from(range(9)), st.sampled_from([9, 42, -1, 2**31 - 1]))
 FORMATS = st.one_of(st.sampled_from([0, 1, 2]), st.sampled_from([3, -1, 1000]))
-STRINGS = st.one_of(st.sampled_from(["", "float32", "FP32", "float16", "bfloat16", "scalar", "avx2", "amx",
-                                     "x" * 5000, "\u00e9\u4e2d\U0001f600", "\x00", "../../etc/passwd"]),
-                    st.text(max_size=24))
-WILD_SHAPES = st.one_of(st.lists(st.sampled_from(WILD_DIMS), max_size=5),
-                        st.lists(st.integers(0, 6), max_size=5),
-                        st.lists(st.just(1), min_size=33, max_size=40))
+STRINGS = st.one_of(
+    st.sampled_from(
+        [
+            "",
+            "float32",
+            "FP32",
+            "float16",
+            "bfloat16",
+            "scalar",
+            "avx2",
+            "amx",
+            "x" * 5000,
+            "\u00e9\u4e2d\U0001f600",
+            "\x00",
+            "../../etc/passwd",
+        ]
+    ),
+    st.text(max_size=24),
+)
+WILD_SHAPES = st.one_of(
+    st.lists(st.sampled_from(WILD_DIMS), max_size=5),
+    st.lists(st.integers(0, 6), max_size=5),
+    st.lists(st.just(1), min_size=33, max_size=40),
+)
 
 
 @st.composite
@@ -733,16 +873,16 @@ def mutate_tensor(draw, t) -> None:
     elif how == "reshape" and t.shape and min(t.shape) >= 0 and math.prod(t.shape) < 2**63:
         shape = list(t.shape)  # same element count, other shape
         count = math.prod(shape)
-        new = draw(st.sampled_from([[count], [1, count], shape[::-1], [*shape, 1], [1, *shape],
-                                    shape[1:] + shape[:1]]))
+        new = draw(st.sampled_from([[count], [1, count], shape[::-1], [*shape, 1], [1, *shape], shape[1:] + shape[:1]]))
         del t.shape[:]
         t.shape.extend(new)
     elif how == "format":
         t.format = draw(FORMATS)
     elif how == "data":
         delta = draw(st.one_of(st.integers(-9, -1), st.integers(1, 9), st.just(-len(t.data))))
-        t.data = t.data[:len(t.data) + delta] if delta < 0 else t.data + draw(st.binary(min_size=delta,
-                                                                                        max_size=delta))
+        t.data = (
+            t.data[: len(t.data) + delta] if delta < 0 else t.data + draw(st.binary(min_size=delta, max_size=delta))
+        )
     elif how == "values":
         t.data = draw(payload(len(t.data), t.dtype))
     else:
@@ -755,9 +895,9 @@ def scalar_value(draw, f):
     if f.type == f.TYPE_DOUBLE:
         return draw(st.one_of(st.sampled_from(SPECIAL_DOUBLES), st.floats(allow_nan=True, allow_infinity=True)))
     if f.type == f.TYPE_INT64:
-        return draw(st.one_of(st.sampled_from(SPECIAL_INTS), st.integers(-2**63, 2**63 - 1)))
+        return draw(st.one_of(st.sampled_from(SPECIAL_INTS), st.integers(-(2**63), 2**63 - 1)))
     if f.type == f.TYPE_INT32:
-        return draw(st.one_of(st.sampled_from([0, 1, -1, 2**31 - 1, -2**31]), st.integers(-2**31, 2**31 - 1)))
+        return draw(st.one_of(st.sampled_from([0, 1, -1, 2**31 - 1, -(2**31)]), st.integers(-(2**31), 2**31 - 1)))
     if f.type == f.TYPE_BOOL:
         return draw(st.booleans())
     if f.type == f.TYPE_STRING:
@@ -845,6 +985,7 @@ def encode(op: wire.Operation, args: dict) -> wire.Request:
 # ---------------------------------------------------------------------------------------
 # 1. Random and mutated requests of every stateless operation
 
+
 @pytest.mark.long
 def test_random_requests_of_every_operation(campaign):
     @fuzz_settings(BUDGET["requests"])
@@ -867,25 +1008,36 @@ def test_random_requests_of_every_operation(campaign):
 
     run()
     seen = campaign.codes("requests")
-    print(f"\nrequests: {dict(seen)}; OK / INVALID_ARGUMENT by operation: "
-          + ", ".join(f"{op.name} {campaign.by_rpc[op.rpc, 'OK']}/{campaign.by_rpc[op.rpc, 'INVALID_ARGUMENT']}"
-                      for op in wire.OPERATIONS.values()))
+    print(
+        f"\nrequests: {dict(seen)}; OK / INVALID_ARGUMENT by operation: "
+        + ", ".join(
+            f"{op.name} {campaign.by_rpc[op.rpc, 'OK']}/{campaign.by_rpc[op.rpc, 'INVALID_ARGUMENT']}"
+            for op in wire.OPERATIONS.values()
+        )
+    )
     assert seen["OK"] >= 5 and seen["INVALID_ARGUMENT"] >= 5 and seen["UNAUTHENTICATED"] >= 1, seen
     if BUDGET["requests"] >= 1000:  # enough examples for every operation to succeed and fail
         for op in wire.OPERATIONS.values():
-            assert campaign.by_rpc[op.rpc, "OK"] and campaign.by_rpc[op.rpc, "INVALID_ARGUMENT"], \
-                (op.rpc, campaign.by_rpc)
+            assert campaign.by_rpc[op.rpc, "OK"] and campaign.by_rpc[op.rpc, "INVALID_ARGUMENT"], (
+                op.rpc,
+                campaign.by_rpc,
+            )
 
 
 # ---------------------------------------------------------------------------------------
 # 2. Sessions: a state machine with a model of the server's store
 
+
 @st.composite
 def session_arguments(draw):
     trans_b = draw(TRANS_B)
     b, n, _ = draw(qip_b(trans_b))
-    return dict(b=b, **draw(qip_params(n)), trans_b=trans_b, max_m=draw(mostly(
-        st.one_of(st.none(), st.integers(1, 64)), st.sampled_from([0, -1, 2**40, 2**40 + 1, 2**62]))))
+    return dict(
+        b=b,
+        **draw(qip_params(n)),
+        trans_b=trans_b,
+        max_m=draw(mostly(st.one_of(st.none(), st.integers(1, 64)), st.sampled_from([0, -1, 2**40, 2**40 + 1, 2**62]))),
+    )
 
 
 @st.composite
@@ -893,11 +1045,17 @@ def valid_session_arguments(draw):
     trans_b = draw(TRANS_B)
     k, n = draw(st.integers(1, 64)), draw(st.integers(1, 32))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    return dict(b=rng.integers(-128, 128, (n, k) if trans_b else (k, n), dtype=np.int8), trans_b=trans_b,
-                b_scale=rng.uniform(0, 0.05, n).astype(np.float32), a_scale=draw(st.sampled_from([0.05, 0.01, 0.5])),
-                a_zero=draw(st.integers(0, 255)), c_scale=draw(st.sampled_from([0.5, 0.1, 1.0])),
-                c_zero=draw(st.integers(0, 255)), max_m=draw(st.one_of(st.none(), st.integers(1, 64))),
-                bias=draw(st.one_of(st.none(), st.just(rng.integers(-2000, 2000, n, dtype=np.int32)))))
+    return dict(
+        b=rng.integers(-128, 128, (n, k) if trans_b else (k, n), dtype=np.int8),
+        trans_b=trans_b,
+        b_scale=rng.uniform(0, 0.05, n).astype(np.float32),
+        a_scale=draw(st.sampled_from([0.05, 0.01, 0.5])),
+        a_zero=draw(st.integers(0, 255)),
+        c_scale=draw(st.sampled_from([0.5, 0.1, 1.0])),
+        c_zero=draw(st.integers(0, 255)),
+        max_m=draw(st.one_of(st.none(), st.integers(1, 64))),
+        bias=draw(st.one_of(st.none(), st.just(rng.integers(-2000, 2000, n, dtype=np.int32)))),
+    )
 
 
 # Headers of callers other than the campaign's: another caller, or none at all
@@ -919,8 +1077,9 @@ class SessionCalls(RuleBasedStateMachine):
         # Each run starts from an empty store, even after a failed run left sessions behind.
         listed = self.campaign.call("setup", "ListSessions", b"")
         for s in pb.ListSessionsResponse.FromString(listed.data).sessions:
-            self.campaign.call("setup", "ReleaseSession",
-                               pb.ReleaseSessionRequest(session_id=s.session_id).SerializeToString())
+            self.campaign.call(
+                "setup", "ReleaseSession", pb.ReleaseSessionRequest(session_id=s.session_id).SerializeToString()
+            )
 
     def call(self, rpc: str, raw: bytes) -> Answer:
         return self.campaign.call("sessions", rpc, raw)
@@ -977,8 +1136,13 @@ class SessionCalls(RuleBasedStateMachine):
             check(answer, expect)
             return
         assert answer.code is OK, f"the server answered {answer.code.name} ({answer.details}); in-process: OK"
-        assert (info.n, info.k, info.max_m, info.internal_buffer_size, info.info) == \
-            (context.n, context.k, context.max_m, context.internal_buffer_size, context.info)
+        assert (info.n, info.k, info.max_m, info.internal_buffer_size, info.info) == (
+            context.n,
+            context.k,
+            context.max_m,
+            context.internal_buffer_size,
+            context.info,
+        )
 
     @rule(data=st.data())
     def forward(self, data):
@@ -995,7 +1159,7 @@ class SessionCalls(RuleBasedStateMachine):
         answer = self.call(op.rpc, raw)
         try:  # a message that does not parse is refused before the session is looked up
             message = op.request_codec.decode(raw).message if len(raw) <= MAX_MESSAGE else None
-        except Exception:  # noqa: BLE001 - decode_arguments says what the server must answer
+        except Exception:
             message = None
         if message is None:
             try:
@@ -1023,8 +1187,9 @@ class SessionCalls(RuleBasedStateMachine):
     @rule(data=st.data())
     def describe(self, data):
         message = pb.DescribeSessionRequest(session_id=self.session_id(data))
-        m = data.draw(st.one_of(st.none(), st.integers(0, 300), st.sampled_from([-1, 2**40, 2**62, -2**63])),
-                      label="m")
+        m = data.draw(
+            st.one_of(st.none(), st.integers(0, 300), st.sampled_from([-1, 2**40, 2**62, -(2**63)])), label="m"
+        )
         if m is not None:
             message.m = m
         raw, _ = self.maybe_mutated(data, pb.DescribeSessionRequest, message.SerializeToString())
@@ -1040,9 +1205,15 @@ class SessionCalls(RuleBasedStateMachine):
         check(answer, expect)
         if expect.code is OK:
             info = pb.SessionInfo.FromString(answer.data)
-            assert (info.session_id, info.n, info.k, info.m, info.external_buffer_size, info.forward_count,
-                    info.max_m) == (message.session_id, context.n, context.k, m, expect.result, local["forwards"],
-                                    context.max_m)
+            assert (
+                info.session_id,
+                info.n,
+                info.k,
+                info.m,
+                info.external_buffer_size,
+                info.forward_count,
+                info.max_m,
+            ) == (message.session_id, context.n, context.k, m, expect.result, local["forwards"], context.max_m)
 
     @rule(data=st.data())
     def release(self, data):
@@ -1062,8 +1233,10 @@ class SessionCalls(RuleBasedStateMachine):
         to the former they do not exist, the latter is refused; they stay as they were (the
         next listing checks their order and forward counts)."""
         auth = data.draw(st.sampled_from(INTRUDERS), label="authorization")
-        rpc = data.draw(st.sampled_from(["QuantizedInnerProductForward", "DescribeSession", "ReleaseSession",
-                                         "ListSessions"]), label="rpc")
+        rpc = data.draw(
+            st.sampled_from(["QuantizedInnerProductForward", "DescribeSession", "ReleaseSession", "ListSessions"]),
+            label="rpc",
+        )
         sid = self.session_id(data)
         if rpc == "QuantizedInnerProductForward":
             context = self.live[sid]["context"] if sid in self.live else None
@@ -1100,13 +1273,18 @@ class SessionCalls(RuleBasedStateMachine):
             assert (s.n, s.k, s.forward_count) == (local["context"].n, local["context"].k, local["forwards"])
 
     def server_info(self, data):
-        raw = data.draw(st.sampled_from([b"", pb.ListSessionsRequest().SerializeToString(), b"\x08\x01",
-                                         b"\x12\x03abc"]), label="request")  # unknown fields are skipped
+        raw = data.draw(
+            st.sampled_from([b"", pb.ListSessionsRequest().SerializeToString(), b"\x08\x01", b"\x12\x03abc"]),
+            label="request",
+        )  # unknown fields are skipped
         answer = self.call("GetServerInfo", raw)
         assert answer.code is OK, answer
         limits = pb.ServerInfo.FromString(answer.data).limits
-        assert (limits.max_message_bytes, limits.max_tensor_bytes, limits.max_sessions) == \
-            (MAX_MESSAGE, MAX_TENSOR, MAX_SESSIONS)
+        assert (limits.max_message_bytes, limits.max_tensor_bytes, limits.max_sessions) == (
+            MAX_MESSAGE,
+            MAX_TENSOR,
+            MAX_SESSIONS,
+        )
 
     def teardown(self):
         if self.campaign.death:
@@ -1120,8 +1298,9 @@ class SessionCalls(RuleBasedStateMachine):
 @pytest.mark.long
 def test_random_session_calls(campaign):
     SessionCalls.campaign = campaign
-    run_state_machine_as_test(SessionCalls, settings=fuzz_settings(BUDGET["sessions"],
-                                                                   stateful_step_count=SESSION_STEPS))
+    run_state_machine_as_test(
+        SessionCalls, settings=fuzz_settings(BUDGET["sessions"], stateful_step_count=SESSION_STEPS)
+    )
     seen = campaign.codes("sessions")
     print(f"\nsessions: {dict(seen)}")
     assert seen["OK"] >= 5 and seen["NOT_FOUND"] >= 1 and seen["INVALID_ARGUMENT"] >= 1, seen
@@ -1134,19 +1313,19 @@ def test_random_session_calls(campaign):
 RPCS = sorted(wire.SERVICE.methods_by_name)
 OPERATION_OF_RPC = {op.rpc: op for op in wire.OPERATIONS.values()}
 CLASSIC_GARBAGE = [
-    b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01",       # a length of 2**64 - 1
-    b"\x0a\x80\x80\x80\x80\x10",                            # a length of 4 GiB, no bytes
-    b"\x08" + b"\xff" * 11,                                 # an 11-byte varint
-    b"\x08",                                                # a truncated varint
-    b"\x0a\x05abc",                                         # a field shorter than its length
-    b"\x0b" * 3000 + b"\x0c" * 3000,                        # 3000 nested groups
-    b"\x0e\x00",                                            # wire type 6
-    b"\x00\x00",                                            # field number 0
+    b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01",  # a length of 2**64 - 1
+    b"\x0a\x80\x80\x80\x80\x10",  # a length of 4 GiB, no bytes
+    b"\x08" + b"\xff" * 11,  # an 11-byte varint
+    b"\x08",  # a truncated varint
+    b"\x0a\x05abc",  # a field shorter than its length
+    b"\x0b" * 3000 + b"\x0c" * 3000,  # 3000 nested groups
+    b"\x0e\x00",  # wire type 6
+    b"\x00\x00",  # field number 0
     b"\xff" * 64,
-    b"\x0a\x02\x0a\x00" * 5000,                             # 5000 empty tensors / strings
-    bytes(40_000),                                          # large (codec path), field number 0
-    b"\x0a\x06\x0a\x04\xff\xff\xff\xff" + bytes(40_000),     # negative packed dimension, then junk
-    b"\x7a\x10" + bytes(16) + b"\x0a" + b"\x80" * 40_000,   # a varint that never ends, large
+    b"\x0a\x02\x0a\x00" * 5000,  # 5000 empty tensors / strings
+    bytes(40_000),  # large (codec path), field number 0
+    b"\x0a\x06\x0a\x04\xff\xff\xff\xff" + bytes(40_000),  # negative packed dimension, then junk
+    b"\x7a\x10" + bytes(16) + b"\x0a" + b"\x80" * 40_000,  # a varint that never ends, large
 ]
 
 
@@ -1168,8 +1347,11 @@ def valid_request(draw, rpc: str) -> bytes:
 
 @st.composite
 def garbled(draw, raw: bytes) -> bytes:
-    how = draw(st.sampled_from(["random", "random-large", "truncate", "flip", "flip-head", "duplicate", "splice",
-                                "insert", "classic"]))
+    how = draw(
+        st.sampled_from(
+            ["random", "random-large", "truncate", "flip", "flip-head", "duplicate", "splice", "insert", "classic"]
+        )
+    )
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     if how == "random":
         return rng.bytes(draw(st.integers(0, 300)))
@@ -1180,7 +1362,7 @@ def garbled(draw, raw: bytes) -> bytes:
     if not raw:
         return rng.bytes(draw(st.integers(1, 40)))
     if how == "truncate":
-        return raw[:draw(st.integers(0, len(raw) - 1))]
+        return raw[: draw(st.integers(0, len(raw) - 1))]
     if how in ("flip", "flip-head"):
         out = bytearray(raw)
         span = min(len(out), 96) if how == "flip-head" else len(out)
@@ -1228,6 +1410,7 @@ def test_garbage_and_mutated_bytes(campaign):
 # ---------------------------------------------------------------------------------------
 # After the campaign
 
+
 @pytest.mark.long
 def test_the_server_survived_the_campaign(campaign, capsys):
     server = campaign.server
@@ -1237,14 +1420,16 @@ def test_the_server_survived_the_campaign(campaign, capsys):
     assert campaign.death is None, campaign.death
     assert server.proc.poll() is None, "the server process exited"
     health = health_pb2_grpc.HealthStub(campaign.channel)
-    assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == \
-        health_pb2.HealthCheckResponse.SERVING
+    assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == health_pb2.HealthCheckResponse.SERVING
     assert pb.ListSessionsResponse.FromString(campaign.call("final", "ListSessions", b"").data).sessions == []
     text = server.metrics_text()
     assert metric_value(text, "tensorops_sessions_active") == 0
-    unexpected = [line for line in text.splitlines()
-                  if line.startswith("tensorops_errors_total") and
-                  any(f'code="{c}"' in line for c in ("INTERNAL", "UNKNOWN", "DEADLINE_EXCEEDED", "CANCELLED"))]
+    unexpected = [
+        line
+        for line in text.splitlines()
+        if line.startswith("tensorops_errors_total")
+        and any(f'code="{c}"' in line for c in ("INTERNAL", "UNKNOWN", "DEADLINE_EXCEEDED", "CANCELLED"))
+    ]
     assert not unexpected, unexpected
     errors = [e for e in server.events() if e.get("level") in ("error", "critical")]
     assert not errors, errors[:3]

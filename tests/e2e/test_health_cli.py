@@ -1,5 +1,6 @@
 """`tensorops-health` (the container HEALTHCHECK command) against real server processes:
 exit 0 and SERVING from a serving server, exit 1 with the reason otherwise."""
+
 from __future__ import annotations
 
 import os
@@ -90,5 +91,5 @@ def test_tls(start_server, tmp_path):
     assert r.returncode == 0 and "SERVING" in r.stdout, r
     r = health(env={"TENSOROPS_HEALTH_ADDRESS": f"localhost:{srv.port}", "TENSOROPS_HEALTH_CA": str(ca_file)})
     assert r.returncode == 0, r
-    assert health("--address", srv.target).returncode == 1          # plaintext to a TLS port
+    assert health("--address", srv.target).returncode == 1  # plaintext to a TLS port
     assert health("--address", srv.target, "--tls").returncode == 1  # system roots do not know this CA

@@ -7,6 +7,7 @@ during the attack, legitimate calls still succeed and the server is alive.
 bench/hostile.py runs the same attacks at their full sizes, in a memory cgroup. With
 HOSTILE_SERVER=/path/to/tensorops-server, these tests run against that build instead (an
 older one fails them)."""
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,16 @@ from rpc_server import ServerProcess
 MiB = 1 << 20
 INFLIGHT = 64 * MiB
 # The caps of every server here: small, so that what an attack could hold beyond them shows.
-CAPS = ("--max-inflight-bytes", str(INFLIGHT), "--max-message-bytes", str(16 * MiB),
-        "--max-tensor-bytes", str(16 * MiB), "--max-session-bytes", str(32 * MiB))
+CAPS = (
+    "--max-inflight-bytes",
+    str(INFLIGHT),
+    "--max-message-bytes",
+    str(16 * MiB),
+    "--max-tensor-bytes",
+    str(16 * MiB),
+    "--max-session-bytes",
+    str(32 * MiB),
+)
 # What an idle server holds (interpreter, NumPy, grpc, the kernels, worker threads) plus
 # allocator slack: measured near 75 MiB idle; peaks beyond the caps stay under this.
 OVERHEAD = 160 * MiB
@@ -46,12 +55,14 @@ def attack(tmp_path):
     def run(row: int) -> hostile.Outcome:
         preexec = hostile.limit_fds(hostile.ROW_FD_LIMIT[row]) if row in hostile.ROW_FD_LIMIT else None
         command = [os.environ["HOSTILE_SERVER"]] if os.environ.get("HOSTILE_SERVER") else None
-        srv = ServerProcess(tmp_path / f"row{row}.log", *CAPS, *hostile.ROW_FLAGS.get(row, ()), command=command,
-                            preexec_fn=preexec)
+        srv = ServerProcess(
+            tmp_path / f"row{row}.log", *CAPS, *hostile.ROW_FLAGS.get(row, ()), command=command, preexec_fn=preexec
+        )
         servers.append(srv.start())
         out = hostile.run(row, hostile.Target(srv.target, srv.proc.pid, srv.metrics_port), "ci")
         print(out)  # with -s: the measurements
         return out
+
     yield run
     for srv in servers:
         srv.kill()

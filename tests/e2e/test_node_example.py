@@ -6,6 +6,7 @@ session's calls, sent with their routing key, all reach one replica.
 Node.js and npm are required (`make test` installs Debian's nodejs and npm when they are
 missing): without them this test fails and says so. The example's dependencies are
 installed from the npm registry into a temporary folder (`npm ci`, from its lock file)."""
+
 from __future__ import annotations
 
 import base64
@@ -26,15 +27,22 @@ from rpc_server import ServerProcess, metric_value
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "node"
-DTYPES = {"DATA_TYPE_FP32": np.float32, "DATA_TYPE_BF16": ml_dtypes.bfloat16, "DATA_TYPE_UINT8": np.uint8,
-          "DATA_TYPE_INT8": np.int8, "DATA_TYPE_INT32": np.int32}
+DTYPES = {
+    "DATA_TYPE_FP32": np.float32,
+    "DATA_TYPE_BF16": ml_dtypes.bfloat16,
+    "DATA_TYPE_UINT8": np.uint8,
+    "DATA_TYPE_INT8": np.int8,
+    "DATA_TYPE_INT32": np.int32,
+}
 
 
 def tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        pytest.fail(f"`{name}` is not installed, so the Node.js example cannot be checked: install Node.js and "
-                    "npm (`make test` installs Debian's nodejs and npm packages when they are missing)")
+        pytest.fail(
+            f"`{name}` is not installed, so the Node.js example cannot be checked: install Node.js and "
+            "npm (`make test` installs Debian's nodejs and npm packages when they are missing)"
+        )
     return path
 
 
@@ -44,8 +52,13 @@ def node_modules(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("node-example")
     for name in ("package.json", "package-lock.json"):
         shutil.copy(EXAMPLE / name, work / name)
-    result = subprocess.run([npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error"],
-                            cwd=work, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if result.returncode:
         pytest.fail(f"npm ci failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
     return work / "node_modules"
@@ -63,8 +76,9 @@ def assert_same_bytes(wire: dict, expected: np.ndarray, dtype: str, fmt: str = "
 def run_example(target: str, node_modules: Path) -> dict:
     env = dict(os.environ, NODE_PATH=str(node_modules))
     env.pop("TENSOROPS_TOKEN", None)
-    result = subprocess.run([tool("node"), str(EXAMPLE / "example.js"), target], capture_output=True, text=True,
-                            env=env, timeout=120)
+    result = subprocess.run(
+        [tool("node"), str(EXAMPLE / "example.js"), target], capture_output=True, text=True, env=env, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -76,8 +90,9 @@ def check_results(out: dict) -> None:
     ln = out["layer_norm_channels"]
     request = ln["request"]
     assert request["x"]["format"] == "FORMAT_NCHW"
-    y = tn.layer_norm_channels(array(request["x"]), array(request["scale"]), array(request["shift"]),
-                               eps=request["eps"], format="nchw")
+    y = tn.layer_norm_channels(
+        array(request["x"]), array(request["scale"]), array(request["shift"]), eps=request["eps"], format="nchw"
+    )
     assert_same_bytes(ln["y"], y, "DATA_TYPE_FP32", "FORMAT_NCHW")
 
     sm = out["softmax_bf16"]
@@ -88,9 +103,16 @@ def check_results(out: dict) -> None:
     qip = out["quantized_inner_product"]
     create = qip["create"]
     b, a = array(create["b"]), array(qip["forward"]["a"])
-    with tn.QuantizedInnerProduct(b, b_scale=array(create["b_scale"]), a_scale=create["a_scale"],
-                                  a_zero=create["a_zero"], c_scale=create["c_scale"], c_zero=create["c_zero"],
-                                  bias=array(create["bias"]), max_m=create["max_m"]) as context:
+    with tn.QuantizedInnerProduct(
+        b,
+        b_scale=array(create["b_scale"]),
+        a_scale=create["a_scale"],
+        a_zero=create["a_zero"],
+        c_scale=create["c_scale"],
+        c_zero=create["c_zero"],
+        bias=array(create["bias"]),
+        max_m=create["max_m"],
+    ) as context:
         c = context.forward(a)
     assert len(qip["c"]) == 3 and qip["forward_count"] == 3  # the session saw the three forwards
     for result in qip["c"]:

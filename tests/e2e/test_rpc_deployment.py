@@ -1,6 +1,7 @@
 """What a deployment behind a balancer relies on: the instance name in GetServerInfo, the
 drain (NOT_SERVING while still serving, then stop), the connection age, and the session
 routing key the client sends with every call of a session."""
+
 from __future__ import annotations
 
 import asyncio
@@ -31,8 +32,7 @@ def test_instance_is_the_host_name_unless_named(server, start_server):
 def test_drain_reports_not_serving_while_still_serving(start_server):
     srv = start_server("--drain-delay", "1.5", "--grace", "5")
     x = np.arange(8, dtype=np.float32)
-    with grpc.insecure_channel(srv.target) as channel, \
-            tensorops.Client(srv.target, timeout=5, max_attempts=1) as c:
+    with grpc.insecure_channel(srv.target) as channel, tensorops.Client(srv.target, timeout=5, max_attempts=1) as c:
         health = health_pb2_grpc.HealthStub(channel)
         check = health_pb2.HealthCheckRequest(service=SERVICE)
         assert health.Check(check, timeout=5).status == health_pb2.HealthCheckResponse.SERVING
@@ -65,7 +65,7 @@ def goaway_after(port: int, limit: float) -> float | None:
         while time.monotonic() < opened + limit:
             try:
                 data = sock.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             if not data:
                 return None
@@ -73,7 +73,7 @@ def goaway_after(port: int, limit: float) -> float | None:
             while len(buffer) >= 9 and len(buffer) >= 9 + int.from_bytes(buffer[:3], "big"):
                 if buffer[3] == 0x7:  # GOAWAY
                     return time.monotonic() - opened
-                buffer = buffer[9 + int.from_bytes(buffer[:3], "big"):]
+                buffer = buffer[9 + int.from_bytes(buffer[:3], "big") :]
         return None
     finally:
         sock.close()
@@ -114,8 +114,8 @@ def test_every_session_call_carries_its_routing_key(start_server):
     with Recording(srv.target, timeout=10) as c:
         s = c.quantized_inner_product(b, **p)
         assert np.array_equal(s.forward(a), expected)
-        other = c.quantized_inner_product(b, **p)            # evicts s (one session at most)
-        assert np.array_equal(s.forward(a), expected)        # NOT_FOUND: re-created, same key
+        other = c.quantized_inner_product(b, **p)  # evicts s (one session at most)
+        assert np.array_equal(s.forward(a), expected)  # NOT_FOUND: re-created, same key
         assert s.recreated == 1 and s.describe()["session_id"] == s.session_id
         s.close()
         other.close()
@@ -123,13 +123,20 @@ def test_every_session_call_carries_its_routing_key(start_server):
     assert len(s.routing_key) == 32 and s.routing_key != other.routing_key
     session_calls = [(rpc, md[key]) for rpc, md in c.calls if rpc != "Softmax"]
     assert [rpc for rpc, _ in session_calls] == [
-        "CreateQuantizedInnerProduct", "QuantizedInnerProductForward", "CreateQuantizedInnerProduct",
-        "QuantizedInnerProductForward", "CreateQuantizedInnerProduct", "QuantizedInnerProductForward",
-        "DescribeSession", "ReleaseSession", "ReleaseSession"]
+        "CreateQuantizedInnerProduct",
+        "QuantizedInnerProductForward",
+        "CreateQuantizedInnerProduct",
+        "QuantizedInnerProductForward",
+        "CreateQuantizedInnerProduct",
+        "QuantizedInnerProductForward",
+        "DescribeSession",
+        "ReleaseSession",
+        "ReleaseSession",
+    ]
     keys = [k for _, k in session_calls]
     assert keys[2] == other.routing_key and keys[-1] == other.routing_key
     assert set(keys[:2] + keys[3:-1]) == {s.routing_key}
-    assert key not in dict(c.calls[-1][1])                 # stateless calls carry no key
+    assert key not in dict(c.calls[-1][1])  # stateless calls carry no key
 
 
 def test_async_session_calls_carry_the_routing_key(start_server):
@@ -147,10 +154,11 @@ def test_async_session_calls_carry_the_routing_key(start_server):
             s = await c.quantized_inner_product(b, **p)
             first = await s.forward(a)
             other = await c.quantized_inner_product(b, **p)  # evicts s
-            second = await s.forward(a)                      # re-created with the same key
+            second = await s.forward(a)  # re-created with the same key
             await s.close()
             await other.close()
             return s, other, first, second
+
     s, other, first, second = asyncio.run(main())
     assert np.array_equal(first, expected) and np.array_equal(second, expected) and s.recreated == 1
     assert [k for rpc, k in seen if k != other.routing_key] == [s.routing_key] * 6

@@ -1,4 +1,5 @@
 """Every error class over the wire: the status code, and the field the server names."""
+
 from __future__ import annotations
 
 import socket
@@ -9,11 +10,11 @@ import numpy as np
 import pytest
 
 import tensorops
+from rpc_server import LongCall, metric_value
 from tensorops import _errors
 from tensorops.protocol import wire
 from tensorops.v1 import tensor_pb2
 from tensorops.v1 import tensorops_pb2 as pb
-from rpc_server import LongCall, metric_value
 
 
 def raw_call(target, rpc, payload: bytes, timeout=30):
@@ -35,41 +36,47 @@ def tensor(shape, dtype=tensor_pb2.DATA_TYPE_FP32, data=None, fmt=0):
     return tensor_pb2.Tensor(shape=shape, dtype=dtype, data=data, format=fmt)
 
 
-@pytest.mark.parametrize("call,field", [
-    (lambda c: c.softmax(np.zeros((2, 3), np.float64)), "x"),
-    (lambda c: c.softmax(np.zeros((2, 3), np.float32), axis=2), "axis"),
-    (lambda c: c.unary(np.zeros(3, np.float32), "expo"), "op"),
-    (lambda c: c.eltwise([np.zeros(2, np.float32)], "sum"), "inputs"),
-    (lambda c: c.eltwise([np.zeros(2, np.float32), np.zeros(3, np.float32)], "max"), "inputs[1]"),
-    (lambda c: c.eltwise([np.zeros(2, np.float32)] * 2, "max", weights=[1, 2]), "weights"),
-    (lambda c: c.normalize_l2(np.zeros((1, 2, 3), np.float32), [1, 2, 3]), "scale"),
-    (lambda c: c.normalize_l2(np.zeros((1, 2, 3), np.float32), [1, 2], eps=-1.0), "eps"),
-    (lambda c: c.layer_norm_channels(np.zeros((1, 2, 3), np.float32), [1, 2], [0, 0, 0]), "shift"),
-    (lambda c: c.lrn_cross_channels(np.zeros((1, 2, 3), np.float32), -1, (1, 1, 1)), "half"),
-    (lambda c: c.lrn_cross_channels(np.zeros((1, 2, 3), np.float32), 1, (1, 1)), "k"),
-    (lambda c: c.shuffle(np.zeros((1, 2, 0), np.float32), np.zeros((1, 2, 0), np.float32), type=2), "type"),
-    (lambda c: c.tiled_scale_2d(np.zeros((1, 2, 3), np.float32), np.ones((2, 3)), np.ones((2, 3))), "x"),
-    (lambda c: c.channel_sum(np.zeros((1, 2, 3), np.float32)), "x"),
-])
+@pytest.mark.parametrize(
+    "call,field",
+    [
+        (lambda c: c.softmax(np.zeros((2, 3), np.float64)), "x"),
+        (lambda c: c.softmax(np.zeros((2, 3), np.float32), axis=2), "axis"),
+        (lambda c: c.unary(np.zeros(3, np.float32), "expo"), "op"),
+        (lambda c: c.eltwise([np.zeros(2, np.float32)], "sum"), "inputs"),
+        (lambda c: c.eltwise([np.zeros(2, np.float32), np.zeros(3, np.float32)], "max"), "inputs[1]"),
+        (lambda c: c.eltwise([np.zeros(2, np.float32)] * 2, "max", weights=[1, 2]), "weights"),
+        (lambda c: c.normalize_l2(np.zeros((1, 2, 3), np.float32), [1, 2, 3]), "scale"),
+        (lambda c: c.normalize_l2(np.zeros((1, 2, 3), np.float32), [1, 2], eps=-1.0), "eps"),
+        (lambda c: c.layer_norm_channels(np.zeros((1, 2, 3), np.float32), [1, 2], [0, 0, 0]), "shift"),
+        (lambda c: c.lrn_cross_channels(np.zeros((1, 2, 3), np.float32), -1, (1, 1, 1)), "half"),
+        (lambda c: c.lrn_cross_channels(np.zeros((1, 2, 3), np.float32), 1, (1, 1)), "k"),
+        (lambda c: c.shuffle(np.zeros((1, 2, 0), np.float32), np.zeros((1, 2, 0), np.float32), type=2), "type"),
+        (lambda c: c.tiled_scale_2d(np.zeros((1, 2, 3), np.float32), np.ones((2, 3)), np.ones((2, 3))), "x"),
+        (lambda c: c.channel_sum(np.zeros((1, 2, 3), np.float32)), "x"),
+    ],
+)
 def test_invalid_arguments_name_the_field(client, call, field):
     with pytest.raises(tensorops.InvalidArgumentError) as err:
         call(client)
     assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and err.value.field == field
 
 
-@pytest.mark.parametrize("rpc,message,field", [
-    ("Softmax", pb.SoftmaxRequest(x=tensor([2, 3], data=b"\0" * 23)), "x.data"),
-    ("Softmax", pb.SoftmaxRequest(x=tensor([2, 3], dtype=0)), "x.dtype"),
-    ("Softmax", pb.SoftmaxRequest(x=tensor([2, 3], dtype=42)), "x.dtype"),
-    ("Softmax", pb.SoftmaxRequest(x=tensor([2, -3], data=b"")), "x.shape"),
-    ("Softmax", pb.SoftmaxRequest(x=tensor([1] * 40)), "x.shape"),
-    ("Softmax", pb.SoftmaxRequest(), "x"),  # missing: the operation names it
-    ("Unary", pb.UnaryRequest(x=tensor([2])), "op"),
-    ("Eltwise", pb.EltwiseRequest(inputs=[tensor([2]), tensor([2], data=b"\0")], op=1), "inputs[1].data"),
-    ("Shuffle", pb.ShuffleRequest(x0=tensor([1, 2, 0], fmt=1), x1=tensor([1, 2, 0], fmt=2), type=1), "x1.format"),
-    ("Shuffle", pb.ShuffleRequest(x0=tensor([1, 2, 0], fmt=7), x1=tensor([1, 2, 0]), type=1), "x0.format"),
-    ("LrnCrossChannels", pb.LrnCrossChannelsRequest(x=tensor([1, 2, 0]), k=tensor([3])), "half"),
-])
+@pytest.mark.parametrize(
+    "rpc,message,field",
+    [
+        ("Softmax", pb.SoftmaxRequest(x=tensor([2, 3], data=b"\0" * 23)), "x.data"),
+        ("Softmax", pb.SoftmaxRequest(x=tensor([2, 3], dtype=0)), "x.dtype"),
+        ("Softmax", pb.SoftmaxRequest(x=tensor([2, 3], dtype=42)), "x.dtype"),
+        ("Softmax", pb.SoftmaxRequest(x=tensor([2, -3], data=b"")), "x.shape"),
+        ("Softmax", pb.SoftmaxRequest(x=tensor([1] * 40)), "x.shape"),
+        ("Softmax", pb.SoftmaxRequest(), "x"),  # missing: the operation names it
+        ("Unary", pb.UnaryRequest(x=tensor([2])), "op"),
+        ("Eltwise", pb.EltwiseRequest(inputs=[tensor([2]), tensor([2], data=b"\0")], op=1), "inputs[1].data"),
+        ("Shuffle", pb.ShuffleRequest(x0=tensor([1, 2, 0], fmt=1), x1=tensor([1, 2, 0], fmt=2), type=1), "x1.format"),
+        ("Shuffle", pb.ShuffleRequest(x0=tensor([1, 2, 0], fmt=7), x1=tensor([1, 2, 0]), type=1), "x0.format"),
+        ("LrnCrossChannels", pb.LrnCrossChannelsRequest(x=tensor([1, 2, 0]), k=tensor([3])), "half"),
+    ],
+)
 def test_malformed_tensors_name_the_field(server, rpc, message, field):
     err = raw_call(server.target, rpc, message.SerializeToString())
     assert isinstance(err, tensorops.InvalidArgumentError) and err.field == field, err
@@ -81,9 +88,11 @@ def test_garbage_bytes_are_invalid_argument(server):
 
 
 def test_unknown_session_is_not_found(client, server):
-    for rpc, message in [("QuantizedInnerProductForward", pb.QuantizedInnerProductForwardRequest(session_id="nope")),
-                         ("DescribeSession", pb.DescribeSessionRequest(session_id="nope")),
-                         ("ReleaseSession", pb.ReleaseSessionRequest(session_id="")),]:
+    for rpc, message in [
+        ("QuantizedInnerProductForward", pb.QuantizedInnerProductForwardRequest(session_id="nope")),
+        ("DescribeSession", pb.DescribeSessionRequest(session_id="nope")),
+        ("ReleaseSession", pb.ReleaseSessionRequest(session_id="")),
+    ]:
         err = raw_call(server.target, rpc, message.SerializeToString())
         assert isinstance(err, tensorops.NotFoundError) and err.field == "session_id", rpc
 
@@ -160,22 +169,29 @@ def test_concurrency_limit_is_resource_exhausted(start_server):
 def test_async_client_raises_the_same_errors(server, run_async):
     async def calls(c):
         found = []
-        for call in (lambda: c.softmax(np.zeros(3, np.float64)),
-                     lambda: c.unary(np.zeros(3, np.float32), "nope"),
-                     lambda: c._invoke(wire.method_path("ReleaseSession"),
-                                       pb.ReleaseSessionRequest(session_id="x").SerializeToString())):
+        for call in (
+            lambda: c.softmax(np.zeros(3, np.float64)),
+            lambda: c.unary(np.zeros(3, np.float32), "nope"),
+            lambda: c._invoke(
+                wire.method_path("ReleaseSession"), pb.ReleaseSessionRequest(session_id="x").SerializeToString()
+            ),
+        ):
             try:
                 await call()
             except tensorops.TensorOpsError as exc:
                 found.append((type(exc), exc.field))
         return found
-    assert run_async(server.target, calls) == [(tensorops.InvalidArgumentError, "x"),
-                                              (tensorops.InvalidArgumentError, "op"),
-                                              (tensorops.NotFoundError, "session_id")]
+
+    assert run_async(server.target, calls) == [
+        (tensorops.InvalidArgumentError, "x"),
+        (tensorops.InvalidArgumentError, "op"),
+        (tensorops.NotFoundError, "session_id"),
+    ]
 
 
 # ---------------------------------------------------------------------------------------
 # Messages in the wire's terms: callers in any language read them against the .proto files.
+
 
 def details_of(target, rpc, message):
     err = raw_call(target, rpc, message.SerializeToString())
@@ -196,23 +212,45 @@ def test_unknown_enum_number_names_the_wire_values_and_echoes_the_number(server)
 def test_unspecified_required_enum_is_refused_in_wire_terms(server):
     err = details_of(server.target, "Unary", pb.UnaryRequest(x=tensor([2])))
     assert err.field == "op"
-    assert err.field_violations[0].description == f"required: expected one of {UNARY_CHOICES}, got 0 (UNARY_OP_UNSPECIFIED)"
+    assert (
+        err.field_violations[0].description
+        == f"required: expected one of {UNARY_CHOICES}, got 0 (UNARY_OP_UNSPECIFIED)"
+    )
 
 
-@pytest.mark.parametrize("rpc,message,field,listed", [
-    ("Eltwise", pb.EltwiseRequest(inputs=[tensor([2]), tensor([2])], op=9), "op", "ELTWISE_OP_MIN (4)"),
-    ("Eltwise", pb.EltwiseRequest(inputs=[tensor([2]), tensor([2])]), "op", "ELTWISE_OP_PRODUCT (1)"),
-    ("Shuffle", pb.ShuffleRequest(x0=tensor([1, 2, 1]), x1=tensor([1, 2, 1]), type=7), "type",
-     "SHUFFLE_TYPE_INTERLEAVE (2)"),
-    ("Normalize", pb.NormalizeRequest(x=tensor([2, 3]), axes=[1], activation=pb.FusedActivation(type=99)),
-     "activation.type", "ACTIVATION_GELU (17)"),
-    ("Normalize", pb.NormalizeRequest(x=tensor([2, 3]), axes=[1], activation=pb.FusedActivation()),
-     "activation.type", "ACTIVATION_IDENTITY (1)"),
-    ("Softmax", pb.SoftmaxRequest(x=tensor([2], dtype=42)), "x.dtype", "DATA_TYPE_BF16 (2)"),
-    ("Softmax", pb.SoftmaxRequest(x=tensor([2], dtype=0)), "x.dtype", "DATA_TYPE_FP32 (1)"),
-    ("LayerNormChannels", pb.LayerNormChannelsRequest(x=tensor([1, 2, 0], fmt=7), scale=tensor([2]),
-                                                      shift=tensor([2])), "x.format", "FORMAT_NHWC (2)"),
-])
+@pytest.mark.parametrize(
+    "rpc,message,field,listed",
+    [
+        ("Eltwise", pb.EltwiseRequest(inputs=[tensor([2]), tensor([2])], op=9), "op", "ELTWISE_OP_MIN (4)"),
+        ("Eltwise", pb.EltwiseRequest(inputs=[tensor([2]), tensor([2])]), "op", "ELTWISE_OP_PRODUCT (1)"),
+        (
+            "Shuffle",
+            pb.ShuffleRequest(x0=tensor([1, 2, 1]), x1=tensor([1, 2, 1]), type=7),
+            "type",
+            "SHUFFLE_TYPE_INTERLEAVE (2)",
+        ),
+        (
+            "Normalize",
+            pb.NormalizeRequest(x=tensor([2, 3]), axes=[1], activation=pb.FusedActivation(type=99)),
+            "activation.type",
+            "ACTIVATION_GELU (17)",
+        ),
+        (
+            "Normalize",
+            pb.NormalizeRequest(x=tensor([2, 3]), axes=[1], activation=pb.FusedActivation()),
+            "activation.type",
+            "ACTIVATION_IDENTITY (1)",
+        ),
+        ("Softmax", pb.SoftmaxRequest(x=tensor([2], dtype=42)), "x.dtype", "DATA_TYPE_BF16 (2)"),
+        ("Softmax", pb.SoftmaxRequest(x=tensor([2], dtype=0)), "x.dtype", "DATA_TYPE_FP32 (1)"),
+        (
+            "LayerNormChannels",
+            pb.LayerNormChannelsRequest(x=tensor([1, 2, 0], fmt=7), scale=tensor([2]), shift=tensor([2])),
+            "x.format",
+            "FORMAT_NHWC (2)",
+        ),
+    ],
+)
 def test_every_enum_error_lists_wire_names_and_numbers(server, rpc, message, field, listed):
     err = details_of(server.target, rpc, message)
     assert isinstance(err, tensorops.InvalidArgumentError) and err.field == field, err
@@ -239,27 +277,45 @@ def test_missing_tensor_is_named(server, rpc, field):
     assert "NoneType" not in err.details
 
 
-@pytest.mark.parametrize("rpc,message,field", [
-    ("LayerNormChannels", pb.LayerNormChannelsRequest(x=tensor([1, 2, 3])), "scale"),
-    ("LayerNormChannels", pb.LayerNormChannelsRequest(x=tensor([1, 2, 3]), scale=tensor([2])), "shift"),
-    ("TiledScale2D", pb.TiledScale2DRequest(x=tensor([1, 1, 1, 1]), ver=tensor([1, 1])), "hor"),
-    ("Shuffle", pb.ShuffleRequest(x0=tensor([1, 2, 1]), type=1), "x1"),
-    ("QuantizedInnerProduct", pb.QuantizedInnerProductRequest(a=tensor([1, 2], tensor_pb2.DATA_TYPE_UINT8)), "b"),
-    ("CreateQuantizedInnerProduct", pb.CreateQuantizedInnerProductRequest(b=tensor([2, 2], tensor_pb2.DATA_TYPE_INT8)),
-     "b_scale"),
-])
+@pytest.mark.parametrize(
+    "rpc,message,field",
+    [
+        ("LayerNormChannels", pb.LayerNormChannelsRequest(x=tensor([1, 2, 3])), "scale"),
+        ("LayerNormChannels", pb.LayerNormChannelsRequest(x=tensor([1, 2, 3]), scale=tensor([2])), "shift"),
+        ("TiledScale2D", pb.TiledScale2DRequest(x=tensor([1, 1, 1, 1]), ver=tensor([1, 1])), "hor"),
+        ("Shuffle", pb.ShuffleRequest(x0=tensor([1, 2, 1]), type=1), "x1"),
+        ("QuantizedInnerProduct", pb.QuantizedInnerProductRequest(a=tensor([1, 2], tensor_pb2.DATA_TYPE_UINT8)), "b"),
+        (
+            "CreateQuantizedInnerProduct",
+            pb.CreateQuantizedInnerProductRequest(b=tensor([2, 2], tensor_pb2.DATA_TYPE_INT8)),
+            "b_scale",
+        ),
+    ],
+)
 def test_every_missing_required_tensor_is_named(server, rpc, message, field):
     err = details_of(server.target, rpc, message)
     assert err.field == field and err.field_violations[0].description == f"required tensor `{field}` is missing"
 
 
-@pytest.mark.parametrize("rpc,message,field", [
-    ("LrnCrossChannels", pb.LrnCrossChannelsRequest(x=tensor([1, 2, 0]), k=tensor([3])), "half"),
-    ("QuantizedInnerProduct", pb.QuantizedInnerProductRequest(
-        a=tensor([1, 2], tensor_pb2.DATA_TYPE_UINT8), b=tensor([2, 2], tensor_pb2.DATA_TYPE_INT8),
-        b_scale=tensor([2]), a_zero=0, c_scale=1, c_zero=0), "a_scale"),
-    ("Normalize", pb.NormalizeRequest(x=tensor([2, 3])), "axes"),
-])
+@pytest.mark.parametrize(
+    "rpc,message,field",
+    [
+        ("LrnCrossChannels", pb.LrnCrossChannelsRequest(x=tensor([1, 2, 0]), k=tensor([3])), "half"),
+        (
+            "QuantizedInnerProduct",
+            pb.QuantizedInnerProductRequest(
+                a=tensor([1, 2], tensor_pb2.DATA_TYPE_UINT8),
+                b=tensor([2, 2], tensor_pb2.DATA_TYPE_INT8),
+                b_scale=tensor([2]),
+                a_zero=0,
+                c_scale=1,
+                c_zero=0,
+            ),
+            "a_scale",
+        ),
+        ("Normalize", pb.NormalizeRequest(x=tensor([2, 3])), "axes"),
+    ],
+)
 def test_missing_required_scalars_are_named(server, rpc, message, field):
     err = details_of(server.target, rpc, message)
     assert err.field == field and err.field_violations[0].description.startswith(f"required field `{field}` is missing")
@@ -267,10 +323,14 @@ def test_missing_required_scalars_are_named(server, rpc, message, field):
 
 def test_session_forward_without_a_names_it(client, server):
     b = np.zeros((4, 2), np.int8)
-    with client.quantized_inner_product(b, b_scale=np.ones(2, np.float32), a_scale=1.0, a_zero=0, c_scale=1.0,
-                                        c_zero=0) as qip:
-        err = details_of(server.target, "QuantizedInnerProductForward",
-                         pb.QuantizedInnerProductForwardRequest(session_id=qip.session_id))
+    with client.quantized_inner_product(
+        b, b_scale=np.ones(2, np.float32), a_scale=1.0, a_zero=0, c_scale=1.0, c_zero=0
+    ) as qip:
+        err = details_of(
+            server.target,
+            "QuantizedInnerProductForward",
+            pb.QuantizedInnerProductForwardRequest(session_id=qip.session_id),
+        )
         assert err.field == "a" and err.field_violations[0].description == "required tensor `a` is missing"
 
 
@@ -284,8 +344,11 @@ def test_shape_numpy_cannot_describe_is_refused_in_our_words(server):
 
 
 def test_channel_sum_result_beyond_the_limit_is_refused_before_allocation(server):
-    err = details_of(server.target, "ChannelSum", pb.ChannelSumRequest(
-        x=tensor([2**30, 2**30, 0], tensor_pb2.DATA_TYPE_BF16, data=b"")))
+    err = details_of(
+        server.target,
+        "ChannelSum",
+        pb.ChannelSumRequest(x=tensor([2**30, 2**30, 0], tensor_pb2.DATA_TYPE_BF16, data=b"")),
+    )
     assert isinstance(err, tensorops.ResourceExhaustedError) and err.field == "x"
 
 
@@ -295,21 +358,42 @@ def test_garbage_bytes_are_described_without_the_parser_text(server):
     assert "Error parsing" not in err.details and "Wire format" not in err.details
 
 
-@pytest.mark.parametrize("rpc,message,field", [
-    ("Softmax", pb.SoftmaxRequest(x=tensor([2, 3], fmt=tensor_pb2.FORMAT_NCHW)), "x.format"),
-    ("Unary", pb.UnaryRequest(x=tensor([2]), op=1), None),  # the control: no format, no error
-    ("Unary", pb.UnaryRequest(x=tensor([2], fmt=tensor_pb2.FORMAT_NHWC), op=1), "x.format"),
-    ("Eltwise", pb.EltwiseRequest(inputs=[tensor([2]), tensor([2], fmt=tensor_pb2.FORMAT_NCHW)], op=2),
-     "inputs[1].format"),
-    ("Normalize", pb.NormalizeRequest(x=tensor([2, 3], fmt=tensor_pb2.FORMAT_NCHW), axes=[1]), "x.format"),
-    ("LayerNormChannels", pb.LayerNormChannelsRequest(
-        x=tensor([1, 2, 3], fmt=tensor_pb2.FORMAT_NHWC), scale=tensor([3], fmt=tensor_pb2.FORMAT_NHWC),
-        shift=tensor([3])), "scale.format"),
-    ("QuantizedInnerProduct", pb.QuantizedInnerProductRequest(
-        a=tensor([1, 2], tensor_pb2.DATA_TYPE_UINT8, fmt=tensor_pb2.FORMAT_NCHW),
-        b=tensor([2, 2], tensor_pb2.DATA_TYPE_INT8), b_scale=tensor([2]), a_scale=1, a_zero=0, c_scale=1,
-        c_zero=0), "a.format"),
-])
+@pytest.mark.parametrize(
+    "rpc,message,field",
+    [
+        ("Softmax", pb.SoftmaxRequest(x=tensor([2, 3], fmt=tensor_pb2.FORMAT_NCHW)), "x.format"),
+        ("Unary", pb.UnaryRequest(x=tensor([2]), op=1), None),  # the control: no format, no error
+        ("Unary", pb.UnaryRequest(x=tensor([2], fmt=tensor_pb2.FORMAT_NHWC), op=1), "x.format"),
+        (
+            "Eltwise",
+            pb.EltwiseRequest(inputs=[tensor([2]), tensor([2], fmt=tensor_pb2.FORMAT_NCHW)], op=2),
+            "inputs[1].format",
+        ),
+        ("Normalize", pb.NormalizeRequest(x=tensor([2, 3], fmt=tensor_pb2.FORMAT_NCHW), axes=[1]), "x.format"),
+        (
+            "LayerNormChannels",
+            pb.LayerNormChannelsRequest(
+                x=tensor([1, 2, 3], fmt=tensor_pb2.FORMAT_NHWC),
+                scale=tensor([3], fmt=tensor_pb2.FORMAT_NHWC),
+                shift=tensor([3]),
+            ),
+            "scale.format",
+        ),
+        (
+            "QuantizedInnerProduct",
+            pb.QuantizedInnerProductRequest(
+                a=tensor([1, 2], tensor_pb2.DATA_TYPE_UINT8, fmt=tensor_pb2.FORMAT_NCHW),
+                b=tensor([2, 2], tensor_pb2.DATA_TYPE_INT8),
+                b_scale=tensor([2]),
+                a_scale=1,
+                a_zero=0,
+                c_scale=1,
+                c_zero=0,
+            ),
+            "a.format",
+        ),
+    ],
+)
 def test_format_is_refused_where_the_operation_has_no_layout(server, rpc, message, field):
     raw = message.SerializeToString()
     if field is None:
@@ -321,8 +405,17 @@ def test_format_is_refused_where_the_operation_has_no_layout(server, rpc, messag
     assert "leave it unset (FORMAT_UNSPECIFIED)" in err.details
 
 
-LIBRARY_WORDS = ("numpy", "arr.", "NoneType", "cffi", "Traceback", "ndarray", "size_t", "Error parsing",
-                 "internal error")
+LIBRARY_WORDS = (
+    "numpy",
+    "arr.",
+    "NoneType",
+    "cffi",
+    "Traceback",
+    "ndarray",
+    "size_t",
+    "Error parsing",
+    "internal error",
+)
 
 
 def test_hostile_requests_get_our_words_only(server):
@@ -330,6 +423,7 @@ def test_hostile_requests_get_our_words_only(server):
     truncated payloads, formats, enum numbers and scalars. Every answer is one of the
     documented refusals, in the service's words."""
     import random
+
     rng = random.Random(0)
     sizes = {1: 4, 2: 2, 3: 2, 4: 1, 5: 1, 6: 4, 7: 8, 8: 8}
 
@@ -354,7 +448,9 @@ def test_hostile_requests_get_our_words_only(server):
                     (getattr(m, f.name).add() if f.is_repeated else getattr(m, f.name)).CopyFrom(random_tensor())
             elif f.message_type is not None:
                 getattr(m, f.name).type = rng.choice([0, 1, 4, 17, 18])
-                getattr(m, f.name).params.extend(rng.choice([0.0, -1.0, 1e39, float("nan")]) for _ in range(rng.randrange(4)))
+                getattr(m, f.name).params.extend(
+                    rng.choice([0.0, -1.0, 1e39, float("nan")]) for _ in range(rng.randrange(4))
+                )
             elif f.enum_type is not None:
                 setattr(m, f.name, rng.choice([0, 1, 2, 5, 17, 99]))
             elif f.type == f.TYPE_STRING:
@@ -365,7 +461,7 @@ def test_hostile_requests_get_our_words_only(server):
                 value = lambda: rng.choice([0.0, 1e-5, -1.0, 1e39, float("inf"), float("nan")])  # noqa: E731
                 getattr(m, f.name).extend(value() for _ in range(2)) if f.is_repeated else setattr(m, f.name, value())
             else:
-                value = lambda: rng.choice([0, 1, -1, 3, 2**40, -2**63, 2**63 - 1, 256])  # noqa: E731
+                value = lambda: rng.choice([0, 1, -1, 3, 2**40, -(2**63), 2**63 - 1, 256])  # noqa: E731
                 getattr(m, f.name).extend(value() for _ in range(3)) if f.is_repeated else setattr(m, f.name, value())
         return m
 

@@ -1,6 +1,7 @@
 """Generic normalization over the wire: both clients (and the in-process LocalClient) give
 results bit-identical to tensorops_native.normalize, and bad input is INVALID_ARGUMENT naming
 the field."""
+
 from __future__ import annotations
 
 import grpc
@@ -10,9 +11,9 @@ import pytest
 
 import tensorops
 import tensorops_native as tn
+from rpc_cases import same
 from tensorops.v1 import tensor_pb2
 from tensorops.v1 import tensorops_pb2 as pb
-from rpc_cases import same
 
 BF16 = ml_dtypes.bfloat16
 
@@ -61,8 +62,9 @@ def test_blocking_client_matches_native(client, args, kwargs):
 def test_async_client_matches_native(server, run_async):
     async def calls(c):
         return [await c.normalize(*args, **kwargs) for _, args, kwargs in CASES]
+
     results = run_async(server.target, calls)
-    for (name, args, kwargs), got in zip(CASES, results):
+    for (name, args, kwargs), got in zip(CASES, results, strict=True):
         assert same(tn.normalize(*args, **kwargs), got), name
 
 
@@ -74,14 +76,23 @@ def test_local_client_matches_native():
 
 X = np.zeros((2, 6, 3), np.float32)
 BAD = [
-    (dict(axes=[3]), "axes"), (dict(axes=[1, -2]), "axes"), (dict(axes=[]), "axes"), (dict(axes=0), "axes"),
-    (dict(axes=-2), "axes"), (dict(axes=1 << 5), "axes"),
-    (dict(axes=[2], num_groups=4), "num_groups"), (dict(axes=[2], num_groups=0), "num_groups"),
-    (dict(axes=[2], scale=np.ones(2, np.float32)), "scale"), (dict(axes=[2], bias=np.ones((1, 4, 1), np.float32)), "bias"),
-    (dict(axes=[2], activation="swish"), "activation"), (dict(axes=[2], activation=("relu", 1.0)), "activation"),
-    (dict(axes=[2], activation="linear"), "activation"), (dict(axes=[2], activation=("softplus", 0.5)), "activation"),
+    (dict(axes=[3]), "axes"),
+    (dict(axes=[1, -2]), "axes"),
+    (dict(axes=[]), "axes"),
+    (dict(axes=0), "axes"),
+    (dict(axes=-2), "axes"),
+    (dict(axes=1 << 5), "axes"),
+    (dict(axes=[2], num_groups=4), "num_groups"),
+    (dict(axes=[2], num_groups=0), "num_groups"),
+    (dict(axes=[2], scale=np.ones(2, np.float32)), "scale"),
+    (dict(axes=[2], bias=np.ones((1, 4, 1), np.float32)), "bias"),
+    (dict(axes=[2], activation="swish"), "activation"),
+    (dict(axes=[2], activation=("relu", 1.0)), "activation"),
+    (dict(axes=[2], activation="linear"), "activation"),
+    (dict(axes=[2], activation=("softplus", 0.5)), "activation"),
     (dict(axes=[2], activation=("elu", "a")), "activation"),
-    (dict(axes=[2], compute_dtype="float16"), "compute_dtype"), (dict(axes=[2], eps=-1.0), "eps"),
+    (dict(axes=[2], compute_dtype="float16"), "compute_dtype"),
+    (dict(axes=[2], eps=-1.0), "eps"),
 ]
 
 
@@ -97,10 +108,15 @@ def test_bad_arguments_name_the_field(client, kwargs, field):
     assert err.value.field == field
 
 
-@pytest.mark.parametrize("x,field", [
-    (np.zeros((2, 3), np.float64), "x"), (np.zeros((2, 3), np.int32), "x"), (np.zeros((1,) * 9, np.float32), "x"),
-    (np.zeros(4, np.float32), "num_groups"),
-])
+@pytest.mark.parametrize(
+    "x,field",
+    [
+        (np.zeros((2, 3), np.float64), "x"),
+        (np.zeros((2, 3), np.int32), "x"),
+        (np.zeros((1,) * 9, np.float32), "x"),
+        (np.zeros(4, np.float32), "num_groups"),
+    ],
+)
 def test_bad_inputs_name_the_field(client, x, field):
     with pytest.raises(tensorops.InvalidArgumentError) as err:
         client.normalize(x, axes=[0], num_groups=2 if field == "num_groups" else 1)
@@ -120,14 +136,21 @@ def wire(arr):
     return tensor_pb2.Tensor(shape=arr.shape, dtype=tensor_pb2.DATA_TYPE_FP32, data=arr.tobytes())
 
 
-@pytest.mark.parametrize("request_,field", [
-    (pb.NormalizeRequest(x=wire(X)), "axes"),                                   # axes missing
-    (pb.NormalizeRequest(axes=[1]), "x"),                                       # x missing
-    (pb.NormalizeRequest(x=wire(X), axes=[1], activation=pb.FusedActivation()), "activation.type"),   # unset
-    (pb.NormalizeRequest(x=wire(X), axes=[1], activation=pb.FusedActivation(type=99)), "activation.type"),
-    (pb.NormalizeRequest(x=wire(X), axes=[1], activation=pb.FusedActivation(type=pb.ACTIVATION_RELU, params=[1.0])),
-     "activation"),
-])
+@pytest.mark.parametrize(
+    "request_,field",
+    [
+        (pb.NormalizeRequest(x=wire(X)), "axes"),  # axes missing
+        (pb.NormalizeRequest(axes=[1]), "x"),  # x missing
+        (pb.NormalizeRequest(x=wire(X), axes=[1], activation=pb.FusedActivation()), "activation.type"),  # unset
+        (pb.NormalizeRequest(x=wire(X), axes=[1], activation=pb.FusedActivation(type=99)), "activation.type"),
+        (
+            pb.NormalizeRequest(
+                x=wire(X), axes=[1], activation=pb.FusedActivation(type=pb.ACTIVATION_RELU, params=[1.0])
+            ),
+            "activation",
+        ),
+    ],
+)
 def test_malformed_requests_name_the_field(server, request_, field):
     err = raw_normalize(server.target, request_)
     assert isinstance(err, tensorops.InvalidArgumentError) and err.field == field, err

@@ -1,10 +1,11 @@
 """Health, reflection and the Prometheus metrics of a real server."""
+
 from __future__ import annotations
 
 import shutil
 import subprocess
-import threading
 import sys
+import threading
 from pathlib import Path
 
 import grpc
@@ -14,16 +15,18 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import tensorops
 import tensorops_native as tn
-from tensorops.protocol import wire
 from rpc_server import LIST_SERVICES, LongCall, metric_value, reflection_call
+from tensorops.protocol import wire
 
 
 def test_health_serving(server):
     with grpc.insecure_channel(server.target) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         for service in ("", "tensorops.v1.TensorOps"):
-            assert stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status == \
-                health_pb2.HealthCheckResponse.SERVING
+            assert (
+                stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status
+                == health_pb2.HealthCheckResponse.SERVING
+            )
         with pytest.raises(grpc.RpcError) as err:
             stub.Check(health_pb2.HealthCheckRequest(service="nope"), timeout=10)
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
@@ -31,8 +34,11 @@ def test_health_serving(server):
 
 def file_protos(response) -> list:
     from google.protobuf import descriptor_pb2
-    return [descriptor_pb2.FileDescriptorProto.FromString(f)
-            for f in response.file_descriptor_response.file_descriptor_proto]
+
+    return [
+        descriptor_pb2.FileDescriptorProto.FromString(f)
+        for f in response.file_descriptor_response.file_descriptor_proto
+    ]
 
 
 def containing_symbol(symbol: str) -> bytes:
@@ -40,14 +46,16 @@ def containing_symbol(symbol: str) -> bytes:
     return b"\x22" + bytes([len(symbol)]) + symbol.encode()
 
 
-@pytest.mark.parametrize("service", ["grpc.reflection.v1.ServerReflection",
-                                     "grpc.reflection.v1alpha.ServerReflection"])
+@pytest.mark.parametrize("service", ["grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"])
 def test_reflection_lists_and_describes_the_service(server, service):
-    responses = reflection_call(server.target, service,
-                                [LIST_SERVICES, containing_symbol("tensorops.v1.TensorOps")])
+    responses = reflection_call(server.target, service, [LIST_SERVICES, containing_symbol("tensorops.v1.TensorOps")])
     names = {s.name for s in responses[0].list_services_response.service}
-    assert {"tensorops.v1.TensorOps", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
-            "grpc.reflection.v1alpha.ServerReflection"} <= names
+    assert {
+        "tensorops.v1.TensorOps",
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1.ServerReflection",
+        "grpc.reflection.v1alpha.ServerReflection",
+    } <= names
     protos = file_protos(responses[1])
     service_proto = next(p for p in protos if p.name == "tensorops/v1/tensorops.proto").service[0]
     assert {m.name for m in service_proto.method} >= {"Softmax", "CreateQuantizedInnerProduct", "GetServerInfo"}
@@ -57,16 +65,29 @@ def test_reflection_lists_and_describes_the_service(server, service):
 def test_reflection_v1_describes_itself_like_v1alpha(server):
     """Tools that list and then describe every service (grpcurl describe) find v1 too: its
     descriptor is v1alpha's under the v1 package, with the same field numbers."""
-    [v1] = file_protos(reflection_call(server.target, "grpc.reflection.v1.ServerReflection",
-                                       [containing_symbol("grpc.reflection.v1.ServerReflection")])[0])
-    [v1alpha] = file_protos(reflection_call(server.target, "grpc.reflection.v1alpha.ServerReflection",
-                                            [containing_symbol("grpc.reflection.v1alpha.ServerReflection")])[0])
+    [v1] = file_protos(
+        reflection_call(
+            server.target,
+            "grpc.reflection.v1.ServerReflection",
+            [containing_symbol("grpc.reflection.v1.ServerReflection")],
+        )[0]
+    )
+    [v1alpha] = file_protos(
+        reflection_call(
+            server.target,
+            "grpc.reflection.v1alpha.ServerReflection",
+            [containing_symbol("grpc.reflection.v1alpha.ServerReflection")],
+        )[0]
+    )
     assert (v1.name, v1.package) == ("grpc/reflection/v1/reflection.proto", "grpc.reflection.v1")
     assert v1.service[0].method[0].input_type == ".grpc.reflection.v1.ServerReflectionRequest"
 
     def layout(proto):
-        return {m.name: sorted((f.name, f.number, f.type, f.type_name.rsplit(".", 1)[-1]) for f in m.field)
-                for m in proto.message_type}
+        return {
+            m.name: sorted((f.name, f.number, f.type, f.type_name.rsplit(".", 1)[-1]) for f in m.field)
+            for m in proto.message_type
+        }
+
     assert layout(v1) == layout(v1alpha)
 
 
@@ -118,7 +139,8 @@ def test_metrics_count_the_traffic(start_server):
 
 def promtool() -> str | None:
     return shutil.which("promtool") or next(
-        (str(p) for p in [Path(sys.executable).parent / "promtool"] if p.exists()), None)
+        (str(p) for p in [Path(sys.executable).parent / "promtool"] if p.exists()), None
+    )
 
 
 def test_metrics_text_passes_promtool(server, client):

@@ -1,5 +1,6 @@
 """Every operation through both clients against a real server: results identical, bit for
 bit, to tensorops_native in-process."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -31,8 +32,9 @@ def test_async_client_matches_native(server, run_async):
 
     async def calls(c):
         return [await getattr(c, case.op)(*case.args, **case.kwargs) for case in CASES]
+
     results = run_async(server.target, calls)
-    for case, got in zip(CASES, results):
+    for case, got in zip(CASES, results, strict=True):
         assert same(getattr(tn, case.op)(*case.args, **case.kwargs), got), case.id
 
 

@@ -1,5 +1,6 @@
 """Quantized inner-product sessions on a real server with the real kernel: results as
 in-process, NOT_FOUND, eviction, TTL, and transparent re-creation after a restart."""
+
 from __future__ import annotations
 
 import socket
@@ -49,6 +50,7 @@ def test_async_session_matches_native(server, run_async, problem):
     async def use(c):
         async with await c.quantized_inner_product(b, **p) as s:
             return await s.forward(a)
+
     assert np.array_equal(run_async(server.target, use), expected)
 
 
@@ -95,9 +97,11 @@ def test_batched_forwards_of_the_real_kernel_are_bit_identical(start_server, run
     async def use(c):
         async with await c.quantized_inner_product(b, **p) as s:
             import asyncio
+
             return await asyncio.gather(*(s.forward(a) for a in inputs))
+
     results = run_async(srv.target, use)
-    assert all(np.array_equal(got, want) for got, want in zip(results, expected))
+    assert all(np.array_equal(got, want) for got, want in zip(results, expected, strict=True))
     text = srv.metrics_text()
     merged = metric_value(text, "tensorops_forward_batch_requests_sum")
     kernel_calls = metric_value(text, "tensorops_forward_batch_requests_count")

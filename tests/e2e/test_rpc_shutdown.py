@@ -1,4 +1,5 @@
 """SIGTERM: the server stops taking calls, finishes the call in flight, and exits 0."""
+
 from __future__ import annotations
 
 import signal

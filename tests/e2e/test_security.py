@@ -2,6 +2,7 @@
 amplification, work beyond the deadline, floods past the in-flight byte cap, health
 under load; token authentication and per-caller session isolation; the status recorded
 for every call; clean startup failures; SIGTERM while a long kernel runs."""
+
 from __future__ import annotations
 
 import signal
@@ -18,10 +19,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import tensorops
 import tensorops_native as tn
-from tensorops.protocol import wire
-from tensorops.v1 import tensorops_pb2 as pb
 from rpc_cases import BF16, qip_params, same
 from rpc_server import LIST_SERVICES, metric_value, reflection_call, resident_bytes
+from tensorops.protocol import wire
+from tensorops.v1 import tensorops_pb2 as pb
 
 LAYER_NORM = wire.OPERATIONS["layer_norm_channels"]
 # The scalar kernels make a product of 8192 x 2048 x 2048 take seconds (AMX would take
@@ -51,6 +52,7 @@ def layer_norm_case(rows=64, channels=64, seed=0):
 # ---------------------------------------------------------------------------------------
 # Stalled streams: raw HTTP/2 that declares a message and never finishes it
 
+
 class StalledStreams:
     """A raw HTTP/2 connection (the h2 library) with streams that each declare a
     1000-byte gRPC message and send 10 bytes of it."""
@@ -69,9 +71,17 @@ class StalledStreams:
 
     def open(self) -> int:
         stream = self.conn.get_next_available_stream_id()
-        self.conn.send_headers(stream, [
-            (":method", "POST"), (":scheme", "http"), (":path", LAYER_NORM.path), (":authority", "localhost"),
-            ("content-type", "application/grpc"), ("te", "trailers")])
+        self.conn.send_headers(
+            stream,
+            [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", LAYER_NORM.path),
+                (":authority", "localhost"),
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+            ],
+        )
         self.conn.send_data(stream, b"\x00" + (1000).to_bytes(4, "big") + bytes(10))
         self.sock.sendall(self.conn.data_to_send())
         return stream
@@ -85,7 +95,7 @@ class StalledStreams:
         while time.monotonic() < deadline:
             try:
                 data = self.sock.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             if not data:
                 break
@@ -100,8 +110,9 @@ class StalledStreams:
 
 
 def test_stalled_streams_hold_no_worker_and_time_out(start_server):
-    srv = start_server("--workers", "2", "--max-concurrent-rpcs", "4", "--read-timeout", "2",
-                       "--max-pending-requests", "16")
+    srv = start_server(
+        "--workers", "2", "--max-concurrent-rpcs", "4", "--read-timeout", "2", "--max-pending-requests", "16"
+    )
     stalled = StalledStreams(srv.port, streams=12)  # more than workers and the concurrency limit
     try:
         time.sleep(0.3)
@@ -115,8 +126,7 @@ def test_stalled_streams_hold_no_worker_and_time_out(start_server):
     finally:
         stalled.close()
     text = srv.metrics_text()
-    assert metric_value(text, "tensorops_errors_total", operation="layer_norm_channels",
-                        code="DEADLINE_EXCEEDED") == 12
+    assert metric_value(text, "tensorops_errors_total", operation="layer_norm_channels", code="DEADLINE_EXCEEDED") == 12
 
 
 def test_beyond_the_pending_limit_the_longest_waiting_stream_goes(start_server):
@@ -136,12 +146,17 @@ def test_beyond_the_pending_limit_the_longest_waiting_stream_goes(start_server):
         assert first[3] in stalled.poll(0.5)  # and took the place of the next oldest stalled stream
     finally:
         stalled.close()
-    assert metric_value(srv.metrics_text(), "tensorops_errors_total", operation="layer_norm_channels",
-                        code="RESOURCE_EXHAUSTED") == 4
+    assert (
+        metric_value(
+            srv.metrics_text(), "tensorops_errors_total", operation="layer_norm_channels", code="RESOURCE_EXHAUSTED"
+        )
+        == 4
+    )
 
 
 # ---------------------------------------------------------------------------------------
 # Output amplification and work beyond the deadline
+
 
 def test_amplifying_products_are_refused_before_any_allocation(server):
     rng = np.random.default_rng(0)
@@ -206,7 +221,7 @@ def test_failed_calls_free_their_requests_at_once(start_server):
 def test_a_long_product_stops_at_its_deadline(start_server):
     srv = start_server("--workers", "1", env=SLOW_KERNELS)
     rng = np.random.default_rng(1)
-    a = rng.integers(0, 256, (8192, 2048), dtype=np.uint8)    # 16 MiB in, 8192 x 2048 x 2048 multiply-adds:
+    a = rng.integers(0, 256, (8192, 2048), dtype=np.uint8)  # 16 MiB in, 8192 x 2048 x 2048 multiply-adds:
     b = rng.integers(-128, 128, (2048, 2048), dtype=np.int8)  # seconds of work
     p = qip_params(rng, 2048)
     args, expected = layer_norm_case()
@@ -221,9 +236,11 @@ def test_a_long_product_stops_at_its_deadline(start_server):
         elapsed = time.perf_counter() - start
     print(f"\nlong product: deadline 0.5 s, worker free and the next call done after {elapsed:.2f} s")
     text = srv.metrics_text()
-    assert metric_value(text, "tensorops_errors_total", operation="quantized_inner_product",
-                        code="DEADLINE_EXCEEDED") + metric_value(
-        text, "tensorops_errors_total", operation="quantized_inner_product", code="CANCELLED") == 1
+    assert (
+        metric_value(text, "tensorops_errors_total", operation="quantized_inner_product", code="DEADLINE_EXCEEDED")
+        + metric_value(text, "tensorops_errors_total", operation="quantized_inner_product", code="CANCELLED")
+        == 1
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -254,10 +271,15 @@ def test_floods_past_the_inflight_cap_are_shed_and_memory_stays_bounded(start_se
         while not stop.is_set():
             peak[0] = max(peak[0], resident_bytes(srv.proc.pid))
             time.sleep(0.01)
+
     watcher = threading.Thread(target=watch)
     watcher.start()
-    clients = [subprocess.Popen([sys.executable, "-c", FLOOD_CLIENT, srv.target, str(i), "4"],
-                                stdout=subprocess.PIPE, text=True) for i in range(6)]
+    clients = [
+        subprocess.Popen(
+            [sys.executable, "-c", FLOOD_CLIENT, srv.target, str(i), "4"], stdout=subprocess.PIPE, text=True
+        )
+        for i in range(6)
+    ]
     latencies = []
     try:
         while any(p.poll() is None for p in clients):
@@ -270,9 +292,11 @@ def test_floods_past_the_inflight_cap_are_shed_and_memory_stays_bounded(start_se
         for p in clients:
             p.kill()
     latencies.sort()
-    print(f"\nflood: {outcomes.count('ok')} admitted, {outcomes.count('shed')} shed; peak server memory "
-          f"{peak[0] / 2**20:.0f} MiB; {len(latencies)} health checks: median "
-          f"{latencies[len(latencies) // 2] * 1e3:.1f} ms, worst {latencies[-1] * 1e3:.1f} ms")
+    print(
+        f"\nflood: {outcomes.count('ok')} admitted, {outcomes.count('shed')} shed; peak server memory "
+        f"{peak[0] / 2**20:.0f} MiB; {len(latencies)} health checks: median "
+        f"{latencies[len(latencies) // 2] * 1e3:.1f} ms, worst {latencies[-1] * 1e3:.1f} ms"
+    )
     assert len(outcomes) == 24 and "WRONG" not in outcomes
     assert outcomes.count("shed") > 0 and outcomes.count("ok") > 0
     # admitted calls hold at most 64 MiB (+ their copies in gRPC's buffers); the rest is
@@ -282,6 +306,7 @@ def test_floods_past_the_inflight_cap_are_shed_and_memory_stays_bounded(start_se
 
 # ---------------------------------------------------------------------------------------
 # Authentication and isolation
+
 
 def bearer(token):
     return (("authorization", f"Bearer {token}"),)
@@ -342,8 +367,10 @@ def test_sessions_are_invisible_to_other_callers(start_server):
     p = qip_params(rng, 8)
     a = rng.integers(0, 256, (2, 16), dtype=np.uint8)
     alpha, beta = bearer("alpha-token"), bearer("beta-token")
-    with tensorops.Client(srv.target, timeout=10, metadata=alpha) as ca, \
-            tensorops.Client(srv.target, timeout=10, metadata=beta) as cb:
+    with (
+        tensorops.Client(srv.target, timeout=10, metadata=alpha) as ca,
+        tensorops.Client(srv.target, timeout=10, metadata=beta) as cb,
+    ):
         session = ca.quantized_inner_product(b, **p)
         sid = session.session_id
         assert [s["session_id"] for s in ca.list_sessions()] == [sid]
@@ -351,8 +378,11 @@ def test_sessions_are_invisible_to_other_callers(start_server):
         forward = wire.build_request(wire.FORWARD_SESSION, {"session_id": sid, "a": a}).data
         describe = pb.DescribeSessionRequest(session_id=sid).SerializeToString()
         release = pb.ReleaseSessionRequest(session_id=sid).SerializeToString()
-        for path, request in ((wire.FORWARD_SESSION.path, forward), (wire.method_path("DescribeSession"), describe),
-                              (wire.method_path("ReleaseSession"), release)):
+        for path, request in (
+            (wire.FORWARD_SESSION.path, forward),
+            (wire.method_path("DescribeSession"), describe),
+            (wire.method_path("ReleaseSession"), release),
+        ):
             with pytest.raises(tensorops.NotFoundError):
                 cb._invoke(path, request)
         with tn.QuantizedInnerProduct(b, **p) as local:
@@ -360,20 +390,27 @@ def test_sessions_are_invisible_to_other_callers(start_server):
 
 
 def test_one_caller_cannot_evict_the_sessions_of_another(start_server):
-    srv = start_server("--max-sessions", "4", "--max-sessions-per-caller", "2",
-                       env={"TENSOROPS_AUTH_TOKENS": "alpha-token,beta-token,gamma-token"})
+    srv = start_server(
+        "--max-sessions",
+        "4",
+        "--max-sessions-per-caller",
+        "2",
+        env={"TENSOROPS_AUTH_TOKENS": "alpha-token,beta-token,gamma-token"},
+    )
     rng = np.random.default_rng(4)
     b = rng.integers(-128, 128, (16, 8), dtype=np.int8)
     p = qip_params(rng, 8)
-    clients = {name: tensorops.Client(srv.target, timeout=10, metadata=bearer(f"{name}-token"))
-               for name in ("alpha", "beta", "gamma")}
+    clients = {
+        name: tensorops.Client(srv.target, timeout=10, metadata=bearer(f"{name}-token"))
+        for name in ("alpha", "beta", "gamma")
+    }
     try:
         alpha = [clients["alpha"].quantized_inner_product(b, **p) for _ in range(2)]
         beta = [clients["beta"].quantized_inner_product(b, **p) for _ in range(3)]  # evicts beta's own first
-        assert sorted(s["session_id"] for s in clients["alpha"].list_sessions()) == \
-            sorted(s.session_id for s in alpha)
-        assert sorted(s["session_id"] for s in clients["beta"].list_sessions()) == \
-            sorted(s.session_id for s in beta[1:])
+        assert sorted(s["session_id"] for s in clients["alpha"].list_sessions()) == sorted(s.session_id for s in alpha)
+        assert sorted(s["session_id"] for s in clients["beta"].list_sessions()) == sorted(
+            s.session_id for s in beta[1:]
+        )
         with pytest.raises(tensorops.ResourceExhaustedError):  # full of other callers' sessions
             clients["gamma"].quantized_inner_product(b, **p)
         assert len(clients["alpha"].list_sessions()) == 2
@@ -384,6 +421,7 @@ def test_one_caller_cannot_evict_the_sessions_of_another(start_server):
 
 # ---------------------------------------------------------------------------------------
 # Status recorded for every call, error details, startup, shutdown
+
 
 def test_error_details_stay_small(client):
     with pytest.raises(tensorops.InvalidArgumentError) as err:  # the server echoes the value it refuses
@@ -404,10 +442,14 @@ def test_a_reply_too_large_is_recorded_as_such(start_server):
         with pytest.raises(tensorops.ResourceExhaustedError):  # 1.1 MB: does not
             c.quantized_inner_product(rng.integers(0, 256, (1100, 1), dtype=np.uint8), b, **p)
     text = srv.metrics_text()
-    assert metric_value(text, "tensorops_errors_total", operation="quantized_inner_product",
-                        code="RESOURCE_EXHAUSTED") == 1
-    assert metric_value(text, "tensorops_request_duration_seconds_count", operation="quantized_inner_product",
-                        code="OK") == 1
+    assert (
+        metric_value(text, "tensorops_errors_total", operation="quantized_inner_product", code="RESOURCE_EXHAUSTED")
+        == 1
+    )
+    assert (
+        metric_value(text, "tensorops_request_duration_seconds_count", operation="quantized_inner_product", code="OK")
+        == 1
+    )
 
 
 def test_a_port_in_use_is_a_clean_startup_failure(tmp_path):
@@ -415,8 +457,12 @@ def test_a_port_in_use_is_a_clean_startup_failure(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        done = subprocess.run([sys.executable, "-m", "tensorops_server", "--port", str(port), "--metrics-port", "-1"],
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "tensorops_server", "--port", str(port), "--metrics-port", "-1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert done.returncode == 1
     assert "Traceback" not in done.stderr and '"event": "cannot start"' in done.stderr
 
@@ -437,6 +483,7 @@ def test_sigterm_exits_within_the_grace_period_whatever_runs(start_server):
                 errors.append(exc)
             else:
                 errors.append("no error")
+
     caller = threading.Thread(target=long_call)
     caller.start()
     deadline = time.monotonic() + 20

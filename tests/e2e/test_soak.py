@@ -10,6 +10,7 @@ cleanly.
 
 docs/fuzz-and-soak.md tells how to run it longer and what it checks.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,11 +30,11 @@ from rpc_server import metric_value, resident_bytes
 
 SECONDS = float(os.environ.get("TENSOROPS_SOAK_SECONDS", "60"))
 TOKENS = ("soak-alpha-token", "soak-beta-token")
-THREADS = 4               # thread i calls as TOKENS[i % 2]
-MAX_SESSIONS = 8          # the server's cap
-PER_CALLER = 3            # the server's cap per caller (its own least recently used evicted)
-SESSIONS_PER_THREAD = 2   # 2 threads x 2 = 4 wanted per caller against 3: evictions, re-creations
-WARM_UP = 0.2             # the first 20% of the run: memory may grow (allocator pools, caches)
+THREADS = 4  # thread i calls as TOKENS[i % 2]
+MAX_SESSIONS = 8  # the server's cap
+PER_CALLER = 3  # the server's cap per caller (its own least recently used evicted)
+SESSIONS_PER_THREAD = 2  # 2 threads x 2 = 4 wanted per caller against 3: evictions, re-creations
+WARM_UP = 0.2  # the first 20% of the run: memory may grow (allocator pools, caches)
 CALL_TIMEOUT = 30.0
 # Resident memory of the server may rise by at most this much from the peak of the second
 # third of the run to the peak of the last third. What the server holds in steady state
@@ -52,9 +53,9 @@ class Soak:
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.calls: Counter = Counter()     # kind -> calls that returned the right result
-        self.errors: Counter = Counter()    # status code -> failed calls (expected or not)
-        self.problems: list[str] = []       # wrong results and unexpected errors
+        self.calls: Counter = Counter()  # kind -> calls that returned the right result
+        self.errors: Counter = Counter()  # status code -> failed calls (expected or not)
+        self.problems: list[str] = []  # wrong results and unexpected errors
         self.recreated = 0
 
     def count(self, kind: str, n: int = 1) -> None:
@@ -87,8 +88,9 @@ def stateless_call(rng, kind: str):
         if rng.random() < 0.25:
             x = x.astype(BF16)
         scale, shift = rng.standard_normal(c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
-        return (lambda cl: cl.layer_norm_channels(x, scale, shift, format=fmt)), \
-            tn.layer_norm_channels(x, scale, shift, format=fmt)
+        return (lambda cl: cl.layer_norm_channels(x, scale, shift, format=fmt)), tn.layer_norm_channels(
+            x, scale, shift, format=fmt
+        )
     if kind == "softmax":
         cols = int(rng.choice([8, 64, 333, 1024]))
         x = (rng.standard_normal((max(1, n // cols), cols)) * 4).astype(np.float32)
@@ -107,7 +109,10 @@ def stateless_call(rng, kind: str):
         c = int(rng.choice([4, 8, 32]))
         x = rng.standard_normal((2, c, max(1, n // (2 * c)))).astype(np.float32)
         groups = int(rng.choice([1, 2, 4]))
-        scale, bias = rng.standard_normal((1, c, 1)).astype(np.float32), rng.standard_normal((1, c, 1)).astype(np.float32)
+        scale, bias = (
+            rng.standard_normal((1, c, 1)).astype(np.float32),
+            rng.standard_normal((1, c, 1)).astype(np.float32),
+        )
         kwargs = dict(axes=[1, 2], num_groups=groups, eps=1e-5, activation=str(rng.choice(["relu", "gelu", "tanh"])))
         return (lambda cl: cl.normalize(x, scale, bias, **kwargs)), tn.normalize(x, scale, bias, **kwargs)
     raise AssertionError(kind)
@@ -122,13 +127,16 @@ def failing_call(rng, anonymous: tensorops.Client):
     x = rng.standard_normal(int(rng.integers(1, 4096)))
     choice = int(rng.integers(4))
     if choice == 0:
-        return (lambda cl: cl.softmax(x)), grpc.StatusCode.INVALID_ARGUMENT, "x"   # float64
+        return (lambda cl: cl.softmax(x)), grpc.StatusCode.INVALID_ARGUMENT, "x"  # float64
     if choice == 1:
         return (lambda cl: cl.unary(x.astype(np.int32), "abs")), grpc.StatusCode.INVALID_ARGUMENT, "x"
     if choice == 2:
         scale = np.ones(4, np.int8).astype(BF16)
-        return (lambda cl: cl.layer_norm_channels(np.ones((1, 4, 2), np.float32), scale, scale)), \
-            grpc.StatusCode.INVALID_ARGUMENT, "scale"
+        return (
+            (lambda cl: cl.layer_norm_channels(np.ones((1, 4, 2), np.float32), scale, scale)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "scale",
+        )
     x32 = x.astype(np.float32)
     return (lambda cl: anonymous.softmax(x32)), grpc.StatusCode.UNAUTHENTICATED, None
 
@@ -146,8 +154,13 @@ class Sessions:
             k, n = int(rng.choice([16, 64, 256, 1024])), int(rng.choice([8, 32, 128]))
             b = rng.integers(-128, 128, (k, n), dtype=np.int8)
             params = qip_params(rng, n)
-            self.open.append((self.client.quantized_inner_product(b, **params, timeout=CALL_TIMEOUT),
-                              tn.QuantizedInnerProduct(b, **params), k))
+            self.open.append(
+                (
+                    self.client.quantized_inner_product(b, **params, timeout=CALL_TIMEOUT),
+                    tn.QuantizedInnerProduct(b, **params),
+                    k,
+                )
+            )
             self.soak.count("session create")
         i = int(rng.integers(len(self.open)))
         session, local, k = self.open[i]
@@ -183,14 +196,23 @@ class Sessions:
 
 def client_thread(target: str, token: str, soak: Soak, seed: int, deadline: float) -> None:
     rng = np.random.default_rng(seed)
-    with tensorops.Client(target, timeout=CALL_TIMEOUT, token=token, allow_insecure_token=True) as client, \
-            tensorops.Client(target, timeout=CALL_TIMEOUT, max_attempts=1) as anonymous:
+    with (
+        tensorops.Client(target, timeout=CALL_TIMEOUT, token=token, allow_insecure_token=True) as client,
+        tensorops.Client(target, timeout=CALL_TIMEOUT, max_attempts=1) as anonymous,
+    ):
         sessions = Sessions(client, soak, rng)
         try:
             while time.monotonic() < deadline:
                 draw = rng.random()
-                kind = STATELESS[int(rng.integers(len(STATELESS)))] if draw < 0.72 else \
-                    "session" if draw < 0.92 else "list sessions" if draw < 0.95 else "must fail"
+                kind = (
+                    STATELESS[int(rng.integers(len(STATELESS)))]
+                    if draw < 0.72
+                    else "session"
+                    if draw < 0.92
+                    else "list sessions"
+                    if draw < 0.95
+                    else "must fail"
+                )
                 try:
                     if kind == "session":
                         sessions.step()
@@ -218,26 +240,33 @@ def client_thread(target: str, token: str, soak: Soak, seed: int, deadline: floa
                 except tensorops.TensorOpsError as exc:
                     soak.failed(exc.code)
                     soak.problem(kind, str(exc))
-                except Exception as exc:  # noqa: BLE001 - every other failure is a problem
+                except Exception as exc:
                     soak.problem(kind, f"{type(exc).__name__}: {exc}")
         finally:
             try:
                 sessions.close_all()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 soak.problem("session release", f"{type(exc).__name__}: {exc}")
 
 
 @pytest.mark.long
 def test_soak(start_server, capsys):
-    srv = start_server("--max-sessions", str(MAX_SESSIONS), "--max-sessions-per-caller", str(PER_CALLER),
-                       env={"TENSOROPS_AUTH_TOKENS": ",".join(TOKENS)})
+    srv = start_server(
+        "--max-sessions",
+        str(MAX_SESSIONS),
+        "--max-sessions-per-caller",
+        str(PER_CALLER),
+        env={"TENSOROPS_AUTH_TOKENS": ",".join(TOKENS)},
+    )
     pid = srv.proc.pid
     soak = Soak()
     samples: list[tuple[float, int]] = []  # (seconds since the start, resident bytes)
     start = time.monotonic()
     deadline = start + SECONDS
-    threads = [threading.Thread(target=client_thread, args=(srv.target, TOKENS[i % 2], soak, i, deadline))
-               for i in range(THREADS)]
+    threads = [
+        threading.Thread(target=client_thread, args=(srv.target, TOKENS[i % 2], soak, i, deadline))
+        for i in range(THREADS)
+    ]
     for t in threads:
         t.start()
     while any(t.is_alive() for t in threads):
@@ -258,21 +287,28 @@ def test_soak(start_server, capsys):
     rss = [r for _, r in samples]
     mib = 1 << 20
     evicted = metric_value(text, "tensorops_session_evictions_total", reason="capacity")
-    unexpected_codes = [line for line in text.splitlines() if line.startswith("tensorops_errors_total")
-                        and any(f'code="{c}"' in line for c in ("INTERNAL", "UNKNOWN", "DEADLINE_EXCEEDED"))]
+    unexpected_codes = [
+        line
+        for line in text.splitlines()
+        if line.startswith("tensorops_errors_total")
+        and any(f'code="{c}"' in line for c in ("INTERNAL", "UNKNOWN", "DEADLINE_EXCEEDED"))
+    ]
     with capsys.disabled():  # shown without -s too
-        print(f"\nsoak {SECONDS:g} s, {THREADS} threads: {sum(soak.calls.values())} calls "
-              f"{dict(sorted(soak.calls.items()))}; errors by code {dict(soak.errors)}; problems "
-              f"{len(soak.problems)}; sessions evicted {evicted:g}, re-created {soak.recreated}; server RSS "
-              f"start {rss[0] / mib:.0f} MiB, peak {max(rss) / mib:.0f} MiB, end {rss[-1] / mib:.0f} MiB "
-              f"(peak of the second third {max(middle) / mib:.0f} MiB, of the last third {max(last) / mib:.0f} MiB)")
+        print(
+            f"\nsoak {SECONDS:g} s, {THREADS} threads: {sum(soak.calls.values())} calls "
+            f"{dict(sorted(soak.calls.items()))}; errors by code {dict(soak.errors)}; problems "
+            f"{len(soak.problems)}; sessions evicted {evicted:g}, re-created {soak.recreated}; server RSS "
+            f"start {rss[0] / mib:.0f} MiB, peak {max(rss) / mib:.0f} MiB, end {rss[-1] / mib:.0f} MiB "
+            f"(peak of the second third {max(middle) / mib:.0f} MiB, of the last third {max(last) / mib:.0f} MiB)"
+        )
 
     assert not soak.problems, soak.problems
     assert all(soak.calls[kind] > 0 for kind in (*STATELESS, "session create", "session forward")), soak.calls
     assert soak.errors["INVALID_ARGUMENT"] and soak.errors["UNAUTHENTICATED"], soak.errors
     assert set(soak.errors) <= {"INVALID_ARGUMENT", "UNAUTHENTICATED"}, soak.errors
-    assert max(last) - max(middle) <= RSS_GROWTH_BOUND, \
+    assert max(last) - max(middle) <= RSS_GROWTH_BOUND, (
         f"server memory grew {(max(last) - max(middle)) / mib:.1f} MiB after the warm-up: {samples}"
+    )
     assert listed == {token: [] for token in TOKENS}, listed  # every session released
     assert metric_value(text, "tensorops_sessions_active") == 0
     assert not unexpected_codes, unexpected_codes

@@ -1,5 +1,6 @@
 """TLS, mutual TLS and certificate rotation against real servers on loopback, with
 certificates made by trustme."""
+
 from __future__ import annotations
 
 import os
@@ -34,9 +35,14 @@ def pki():
     """Two unrelated CAs, a server certificate from each (for localhost and 127.0.0.1)
     and a client certificate from each."""
     ca1, ca2 = trustme.CA(), trustme.CA()
-    return {"ca1": ca1, "ca2": ca2,
-            "server1": ca1.issue_cert("localhost", "127.0.0.1"), "server2": ca2.issue_cert("localhost", "127.0.0.1"),
-            "client1": ca1.issue_cert("client-one.example"), "client2": ca2.issue_cert("client-two.example")}
+    return {
+        "ca1": ca1,
+        "ca2": ca2,
+        "server1": ca1.issue_cert("localhost", "127.0.0.1"),
+        "server2": ca2.issue_cert("localhost", "127.0.0.1"),
+        "client1": ca1.issue_cert("client-one.example"),
+        "client2": ca2.issue_cert("client-two.example"),
+    }
 
 
 def chain(leaf: trustme.LeafCert) -> bytes:
@@ -120,6 +126,7 @@ def tls_server(tmp_path, pki, start_server):
 
 # ---- TLS
 
+
 def test_tls_results_bit_identical(tls_server, pki, run_async):
     srv, _ = tls_server
     args, expected = layer_norm_case()
@@ -128,6 +135,7 @@ def test_tls_results_bit_identical(tls_server, pki, run_async):
 
     async def call(c):
         return await c.layer_norm_channels(*args)
+
     got = run_async(srv.target, call, root_certificates=pki["ca1"].cert_pem.bytes(), options=OWN_CONNECTIONS)
     assert same(expected, got)
 
@@ -143,15 +151,15 @@ def test_tls_root_certificates_from_a_path(tls_server, pki, tmp_path):
 
 def test_tls_refuses_plaintext_and_an_unknown_ca(tls_server, pki):
     srv, _ = tls_server
-    assert not works(srv)                  # plaintext channel
-    assert not works(srv, ca=pki["ca2"])   # the server's certificate is not from this CA
+    assert not works(srv)  # plaintext channel
+    assert not works(srv, ca=pki["ca2"])  # the server's certificate is not from this CA
     assert works(srv, ca=pki["ca1"])
 
 
 def test_server_name_override(tmp_path, pki, start_server):
     leaf = pki["ca1"].issue_cert("tensorops.test")
     srv = start_server(*tls_flags(*install(tmp_path, leaf)))
-    assert not works(srv, ca=pki["ca1"])   # 127.0.0.1 is not a name in the certificate
+    assert not works(srv, ca=pki["ca1"])  # 127.0.0.1 is not a name in the certificate
     assert works(srv, ca=pki["ca1"], server_name_override="tensorops.test")
 
 
@@ -161,8 +169,10 @@ def test_health_and_metrics_under_tls(tls_server, pki):
     with grpc.secure_channel(srv.target, creds, options=OWN_CONNECTIONS) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         for service in ("", "tensorops.v1.TensorOps"):
-            assert stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=CALL_TIMEOUT).status == \
-                health_pb2.HealthCheckResponse.SERVING
+            assert (
+                stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=CALL_TIMEOUT).status
+                == health_pb2.HealthCheckResponse.SERVING
+            )
     with tls_client(srv, pki["ca1"]) as c:
         c.softmax(np.zeros((0, 4), np.float32))
     text = srv.metrics_text()  # the Prometheus endpoint stays plain HTTP
@@ -171,12 +181,16 @@ def test_health_and_metrics_under_tls(tls_server, pki):
 
 # ---- mutual TLS
 
+
 @pytest.fixture
 def mtls_server(tmp_path, pki, start_server):
     """Mutual TLS configured through the environment: client certificates from CA 1."""
     cert, key = install(tmp_path, pki["server1"])
-    env = {"TENSOROPS_TLS_CERT": cert, "TENSOROPS_TLS_KEY": key,
-           "TENSOROPS_TLS_CLIENT_CA": ca_file(tmp_path, pki["ca1"], "clients.pem")}
+    env = {
+        "TENSOROPS_TLS_CERT": cert,
+        "TENSOROPS_TLS_KEY": key,
+        "TENSOROPS_TLS_CLIENT_CA": ca_file(tmp_path, pki["ca1"], "clients.pem"),
+    }
     srv = start_server(env=env)
     srv.directory = tmp_path
     return srv
@@ -192,9 +206,18 @@ def test_mtls_accepts_a_certificate_from_the_client_ca(mtls_server, pki, run_asy
 
     async def call(c):
         return (await c.info())["version"]
-    assert run_async(mtls_server.target, call, root_certificates=pki["ca1"].cert_pem.bytes(),
-                     certificate_chain=chain(client), private_key=client.private_key_pem.bytes(),
-                     options=OWN_CONNECTIONS) == tn.__version__
+
+    assert (
+        run_async(
+            mtls_server.target,
+            call,
+            root_certificates=pki["ca1"].cert_pem.bytes(),
+            certificate_chain=chain(client),
+            private_key=client.private_key_pem.bytes(),
+            options=OWN_CONNECTIONS,
+        )
+        == tn.__version__
+    )
 
 
 def test_mtls_refuses_a_certificate_from_another_ca(mtls_server, pki):
@@ -209,14 +232,15 @@ def test_mtls_client_ca_rotation(mtls_server, pki):
 
 # ---- rotation
 
+
 def test_rotation_by_replacing_the_files(tls_server, pki):
     srv, directory = tls_server
     args, expected = layer_norm_case()
     with tls_client(srv, pki["ca1"]) as old:
         assert same(expected, old.layer_norm_channels(*args))
         install(directory, pki["server2"])
-        assert works(srv, ca=pki["ca2"])        # a new connection gets certificate B
-        assert not works(srv, ca=pki["ca1"])    # ... and no longer certificate A
+        assert works(srv, ca=pki["ca2"])  # a new connection gets certificate B
+        assert not works(srv, ca=pki["ca1"])  # ... and no longer certificate A
         assert same(expected, old.layer_norm_channels(*args))  # the open connection carries on
     assert eventually(lambda: events(srv, "tls reloaded"))
     reloaded = events(srv, "tls reloaded")
@@ -234,8 +258,8 @@ def test_rotation_on_sighup(tls_server, pki):
             f.write(padded(data))
         os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
         assert path.stat().st_size == before.st_size
-    assert works(srv, ca=pki["ca1"])            # not noticed yet
-    srv.signal(signal.SIGHUP)                   # delivered asynchronously: try until it is seen
+    assert works(srv, ca=pki["ca1"])  # not noticed yet
+    srv.signal(signal.SIGHUP)  # delivered asynchronously: try until it is seen
     assert eventually(lambda: works(srv, ca=pki["ca2"]))
     assert not works(srv, ca=pki["ca1"])
     reloaded = events(srv, "tls reloaded")
@@ -270,6 +294,7 @@ def test_unusable_files_keep_the_current_certificate(tls_server, pki):
 
 # ---- startup errors
 
+
 def start_failures(tmp_path, *flag_lists: list[str]) -> list[str]:
     """Run servers that must not start, all at once (each spends its time importing); their
     logs, in order."""
@@ -277,9 +302,16 @@ def start_failures(tmp_path, *flag_lists: list[str]) -> list[str]:
     for i, flags in enumerate(flag_lists):
         log = tmp_path / f"failed{i}.log"
         with open(log, "w") as out:
-            started.append((log, subprocess.Popen([sys.executable, "-m", "tensorops_server", "--port", "0",
-                                                   "--metrics-port", "-1", *flags],
-                                                  stdout=out, stderr=subprocess.STDOUT)))
+            started.append(
+                (
+                    log,
+                    subprocess.Popen(
+                        [sys.executable, "-m", "tensorops_server", "--port", "0", "--metrics-port", "-1", *flags],
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                    ),
+                )
+            )
     logs = []
     for log, proc in started:
         returncode = proc.wait(60)
@@ -293,14 +325,16 @@ def test_startup_errors(tmp_path, pki):
     cert, key = install(tmp_path, pki["server1"])
     other_key = tmp_path / "other.pem"
     other_key.write_bytes(pki["server2"].private_key_pem.bytes())
-    cases = [(["--tls-cert", cert], "--tls-key"),
-             (["--tls-key", key], "--tls-cert"),
-             (["--tls-client-ca", cert], "--tls-cert"),
-             (tls_flags(cert, str(tmp_path / "missing.pem")), "missing.pem"),
-             (tls_flags(cert, str(other_key)), "do not match"),
-             (tls_flags(cert, key, other_key), "client CA")]
+    cases = [
+        (["--tls-cert", cert], "--tls-key"),
+        (["--tls-key", key], "--tls-cert"),
+        (["--tls-client-ca", cert], "--tls-cert"),
+        (tls_flags(cert, str(tmp_path / "missing.pem")), "missing.pem"),
+        (tls_flags(cert, str(other_key)), "do not match"),
+        (tls_flags(cert, key, other_key), "client CA"),
+    ]
     logs = start_failures(tmp_path, *(flags for flags, _ in cases))
-    for (flags, named), log in zip(cases, logs):
+    for (flags, named), log in zip(cases, logs, strict=True):
         assert named in log, (flags, log)
 
 
@@ -313,14 +347,18 @@ def test_mtls_sessions_belong_to_the_certificate_subject(mtls_server, pki):
     rng = np.random.default_rng(9)
     b = rng.integers(-128, 128, (16, 8), dtype=np.int8)
     p = qip_params(rng, 8)
-    with tls_client(mtls_server, ca=pki["ca1"], client=pki["client1"]) as first, \
-            tls_client(mtls_server, ca=pki["ca1"], client=other) as second:
+    with (
+        tls_client(mtls_server, ca=pki["ca1"], client=pki["client1"]) as first,
+        tls_client(mtls_server, ca=pki["ca1"], client=other) as second,
+    ):
         session = first.quantized_inner_product(b, **p)
         assert [s["session_id"] for s in first.list_sessions()] == [session.session_id]
         assert second.list_sessions() == []
         from tensorops.protocol import wire
-        forward = wire.build_request(wire.FORWARD_SESSION, {"session_id": session.session_id,
-                                                              "a": np.zeros((1, 16), np.uint8)}).data
+
+        forward = wire.build_request(
+            wire.FORWARD_SESSION, {"session_id": session.session_id, "a": np.zeros((1, 16), np.uint8)}
+        ).data
         with pytest.raises(tensorops.NotFoundError):
             second._invoke(wire.FORWARD_SESSION.path, forward)
         session.close()

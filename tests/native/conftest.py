@@ -9,6 +9,7 @@ marked `level_independent` (argument checks, Python-side logic, tests that sweep
 or the QuantizedInnerProduct algorithms themselves) runs once, at the process's level.
 Every test sees the same random inputs at every level: the seed leaves the level out.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -21,10 +22,10 @@ import textwrap
 
 import numpy as np
 import pytest
+from tensorops_native._native import lib
 
 import tensorops_native as tn
 from tensorops_native._info import set_isa_for_testing
-from tensorops_native._native import lib
 from tn_testing import LEVELS, kernel_levels
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -53,8 +54,10 @@ def isa(request):
 
 def pytest_report_header(config):
     missing = sorted(k for k, v in tn.kernels().items() if v == "missing")
-    line = f"tensorops_native: ISA {tn.isa()} (TENSOROPS_ISA={os.environ.get('TENSOROPS_ISA') or 'unset'}, " \
-           f"CPU supports {LEVELS[lib.TnSupportedIsa()]})"
+    line = (
+        f"tensorops_native: ISA {tn.isa()} (TENSOROPS_ISA={os.environ.get('TENSOROPS_ISA') or 'unset'}, "
+        f"CPU supports {LEVELS[lib.TnSupportedIsa()]})"
+    )
     line += f"; kernel tests run at {', '.join(kernel_levels())}"
     if missing:
         line += f"; kernels not implemented (their tests fail): {', '.join(missing)}"
@@ -122,13 +125,21 @@ def run_isolated(code: str, *, memory_limit: int | None = 4 << 30, timeout=120, 
     """Run Python code in a fresh interpreter (with an address-space limit, so that a huge
     allocation fails instead of exhausting the machine). Returns the CompletedProcess; a
     negative returncode means the process died from a signal (a crash)."""
+
     def limit():
         if memory_limit:
             import resource
+
             resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
 
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=_env(**env), capture_output=True,
-                          text=True, timeout=timeout, preexec_fn=limit)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=limit,
+    )
 
 
 @pytest.fixture

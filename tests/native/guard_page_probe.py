@@ -5,15 +5,15 @@ before the start), at every level the kernel tests run at. An access outside the
 kills this process with SIGSEGV; the last line printed names the case. Run by
 test_guard_pages.py: python guard_page_probe.py <kernel>.
 """
+
 import ctypes
 import mmap
 import sys
 
 import numpy as np
 
-from tensorops_native._info import set_isa_for_testing
-
 from c_cases import all_cases, materialize
+from tensorops_native._info import set_isa_for_testing
 from tn_testing import c_call, kernel_levels
 
 PAGE = mmap.PAGESIZE
@@ -49,19 +49,26 @@ def main(kernel):
     for level, case in ((level, case) for level in kernel_levels() for case in cases):
         set_isa_for_testing(level)
         for where in ("tail", "head"):
-            for mode in (("null", "exact") if case.scratch is not None else ("none",)):
+            for mode in ("null", "exact") if case.scratch is not None else ("none",):
                 print(f"{level}: {case.label} {where} buf={mode}", flush=True)
                 buf = fenced(np.full(case.scratch, np.nan, np.float32), where) if mode == "exact" else None
                 if buf is not None and buf.size == 0:
-                    buf = fenced(np.zeros(1, np.float32), where)[1:] if where == "tail" else fenced(np.zeros(1, np.float32), where)[:0]
-                args, _, outs = materialize(case, lambda v: fenced(v, where), buf)
+                    buf = (
+                        fenced(np.zeros(1, np.float32), where)[1:]
+                        if where == "tail"
+                        else fenced(np.zeros(1, np.float32), where)[:0]
+                    )
+                args, _, outs = materialize(case, lambda v, where=where: fenced(v, where), buf)
                 c_call(kernel, *args)
                 expected = case.api()
                 for name, arr in outs.items():
                     want = np.asarray(expected[name]).reshape(arr.shape)
                     utype = np.uint32 if arr.dtype.itemsize == 4 else np.uint16
                     if not np.array_equal(arr.view(utype), want.view(utype)):
-                        print(f"MISMATCH {level}: {case.label} {where} buf={mode}: output {name} differs from the API", flush=True)
+                        print(
+                            f"MISMATCH {level}: {case.label} {where} buf={mode}: output {name} differs from the API",
+                            flush=True,
+                        )
                         failures += 1
     print("OK" if not failures else f"FAILED {failures}", flush=True)
     return 1 if failures else 0

@@ -7,6 +7,7 @@ back into the API's layout. Every function computes in float64 from the exact va
 kernel receives (fp32 inputs, or BF16 decoded exactly), so the only differences to expect
 from a kernel are its own fp32 rounding errors.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,11 +20,29 @@ F32_MAX = float(np.finfo(np.float32).max)
 
 # Enumerations of docs/kernels.md.
 ELTWISE_PRODUCT, ELTWISE_SUM, ELTWISE_MAX, ELTWISE_MIN = 0, 1, 2, 3
-UNARY_NAMES = ("abs", "ceil", "cos", "erf", "exp", "floor", "log", "neg", "not", "rcp",
-               "round", "rsqrt", "sign", "sin", "sqrt", "tanh", "zero")
+UNARY_NAMES = (
+    "abs",
+    "ceil",
+    "cos",
+    "erf",
+    "exp",
+    "floor",
+    "log",
+    "neg",
+    "not",
+    "rcp",
+    "round",
+    "rsqrt",
+    "sign",
+    "sin",
+    "sqrt",
+    "tanh",
+    "zero",
+)
 
 
 # ---- conversions -------------------------------------------------------------------------
+
 
 def bf16_bits(a) -> np.ndarray:
     """The uint16 bit pattern of a BF16 array (ml_dtypes.bfloat16 or uint16 bits)."""
@@ -54,7 +73,7 @@ def as_f64(a) -> np.ndarray:
     a = np.asarray(a)
     if a.dtype == BF16 or a.dtype == np.uint16:
         return bf16_to_f64(a)
-    with np.errstate(invalid="ignore"):   # signalling NaNs warn when widened
+    with np.errstate(invalid="ignore"):  # signalling NaNs warn when widened
         return a.astype(np.float64)
 
 
@@ -87,6 +106,7 @@ def _quiet(fn):
     def wrapper(*args, **kwargs):
         with np.errstate(all="ignore"):
             return fn(*args, **kwargs)
+
     return wrapper
 
 
@@ -95,6 +115,7 @@ def _per_channel(v) -> np.ndarray:
 
 
 # ---- seed 000: normalize layer ------------------------------------------------------------
+
 
 @_quiet
 def synet_normalize_layer_forward(x, scale, eps, across_spatial):
@@ -136,7 +157,7 @@ def synet_normalize_layer_forward_v4(x, scale, shift, eps):
     norm = 1 / (mean over c of n_c + eps) (eps outside any sqrt);
     y = x * (1 + scale[c] * n_c * norm) + shift[c]."""
     channels = x.shape[1]
-    n = np.sqrt((x * x).sum(axis=2))                       # (batch, channels)
+    n = np.sqrt((x * x).sum(axis=2))  # (batch, channels)
     norm = 1.0 / (n.sum(axis=1, keepdims=True) / channels + float(eps))
     alpha = 1.0 + np.asarray(scale, np.float64)[None, :] * n * norm
     return x * alpha[:, :, None] + _per_channel(shift)
@@ -149,6 +170,7 @@ def synet_normalize_layer_forward_16b_v2(x, scale, shift, eps):
 
 
 # ---- seed 003 ----------------------------------------------------------------------------
+
 
 @_quiet
 def synet_channel_sum_16b(x):
@@ -169,7 +191,7 @@ def synet_eltwise_layer_forward(srcs, weights, op):
     elif op == ELTWISE_SUM:
         w = [float(v) for v in weights]
         d = s[0] * w[0] + s[1] * w[1]
-        for a, wi in zip(s[2:], w[2:]):
+        for a, wi in zip(s[2:], w[2:], strict=True):
             d = d + a * wi
     elif op == ELTWISE_MAX:
         d = np.maximum(s[0], s[1])
@@ -191,7 +213,7 @@ def synet_lrn_layer_cross_channels(x, half, k):
     channels = x.shape[1]
     sq = x * x
     s = np.empty_like(x)
-    for c in range(channels):   # a window sum (not a cumulative sum: keeps inf/NaN local)
+    for c in range(channels):  # a window sum (not a cumulative sum: keeps inf/NaN local)
         lo, hi = max(0, c - half), min(channels, c + half + 1)
         s[:, c, :] = sq[:, lo:hi, :].sum(axis=1)
     k0, k1, k2 = (float(v) for v in k)
@@ -209,7 +231,7 @@ def onnx_lrn(x_nchw, size, alpha, beta, bias):
     y = np.empty_like(x)
     for c in range(channels):
         lo, hi = max(0, c - lo_off), min(channels - 1, c + hi_off)
-        square_sum = (x[:, lo:hi + 1] ** 2).sum(axis=1)
+        square_sum = (x[:, lo : hi + 1] ** 2).sum(axis=1)
         y[:, c] = x[:, c] / (bias + alpha / size * square_sum) ** beta
     return y
 
@@ -222,12 +244,12 @@ def synet_shuffle_layer_forward(x0, x1, channels0, channels1, type_):
     if type_ == 0:
         s = np.concatenate([x0, x1], axis=1)
         half = (channels0 + channels1) // 2
-        return s[:, 0:2 * half:2], s[:, 1:2 * half:2]
+        return s[:, 0 : 2 * half : 2], s[:, 1 : 2 * half : 2]
     half = x0.shape[1]
     d = np.empty((x0.shape[0], 2 * half, x0.shape[2]), x0.dtype)
     d[:, 0::2] = x0
     d[:, 1::2] = x1
-    return d[:, :channels0], d[:, channels0:channels0 + channels1]
+    return d[:, :channels0], d[:, channels0 : channels0 + channels1]
 
 
 def synet_softmax_32f(x, outer, count, inner):
@@ -289,7 +311,7 @@ def synet_unary_operation_32f(x, op: str) -> np.ndarray:
     x32 = np.asarray(x, np.float32)
     if op in BITWISE_UNARY:
         return unary_bitwise_f32(x32, op).astype(np.float64)
-    with np.errstate(all="ignore"):   # signalling NaNs warn when widened
+    with np.errstate(all="ignore"):  # signalling NaNs warn when widened
         x64 = x32.astype(np.float64)
         if op == "ceil":
             return np.ceil(x64)

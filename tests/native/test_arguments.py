@@ -7,6 +7,7 @@ call), huge zero-size shapes, uint16 for BF16.
 
 Errors are raised before any kernel runs, so most of these tests need no kernel.
 """
+
 import contextlib
 import re
 
@@ -14,8 +15,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import tensorops_native as tn
 import reference as ref
+import tensorops_native as tn
 from tn_testing import assert_same_bits, require
 
 # Argument checks, made before any kernel runs: run once, at the process's level.
@@ -46,6 +47,7 @@ def sc(n=3):
 
 
 # ---- exception classes ---------------------------------------------------------------------
+
 
 def test_exception_classes():
     assert issubclass(tn.ArgumentError, ValueError)
@@ -114,7 +116,9 @@ WRONG_OTHER_DTYPE = [
 ]
 
 
-@pytest.mark.parametrize("argument,call", WRONG_OTHER_DTYPE, ids=[f"{a}-{i}" for i, (a, _) in enumerate(WRONG_OTHER_DTYPE)])
+@pytest.mark.parametrize(
+    "argument,call", WRONG_OTHER_DTYPE, ids=[f"{a}-{i}" for i, (a, _) in enumerate(WRONG_OTHER_DTYPE)]
+)
 def test_wrong_type_of_other_arguments(argument, call):
     with raises_arg(TypeError, argument):
         call()
@@ -141,10 +145,10 @@ BAD_VALUES = [
     ("shift", lambda: tn.layer_norm_spatial(x4(), sc(5), sc(3), format="nhwc")),
     ("ver", lambda: tn.tiled_scale_2d(x4((1, 3, 4, 5)), np.ones((3, 5)), np.ones((3, 4)), format="nhwc")),
     ("hor", lambda: tn.tiled_scale_2d(x4((1, 4, 5, 3)), np.ones((5, 3)), np.ones((3, 4)), format="nhwc")),
-    ("x1", lambda: tn.shuffle(x4((2, 4, 5)), x4((2, 4, 6)), type=0)),                     # spatial differs
-    ("x1", lambda: tn.shuffle(x4((2, 5, 4)), x4((2, 6, 4)), type=0, format="nhwc")),     # spatial differs
-    ("x1", lambda: tn.shuffle(x4((2, 4, 5)), x4((3, 4, 5)), type=0)),                     # batch differs
-    ("x1", lambda: tn.shuffle(x4((2, 4, 5)), x4((2, 4, 5, 1)), type=0)),                  # ndim differs
+    ("x1", lambda: tn.shuffle(x4((2, 4, 5)), x4((2, 4, 6)), type=0)),  # spatial differs
+    ("x1", lambda: tn.shuffle(x4((2, 5, 4)), x4((2, 6, 4)), type=0, format="nhwc")),  # spatial differs
+    ("x1", lambda: tn.shuffle(x4((2, 4, 5)), x4((3, 4, 5)), type=0)),  # batch differs
+    ("x1", lambda: tn.shuffle(x4((2, 4, 5)), x4((2, 4, 5, 1)), type=0)),  # ndim differs
     # lengths
     ("scale", lambda: tn.normalize_l2(x4(), sc(4))),
     ("scale", lambda: tn.layer_norm_channels(x4(), sc(2), sc())),
@@ -168,7 +172,7 @@ BAD_VALUES = [
     ("eps", lambda: tn.layer_norm_channels(x4(), sc(), sc(), eps=np.float64("nan"))),
     ("k", lambda: tn.lrn_cross_channels(x4(), 1, (1, float("nan"), 1))),
     ("k", lambda: tn.lrn_cross_channels(x4(), 1, (float("inf"), 1, 1))),
-    ("k", lambda: tn.lrn_cross_channels(x4(), 1, [1, 1, 2.0 ** 128 - 2.0 ** 103])),  # rounds to inf in float32
+    ("k", lambda: tn.lrn_cross_channels(x4(), 1, [1, 1, 2.0**128 - 2.0**103])),  # rounds to inf in float32
     ("k", lambda: tn.lrn_cross_channels(x4(), 1, (-3.5e38, 1, 1))),
     # half
     ("half", lambda: tn.lrn_cross_channels(x4(), -1, (1, 1, 1))),
@@ -227,11 +231,17 @@ ZERO_SIZE = [
     ("normalize_l2 batch 0", lambda: tn.normalize_l2(x4((0, 3, 5)), sc()), [((0, 3, 5), F32)]),
     ("normalize_l2 channels 0", lambda: tn.normalize_l2(x4((2, 0, 5)), sc(0)), [((2, 0, 5), F32)]),
     ("normalize_l2 spatial 0", lambda: tn.normalize_l2(x4((2, 3, 0)), sc(), across_spatial=True), [((2, 3, 0), F32)]),
-    ("layer_norm_channels nhwc spatial 0", lambda: tn.layer_norm_channels(x4((2, 0, 4, 3)), sc(), sc(), format="NHWC"),
-     [((2, 0, 4, 3), F32)]),
+    (
+        "layer_norm_channels nhwc spatial 0",
+        lambda: tn.layer_norm_channels(x4((2, 0, 4, 3)), sc(), sc(), format="NHWC"),
+        [((2, 0, 4, 3), F32)],
+    ),
     ("layer_norm_channels bf16", lambda: tn.layer_norm_channels(x4((0, 3, 5), BF16), sc(), sc()), [((0, 3, 5), BF16)]),
-    ("layer_norm_channels uint16", lambda: tn.layer_norm_channels(x4((2, 3, 0), np.uint16), sc(), sc()),
-     [((2, 3, 0), np.uint16)]),
+    (
+        "layer_norm_channels uint16",
+        lambda: tn.layer_norm_channels(x4((2, 3, 0), np.uint16), sc(), sc()),
+        [((2, 3, 0), np.uint16)],
+    ),
     ("layer_norm_spatial", lambda: tn.layer_norm_spatial(x4((2, 3, 0, 7)), sc(), sc()), [((2, 3, 0, 7), F32)]),
     ("channel_norm", lambda: tn.channel_norm(x4((0, 5, 3), F32), sc(3), sc(3), format="nhwc"), [((0, 5, 3), F32)]),
     ("channel_sum batch 0", lambda: tn.channel_sum(x4((0, 3, 4), BF16)), [((0, 3), F32)]),
@@ -239,37 +249,57 @@ ZERO_SIZE = [
     ("eltwise", lambda: tn.eltwise([x4((3, 0))] * 3, "sum"), [((3, 0), F32)]),
     ("eltwise 1-D", lambda: tn.eltwise([np.ones(0, F32)] * 2, "max"), [((0,), F32)]),
     ("lrn", lambda: tn.lrn_cross_channels(x4((2, 3, 0)), 2, (1, 1, 1)), [((2, 3, 0), F32)]),
-    ("lrn channels 0", lambda: tn.lrn_cross_channels(x4((2, 4, 0), F32), 2, (1, 1, 1), format="nhwc"),
-     [((2, 4, 0), F32)]),
+    (
+        "lrn channels 0",
+        lambda: tn.lrn_cross_channels(x4((2, 4, 0), F32), 2, (1, 1, 1), format="nhwc"),
+        [((2, 4, 0), F32)],
+    ),
     ("shuffle spatial 0", lambda: tn.shuffle(x4((2, 4, 0)), x4((2, 6, 0)), type=0), [((2, 5, 0), F32)] * 2),
-    ("shuffle batch 0", lambda: tn.shuffle(x4((0, 4, 3)), x4((0, 4, 3)), type=1, channels=(2, 6)),
-     [((0, 2, 3), F32), ((0, 6, 3), F32)]),
+    (
+        "shuffle batch 0",
+        lambda: tn.shuffle(x4((0, 4, 3)), x4((0, 4, 3)), type=1, channels=(2, 6)),
+        [((0, 2, 3), F32), ((0, 6, 3), F32)],
+    ),
     ("softmax outer 0", lambda: tn.softmax(x4((0, 5)), axis=1), [((0, 5), F32)]),
     ("softmax count 0", lambda: tn.softmax(x4((5, 0)), axis=1), [((5, 0), F32)]),
     ("softmax inner 0 bf16", lambda: tn.softmax(x4((5, 3, 0), BF16), axis=1), [((5, 3, 0), BF16)]),
     ("tiled", lambda: tn.tiled_scale_2d(x4((2, 3, 0, 5)), np.ones((3, 5)), np.ones((3, 0))), [((2, 3, 0, 5), F32)]),
-    ("tiled batch 0", lambda: tn.tiled_scale_2d(x4((0, 3, 4, 5)), np.ones((3, 5)), np.ones((3, 4))), [((0, 3, 4, 5), F32)]),
+    (
+        "tiled batch 0",
+        lambda: tn.tiled_scale_2d(x4((0, 3, 4, 5)), np.ones((3, 5)), np.ones((3, 4))),
+        [((0, 3, 4, 5), F32)],
+    ),
     ("unary", lambda: tn.unary(x4((3, 0, 2)), "exp"), [((3, 0, 2), F32)]),
     # huge dimensions, zero elements: nothing may be allocated or touched
-    ("huge softmax", lambda: tn.softmax(np.empty((0, 2 ** 40), F32)), [((0, 2 ** 40), F32)]),
-    ("huge softmax axis 0", lambda: tn.softmax(np.empty((2 ** 40, 0), F32), axis=0), [((2 ** 40, 0), F32)]),
-    ("huge unary", lambda: tn.unary(np.empty((2 ** 40, 0), F32), "sin"), [((2 ** 40, 0), F32)]),
-    ("huge eltwise", lambda: tn.eltwise([np.empty((0, 2 ** 40), F32)] * 2, "sum"), [((0, 2 ** 40), F32)]),
-    ("huge layer norm", lambda: tn.layer_norm_channels(np.empty((2 ** 40, 0), F32), sc(0), sc(0)),
-     [((2 ** 40, 0), F32)]),
-    ("huge layer norm nhwc", lambda: tn.layer_norm_spatial(np.empty((2 ** 20, 2 ** 30, 0), F32), sc(0), sc(0),
-                                                            format="nhwc"), [((2 ** 20, 2 ** 30, 0), F32)]),
-    ("huge normalize_l2", lambda: tn.normalize_l2(np.empty((0, 3, 2 ** 40), F32), sc(), across_spatial=True),
-     [((0, 3, 2 ** 40), F32)]),
-    ("huge channel_norm", lambda: tn.channel_norm(np.empty((0, 3, 2 ** 40), F32), sc(), sc()), [((0, 3, 2 ** 40), F32)]),
-    ("huge channel_sum", lambda: tn.channel_sum(np.empty((2 ** 40, 0), BF16)), [((2 ** 40, 0), F32)]),
-    ("huge lrn", lambda: tn.lrn_cross_channels(np.empty((0, 2 ** 40, 1), F32), 2 ** 50, (1, 1, 1)),
-     [((0, 2 ** 40, 1), F32)]),
-    ("huge shuffle", lambda: tn.shuffle(np.empty((0, 2 ** 40), F32), np.empty((0, 2), F32), type=0),
-     [((0, 2 ** 39 + 1), F32)] * 2),
-    ("huge tiled", lambda: tn.tiled_scale_2d(np.empty((2 ** 40, 0, 1, 1), F32), np.ones((0, 1)), np.ones((0, 1))),
-     [((2 ** 40, 0, 1, 1), F32)]),
-    ("broadcast zero-size", lambda: tn.unary(np.broadcast_to(F32(1), (0, 2 ** 40)), "abs"), [((0, 2 ** 40), F32)]),
+    ("huge softmax", lambda: tn.softmax(np.empty((0, 2**40), F32)), [((0, 2**40), F32)]),
+    ("huge softmax axis 0", lambda: tn.softmax(np.empty((2**40, 0), F32), axis=0), [((2**40, 0), F32)]),
+    ("huge unary", lambda: tn.unary(np.empty((2**40, 0), F32), "sin"), [((2**40, 0), F32)]),
+    ("huge eltwise", lambda: tn.eltwise([np.empty((0, 2**40), F32)] * 2, "sum"), [((0, 2**40), F32)]),
+    ("huge layer norm", lambda: tn.layer_norm_channels(np.empty((2**40, 0), F32), sc(0), sc(0)), [((2**40, 0), F32)]),
+    (
+        "huge layer norm nhwc",
+        lambda: tn.layer_norm_spatial(np.empty((2**20, 2**30, 0), F32), sc(0), sc(0), format="nhwc"),
+        [((2**20, 2**30, 0), F32)],
+    ),
+    (
+        "huge normalize_l2",
+        lambda: tn.normalize_l2(np.empty((0, 3, 2**40), F32), sc(), across_spatial=True),
+        [((0, 3, 2**40), F32)],
+    ),
+    ("huge channel_norm", lambda: tn.channel_norm(np.empty((0, 3, 2**40), F32), sc(), sc()), [((0, 3, 2**40), F32)]),
+    ("huge channel_sum", lambda: tn.channel_sum(np.empty((2**40, 0), BF16)), [((2**40, 0), F32)]),
+    ("huge lrn", lambda: tn.lrn_cross_channels(np.empty((0, 2**40, 1), F32), 2**50, (1, 1, 1)), [((0, 2**40, 1), F32)]),
+    (
+        "huge shuffle",
+        lambda: tn.shuffle(np.empty((0, 2**40), F32), np.empty((0, 2), F32), type=0),
+        [((0, 2**39 + 1), F32)] * 2,
+    ),
+    (
+        "huge tiled",
+        lambda: tn.tiled_scale_2d(np.empty((2**40, 0, 1, 1), F32), np.ones((0, 1)), np.ones((0, 1))),
+        [((2**40, 0, 1, 1), F32)],
+    ),
+    ("broadcast zero-size", lambda: tn.unary(np.broadcast_to(F32(1), (0, 2**40)), "abs"), [((0, 2**40), F32)]),
 ]
 
 
@@ -278,7 +308,7 @@ def test_zero_size_gives_empty_result(call, expected):
     result = call()
     results = result if isinstance(result, tuple) else (result,)
     assert len(results) == len(expected)
-    for r, (shape, dtype) in zip(results, expected):
+    for r, (shape, dtype) in zip(results, expected, strict=True):
         assert isinstance(r, np.ndarray) and r.shape == shape and r.dtype == np.dtype(dtype)
 
 
@@ -317,12 +347,15 @@ def test_format_is_case_insensitive_and_accepts_enum_values():
         assert tn.normalize_l2(x4((0, 5, 3)), sc(), format=fmt).shape == (0, 5, 3)
 
 
-@pytest.mark.parametrize("code", [
-    "tn.unary(np.broadcast_to(np.float32(1), (2 ** 40,)), 'abs')",
-    "tn.softmax(np.broadcast_to(np.float32(1), (2 ** 20, 2 ** 30)), axis=0)",
-    "tn.layer_norm_channels(np.broadcast_to(np.float32(1), (2 ** 30, 4, 2 ** 10)), np.ones(4), np.ones(4))",
-    "tn.eltwise([np.broadcast_to(np.float32(1), (2 ** 42,))] * 2, 'sum')",
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "tn.unary(np.broadcast_to(np.float32(1), (2 ** 40,)), 'abs')",
+        "tn.softmax(np.broadcast_to(np.float32(1), (2 ** 20, 2 ** 30)), axis=0)",
+        "tn.layer_norm_channels(np.broadcast_to(np.float32(1), (2 ** 30, 4, 2 ** 10)), np.ones(4), np.ones(4))",
+        "tn.eltwise([np.broadcast_to(np.float32(1), (2 ** 42,))] * 2, 'sum')",
+    ],
+)
 def test_huge_broadcast_view_fails_cleanly(isolated, code):
     """A broadcast view with a huge shape (stride 0) would need terabytes once made
     contiguous: the call must fail with a Python exception (run under a 4 GiB address-space
@@ -341,6 +374,7 @@ def test_huge_broadcast_view_fails_cleanly(isolated, code):
 
 # ---- accepted layouts: non-contiguous, byte-swapped, broadcast, huge strides ---------------
 
+
 def _strided(x):
     base = np.zeros(x.shape[:-1] + (2 * x.shape[-1],), x.dtype)
     base[..., ::2] = x
@@ -356,7 +390,7 @@ def _reversed(x):
 
 
 def _huge_strides(x):
-    base = np.zeros(x.shape + (1024,), x.dtype)      # 4 KiB (fp32) between elements
+    base = np.zeros(x.shape + (1024,), x.dtype)  # 4 KiB (fp32) between elements
     base[..., 0] = x
     return base[..., 0]
 
@@ -367,8 +401,13 @@ def _byteswapped(x):
     return x.astype(x.dtype.newbyteorder(">"))
 
 
-VIEWS = {"strided": _strided, "fortran": _fortran, "reversed": _reversed, "huge-strides": _huge_strides,
-         "byteswapped": _byteswapped}
+VIEWS = {
+    "strided": _strided,
+    "fortran": _fortran,
+    "reversed": _reversed,
+    "huge-strides": _huge_strides,
+    "byteswapped": _byteswapped,
+}
 
 
 def _bits(a):
@@ -386,10 +425,16 @@ def _ops(rng):
     other = rng.normal(size=f.shape).astype(F32)
     return {
         "normalize_l2": (["SynetNormalizeLayerForward"], f, lambda x: (tn.normalize_l2(x, s5),)),
-        "layer_norm_channels": (["SynetNormalizeLayerForwardV2"], f,
-                                lambda x: (tn.layer_norm_channels(x, s4, s4, format="nhwc"),)),
-        "layer_norm_channels_bf16": (["SynetNormalizeLayerForward16bV2"], b,
-                                     lambda x: (tn.layer_norm_channels(x, s5, s5),)),
+        "layer_norm_channels": (
+            ["SynetNormalizeLayerForwardV2"],
+            f,
+            lambda x: (tn.layer_norm_channels(x, s4, s4, format="nhwc"),),
+        ),
+        "layer_norm_channels_bf16": (
+            ["SynetNormalizeLayerForward16bV2"],
+            b,
+            lambda x: (tn.layer_norm_channels(x, s5, s5),),
+        ),
         "layer_norm_spatial": (["SynetNormalizeLayerForwardV3"], f, lambda x: (tn.layer_norm_spatial(x, s5, s5),)),
         "channel_norm": (["SynetNormalizeLayerForwardV4"], f, lambda x: (tn.channel_norm(x, s4, s4, format="nhwc"),)),
         "channel_sum": (["SynetChannelSum16b"], b, lambda x: (tn.channel_sum(x),)),
@@ -398,8 +443,11 @@ def _ops(rng):
         "shuffle": (["SynetShuffleLayerForward"], f[:, :4], lambda x: tn.shuffle(x, x, type=0)),
         "softmax": (["SynetSoftmax32f"], f, lambda x: (tn.softmax(x, axis=1),)),
         "softmax_bf16": (["SynetSoftmax16b"], b, lambda x: (tn.softmax(x, axis=-1),)),
-        "tiled_scale_2d": (["SynetTiledScale2D32f"], f,
-                           lambda x: (tn.tiled_scale_2d(x, np.ones((5, 4)) * 2, np.ones((5, 3)) * 3),)),
+        "tiled_scale_2d": (
+            ["SynetTiledScale2D32f"],
+            f,
+            lambda x: (tn.tiled_scale_2d(x, np.ones((5, 4)) * 2, np.ones((5, 3)) * 3),),
+        ),
         "unary": (["SynetUnaryOperation32f"], f, lambda x: (tn.unary(x, "tanh"),)),
     }
 
@@ -418,7 +466,7 @@ def test_non_contiguous_input_same_as_contiguous(rng, op, view):
     want = call(np.ascontiguousarray(x))
     got = call(xv)
     assert_same_bits(_bits(xv), _bits(before), what="the input view was modified")
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape
         assert_same_bits(_bits(g), _bits(w), what=f"{op} on a {view} view")
 
@@ -436,12 +484,14 @@ def test_broadcast_input_same_as_contiguous(rng):
 def test_non_contiguous_parameters(rng):
     require("SynetNormalizeLayerForwardV3", "SynetTiledScale2D32f", "SynetEltwiseLayerForward")
     x = rng.normal(size=(2, 5, 3, 4)).astype(F32)
-    scale = rng.normal(size=10).astype(np.float64)[::2]          # float64 and strided: converted
+    scale = rng.normal(size=10).astype(np.float64)[::2]  # float64 and strided: converted
     shift = np.arange(5, dtype=np.int64)[::-1]
-    assert_same_bits(tn.layer_norm_spatial(x, scale, shift),
-                     tn.layer_norm_spatial(x, scale.astype(F32).copy(), shift.astype(F32).copy()))
+    assert_same_bits(
+        tn.layer_norm_spatial(x, scale, shift),
+        tn.layer_norm_spatial(x, scale.astype(F32).copy(), shift.astype(F32).copy()),
+    )
     ver = np.asfortranarray(rng.normal(size=(5, 4)).astype(F32))
-    hor = rng.normal(size=(3, 5)).astype(F32).T                   # (5, 3), transposed view
+    hor = rng.normal(size=(3, 5)).astype(F32).T  # (5, 3), transposed view
     assert_same_bits(tn.tiled_scale_2d(x, ver, hor), tn.tiled_scale_2d(x, ver.copy(order="C"), hor.copy()))
     w = np.float64([0.5, 2.0, 8.0])[::-1]
     xs = [rng.normal(size=7).astype(F32) for _ in range(3)]
@@ -455,7 +505,7 @@ def test_no_spatial_dimensions_means_spatial_one(rng):
     x = rng.normal(size=(4, 17)).astype(F32)
     s, t = rng.uniform(0.5, 1.5, 17).astype(F32), rng.normal(size=17).astype(F32)
     exact = ref.synet_normalize_layer_forward_v2(x.astype(np.float64)[:, :, None], s, t, np.float32(1e-5))[:, :, 0]
-    for fmt in ("nchw", "nhwc"):     # different code paths: equal within rounding, not bitwise
+    for fmt in ("nchw", "nhwc"):  # different code paths: equal within rounding, not bitwise
         y = tn.layer_norm_channels(x, s, t, format=fmt)
         assert y.shape == x.shape
         np.testing.assert_allclose(y, exact, rtol=1e-5, atol=1e-5 * np.abs(exact).max())
@@ -464,7 +514,8 @@ def test_no_spatial_dimensions_means_spatial_one(rng):
 def test_python_sequences_accepted_for_parameters(rng):
     require("SynetLrnLayerCrossChannels", "SynetEltwiseLayerForward")
     x = rng.normal(size=(1, 5, 4)).astype(F32)
-    assert_same_bits(tn.lrn_cross_channels(x, 1, [1, 0.5, -0.75]),
-                     tn.lrn_cross_channels(x, 1, np.float32([1, 0.5, -0.75])))
-    xs = (x, x)                                                   # a tuple of inputs
+    assert_same_bits(
+        tn.lrn_cross_channels(x, 1, [1, 0.5, -0.75]), tn.lrn_cross_channels(x, 1, np.float32([1, 0.5, -0.75]))
+    )
+    xs = (x, x)  # a tuple of inputs
     assert_same_bits(tn.eltwise(xs, "max"), x)

@@ -5,11 +5,12 @@ included). batch.c only steps from item to item, so a few shapes cover it: batch
 step), 2 and 7, items of one value and items across a vector tail, each format, each family,
 every shuffle layout; then large batches of tiny items against NumPy.
 """
+
 import numpy as np
 import pytest
 
-import tensorops_native as tn
 import reference as ref
+import tensorops_native as tn
 from tn_testing import FMT_CODE, FORMATS, assert_close, assert_same_bits, c_call, image_shape, require
 
 # batch.c calls the dispatched per-item entry points, which the kernel tests cover at each
@@ -24,8 +25,18 @@ IMAGES = [pytest.param(b, c, s, fmt, id=f"b{b}-c{c}-s{s}-{fmt}") for b, c, s in 
 TILES = ((1, 17, 5, 1), (2, 1, 1, 1), (7, 33, 1, 17), (2, 16, 4, 4))
 # Shuffle (type, channels0, channels1): the inputs of type 0, the outputs of type 1; every
 # layout of the per-item tests, batch 3 (two steps of each of the four tensors' sizes).
-SHUFFLES = [(0, 2, 2), (0, 16, 14), (0, 18, 16), (0, 34, 2), (0, 0, 18),
-            (1, 2, 0), (1, 8, 8), (1, 4, 14), (1, 18, 16), (1, 0, 32)]
+SHUFFLES = [
+    (0, 2, 2),
+    (0, 16, 14),
+    (0, 18, 16),
+    (0, 34, 2),
+    (0, 0, 18),
+    (1, 2, 0),
+    (1, 8, 8),
+    (1, 4, 14),
+    (1, 18, 16),
+    (1, 0, 32),
+]
 
 
 def with_specials(x):
@@ -69,7 +80,7 @@ def test_lrn_batch_equals_per_item(rng, batch, channels, spatial, fmt):
 
 def random_bits(rng, shape):
     """Random fp32 bit patterns: every exponent, denormals, infinities and NaN payloads."""
-    return rng.integers(0, 2 ** 32, size=shape, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    return rng.integers(0, 2**32, size=shape, dtype=np.uint64).astype(np.uint32).view(np.float32)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -85,7 +96,7 @@ def test_shuffle_batch_equals_per_item(rng, type_, c0, c1, fmt, batch=3, spatial
     for b in range(batch):
         c_call("SynetShuffleLayerForward", x0[b], x1[b], c0, c1, spatial, y0[b], y1[b], FMT_CODE[fmt], type_)
     got = tn.shuffle(x0, x1, type=type_, format=fmt, channels=(c0, c1) if type_ else None)
-    for g, w, name in zip(got, (y0, y1), ("y0", "y1")):
+    for g, w, name in zip(got, (y0, y1), ("y0", "y1"), strict=True):
         assert_same_bits(g, w, what=f"shuffle type {type_} batch {batch} {name}")
 
 
@@ -104,6 +115,7 @@ def test_tiled_scale_2d_batch_equals_per_item(rng, batch, channels, h, w, fmt):
 
 
 # ---- many tiny items: one C call covers them all ----------------------------------------
+
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_channel_sum_million_items(rng, fmt):

@@ -9,6 +9,7 @@
   before or after them;
 - inputs (also between canaries, and misaligned for vector loads) never modified.
 """
+
 import numpy as np
 import pytest
 
@@ -16,8 +17,11 @@ from c_cases import all_cases, materialize
 from tn_testing import Guarded, assert_same_bits, c_call, require
 
 CASES = all_cases()
-PARAMS = [pytest.param(case, mode, id=f"{case.kernel}-{case.label}-{mode}")
-          for case in CASES for mode in (("buf-null", "buf-exact") if case.scratch is not None else ("no-buf",))]
+PARAMS = [
+    pytest.param(case, mode, id=f"{case.kernel}-{case.label}-{mode}")
+    for case in CASES
+    for mode in (("buf-null", "buf-exact") if case.scratch is not None else ("no-buf",))
+]
 
 
 @pytest.mark.parametrize("case,mode", PARAMS)
@@ -34,13 +38,21 @@ def test_c_call_with_guarded_memory(case, mode):
     for name, g in outs.items():
         g.assert_guards(f"{case.kernel} output {name}")
         g.assert_no_poison_left(f"{case.kernel} output {name}")
-        assert_same_bits(g.arr, np.asarray(expected[name]).reshape(g.arr.shape),
-                         what=f"{case.kernel} {case.label} {mode}: C output {name} vs the Python API")
+        assert_same_bits(
+            g.arr,
+            np.asarray(expected[name]).reshape(g.arr.shape),
+            what=f"{case.kernel} {case.label} {mode}: C output {name} vs the Python API",
+        )
 
 
 def test_every_kernel_has_direct_cases():
     from c_cases import KERNELS
+
     assert {c.kernel for c in CASES} == set(KERNELS)
     assert {c.kernel for c in CASES if c.scratch is not None} == {
-        "SynetNormalizeLayerForward", "SynetNormalizeLayerForwardV2", "SynetNormalizeLayerForwardV3",
-        "SynetNormalizeLayerForwardV4", "SynetNormalizeLayerForward16bV2"}
+        "SynetNormalizeLayerForward",
+        "SynetNormalizeLayerForwardV2",
+        "SynetNormalizeLayerForwardV3",
+        "SynetNormalizeLayerForwardV4",
+        "SynetNormalizeLayerForward16bV2",
+    }

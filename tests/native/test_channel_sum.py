@@ -4,16 +4,32 @@ channel, both formats, the full channels x spatial grid.
 Tolerance: the sum is accumulated in fp32; its error relative to the sum of magnitudes is
 below sum_rtol(spatial) (see tn_testing), plus 8u for the final reductions of vector lanes.
 """
+
 import numpy as np
 import pytest
 
-import tensorops_native as tn
 import reference as ref
-from tn_testing import (CHANNELS, FORMATS, SPATIALS, U, assert_close, assert_same_bits, bf16, call_preserving,
-                        checkerboard_batch, image_shape, require, sum_rtol)
+import tensorops_native as tn
+from tn_testing import (
+    CHANNELS,
+    FORMATS,
+    SPATIALS,
+    U,
+    assert_close,
+    assert_same_bits,
+    bf16,
+    call_preserving,
+    checkerboard_batch,
+    image_shape,
+    require,
+    sum_rtol,
+)
 
-GRID = [pytest.param(c, s, checkerboard_batch(i, j), id=f"c{c}-s{s}-b{checkerboard_batch(i, j)}")
-        for i, c in enumerate(CHANNELS) for j, s in enumerate(SPATIALS)]
+GRID = [
+    pytest.param(c, s, checkerboard_batch(i, j), id=f"c{c}-s{s}-b{checkerboard_batch(i, j)}")
+    for i, c in enumerate(CHANNELS)
+    for j, s in enumerate(SPATIALS)
+]
 
 
 def check(x, fmt):
@@ -25,8 +41,13 @@ def check(x, fmt):
     exact = ref.synet_channel_sum_16b(xb)
     with np.errstate(invalid="ignore"):
         magnitude = np.abs(xb).sum(axis=2)
-    assert_close(y, exact, rtol=0.0, atol=(8 * U + sum_rtol(spatial)) * np.nan_to_num(magnitude, posinf=0.0),
-                 what=f"channel_sum {fmt}")
+    assert_close(
+        y,
+        exact,
+        rtol=0.0,
+        atol=(8 * U + sum_rtol(spatial)) * np.nan_to_num(magnitude, posinf=0.0),
+        what=f"channel_sum {fmt}",
+    )
     return y
 
 

@@ -1,13 +1,14 @@
 """Several threads calling the kernels at once (cffi releases the GIL during each call, so
 they really run concurrently) get exactly the results of one thread: kernels are
 reentrant, with no shared mutable state."""
+
 import threading
 
 import numpy as np
 import pytest
 
-import tensorops_native as tn
 import reference as ref
+import tensorops_native as tn
 from tn_testing import assert_same_bits, require
 
 THREADS = 4
@@ -16,27 +17,53 @@ THREADS = 4
 def _ops():
     s = np.linspace(0.5, 1.5, 67, dtype=np.float32)
     return {
-        "normalize_l2": (["SynetNormalizeLayerForward"], (2, 67, 49), np.float32,
-                         lambda x: tn.normalize_l2(x, s)),
-        "layer_norm_channels": (["SynetNormalizeLayerForwardV2"], (2, 67, 49), np.float32,
-                                lambda x: tn.layer_norm_channels(x, s, s)),
-        "layer_norm_channels_bf16": (["SynetNormalizeLayerForward16bV2"], (2, 49, 67), ref.BF16,
-                                     lambda x: tn.layer_norm_channels(x, s, s, format="nhwc")),
-        "layer_norm_spatial": (["SynetNormalizeLayerForwardV3"], (2, 49, 67), np.float32,
-                               lambda x: tn.layer_norm_spatial(x, s, s, format="nhwc")),
-        "channel_norm": (["SynetNormalizeLayerForwardV4"], (2, 67, 49), np.float32,
-                         lambda x: tn.channel_norm(x, s, s)),
+        "normalize_l2": (["SynetNormalizeLayerForward"], (2, 67, 49), np.float32, lambda x: tn.normalize_l2(x, s)),
+        "layer_norm_channels": (
+            ["SynetNormalizeLayerForwardV2"],
+            (2, 67, 49),
+            np.float32,
+            lambda x: tn.layer_norm_channels(x, s, s),
+        ),
+        "layer_norm_channels_bf16": (
+            ["SynetNormalizeLayerForward16bV2"],
+            (2, 49, 67),
+            ref.BF16,
+            lambda x: tn.layer_norm_channels(x, s, s, format="nhwc"),
+        ),
+        "layer_norm_spatial": (
+            ["SynetNormalizeLayerForwardV3"],
+            (2, 49, 67),
+            np.float32,
+            lambda x: tn.layer_norm_spatial(x, s, s, format="nhwc"),
+        ),
+        "channel_norm": (["SynetNormalizeLayerForwardV4"], (2, 67, 49), np.float32, lambda x: tn.channel_norm(x, s, s)),
         "channel_sum": (["SynetChannelSum16b"], (2, 67, 49), ref.BF16, lambda x: tn.channel_sum(x)),
-        "eltwise": (["SynetEltwiseLayerForward"], (2, 67, 49), np.float32,
-                    lambda x: tn.eltwise([x, x[::-1].copy(), x], "sum", [0.5, 2, -1])),
-        "lrn": (["SynetLrnLayerCrossChannels"], (2, 67, 49), np.float32,
-                lambda x: tn.lrn_cross_channels(x, 2, (1, 0.1, -0.75))),
-        "shuffle": (["SynetShuffleLayerForward"], (2, 66, 49), np.float32,
-                    lambda x: np.concatenate(tn.shuffle(x, x, type=0), axis=1)),
+        "eltwise": (
+            ["SynetEltwiseLayerForward"],
+            (2, 67, 49),
+            np.float32,
+            lambda x: tn.eltwise([x, x[::-1].copy(), x], "sum", [0.5, 2, -1]),
+        ),
+        "lrn": (
+            ["SynetLrnLayerCrossChannels"],
+            (2, 67, 49),
+            np.float32,
+            lambda x: tn.lrn_cross_channels(x, 2, (1, 0.1, -0.75)),
+        ),
+        "shuffle": (
+            ["SynetShuffleLayerForward"],
+            (2, 66, 49),
+            np.float32,
+            lambda x: np.concatenate(tn.shuffle(x, x, type=0), axis=1),
+        ),
         "softmax": (["SynetSoftmax32f"], (2, 67, 49), np.float32, lambda x: tn.softmax(x, axis=1)),
         "softmax_bf16": (["SynetSoftmax16b"], (98, 67), ref.BF16, lambda x: tn.softmax(x)),
-        "tiled_scale_2d": (["SynetTiledScale2D32f"], (2, 67, 7, 7), np.float32,
-                           lambda x: tn.tiled_scale_2d(x, np.ones((67, 7)) * 0.5, np.ones((67, 7)) * 3)),
+        "tiled_scale_2d": (
+            ["SynetTiledScale2D32f"],
+            (2, 67, 7, 7),
+            np.float32,
+            lambda x: tn.tiled_scale_2d(x, np.ones((67, 7)) * 0.5, np.ones((67, 7)) * 3),
+        ),
         "unary": (["SynetUnaryOperation32f"], (2, 67, 49), np.float32, lambda x: tn.unary(x, "erf")),
     }
 
@@ -60,7 +87,7 @@ def test_concurrent_calls_match_a_single_thread(rng, op):
             for _ in range(3):
                 for i in order:
                     results[t][i] = call(inputs[i])
-        except Exception as exc:          # reported below, with the thread
+        except Exception as exc:  # reported below, with the thread
             errors.append((t, exc))
 
     threads = [threading.Thread(target=work, args=(t,)) for t in range(THREADS)]
@@ -72,6 +99,8 @@ def test_concurrent_calls_match_a_single_thread(rng, op):
     for t in range(THREADS):
         for i, want in enumerate(expected):
             got = results[t][i]
-            assert_same_bits(np.asarray(got).view(np.uint16 if got.dtype.itemsize == 2 else np.uint32),
-                             np.asarray(want).view(np.uint16 if want.dtype.itemsize == 2 else np.uint32),
-                             what=f"{op}: thread {t}, input {i}")
+            assert_same_bits(
+                np.asarray(got).view(np.uint16 if got.dtype.itemsize == 2 else np.uint32),
+                np.asarray(want).view(np.uint16 if want.dtype.itemsize == 2 else np.uint32),
+                what=f"{op}: thread {t}, input {i}",
+            )

@@ -8,13 +8,22 @@ avx2, avx512; a level this CPU lacks is skipped with the reason):
 - unary results: bit-identical for the exact ops, within each other's accuracy bounds
   (twice the docs/kernels.md bound, same NaN and infinity positions) for the others.
 """
+
 import numpy as np
 import pytest
 
-import tensorops_native as tn
 import reference as ref
-from tn_testing import (CHANNELS, EXACT_OPS, UNARY_OPS, assert_same_bits, image_shape, require, unary_checked_mask,
-                        unary_inputs, unary_tolerance)
+from tn_testing import (
+    CHANNELS,
+    EXACT_OPS,
+    UNARY_OPS,
+    assert_same_bits,
+    image_shape,
+    require,
+    unary_checked_mask,
+    unary_inputs,
+    unary_tolerance,
+)
 
 # Each test runs the levels it compares itself: run once, at the process's level.
 pytestmark = pytest.mark.level_independent
@@ -71,12 +80,16 @@ def bf16_inputs():
         inputs[f"ln{i + j:03d}_x"] = x.view(np.uint16)
         inputs[f"ln{i + j:03d}_scale"], inputs[f"ln{i + j:03d}_shift"] = scale, shift
         inputs[f"ln{i + j:03d}_fmt"] = np.array(("nchw", "nhwc").index(fmt))
-    shapes = [((c,), -1) for c in CHANNELS] + [((3, c, 5), 1) for c in CHANNELS] + \
-             [((c, 16), 0) for c in CHANNELS] + [((2, 3136), -1), ((1, 67, 49), 1), ((4, 33, 1), 1)]
+    shapes = (
+        [((c,), -1) for c in CHANNELS]
+        + [((3, c, 5), 1) for c in CHANNELS]
+        + [((c, 16), 0) for c in CHANNELS]
+        + [((2, 3136), -1), ((1, 67, 49), 1), ((4, 33, 1), 1)]
+    )
     for j, (shape, axis) in enumerate(shapes):
         x = (rng.normal(size=shape) * 4).astype(np.float32).astype(ref.BF16)
         if j % 4 == 0 and x.size > 2:
-            x.view(np.uint16).reshape(-1)[[1]] = 0x7F80           # a +inf: its row is NaN
+            x.view(np.uint16).reshape(-1)[[1]] = 0x7F80  # a +inf: its row is NaN
         inputs[f"sm{j:03d}_x"] = x.view(np.uint16)
         inputs[f"sm{j:03d}_axis"] = np.array(axis)
     return inputs
@@ -121,7 +134,7 @@ def test_unary_agrees_across_isa_levels(isa_runner, unary_case, a, b):
         if op in EXACT_OPS:
             if op in ("abs", "neg", "not", "zero"):
                 diff = p.view(np.uint32) != q.view(np.uint32)
-            else:   # NaN payloads are not part of IEEE's exact results
+            else:  # NaN payloads are not part of IEEE's exact results
                 diff = (p.view(np.uint32) != q.view(np.uint32)) & ~(np.isnan(p) & np.isnan(q))
         else:
             r = ref.synet_unary_operation_32f(x, op)
@@ -134,7 +147,6 @@ def test_unary_agrees_across_isa_levels(isa_runner, unary_case, a, b):
             i = np.flatnonzero(diff)[0]
             problems.append(f"{op}: {int(diff.sum())} differ, e.g. x={x[i]!r}: {a} {p[i]!r}, {b} {q[i]!r}")
     assert not problems, "\n".join(problems)
-
 
 
 LRN_SCRIPT = """
@@ -157,7 +169,7 @@ def lrn_case():
             for k2 in (-0.75, -1.0, 0.3, -1.5):
                 shape = image_shape(1, channels, spatial, fmt)
                 x = (np.exp2(rng.uniform(-26, 26, shape)) * rng.choice([-1.0, 1.0], shape)).astype(np.float32)
-                if i % 2:   # ordinary activations: long runs of one exponent
+                if i % 2:  # ordinary activations: long runs of one exponent
                     x = rng.normal(0, 4, shape).astype(np.float32)
                 x.reshape(-1)[[3, 40, -1]] = [np.nan, np.inf, 0.0]
                 inputs[f"lrn{i:03d}_x"] = x

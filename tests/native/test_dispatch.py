@@ -1,13 +1,14 @@
 """The dispatcher: ISA level, cap by TENSOROPS_ISA, kernel report."""
+
 import os
 import subprocess
 import sys
 
 import pytest
+from tensorops_native._native import lib
 
 import tensorops_native as tn
 from tensorops_native._info import set_isa_for_testing
-from tensorops_native._native import lib
 
 # The dispatcher itself: each test sets or reads the levels it checks: run once, at the process's level.
 pytestmark = pytest.mark.level_independent
@@ -40,9 +41,13 @@ def test_each_level_can_be_forced(level):
     env = dict(os.environ, TENSOROPS_ISA=level)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     active, kernels = out.split(" ", 1)
-    supported = subprocess.run([sys.executable, "-c", "import tensorops_native as t; print(t.isa())"],
-                               env={k: v for k, v in os.environ.items() if k != "TENSOROPS_ISA"},
-                               capture_output=True, text=True, check=True).stdout.strip()
+    supported = subprocess.run(
+        [sys.executable, "-c", "import tensorops_native as t; print(t.isa())"],
+        env={k: v for k, v in os.environ.items() if k != "TENSOROPS_ISA"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     order = ("scalar", "avx2", "avx512")
     assert active == order[min(order.index(level), order.index(supported))]
     assert kernels.strip() == repr({active})
@@ -60,11 +65,11 @@ def test_the_testing_switch_re_resolves_every_kernel_and_refuses_what_the_cpu_la
     supported = order[lib.TnSupportedIsa()]
     start = tn.isa()
     try:
-        for level in order[:order.index(supported) + 1]:
+        for level in order[: order.index(supported) + 1]:
             set_isa_for_testing(level)
             assert tn.isa() == level
             assert set(tn.kernels().values()) == {level}
-        for level in order[order.index(supported) + 1:]:
+        for level in order[order.index(supported) + 1 :]:
             with pytest.raises(ValueError, match=f"cannot run '{level}'"):
                 set_isa_for_testing(level)
             assert tn.isa() == supported

@@ -6,11 +6,12 @@ rtol = count * u. Sum: each product and addition rounds once (an FMA rounds less
 absolute error is below 2 * count * u * sum_i |w_i * x_i|. Max and min are exact (one of the
 inputs), and propagate NaN (docs/kernels.md).
 """
+
 import numpy as np
 import pytest
 
-import tensorops_native as tn
 import reference as ref
+import tensorops_native as tn
 from tn_testing import F32_TINY, U, assert_close, assert_same_bits, call_preserving, require
 
 OPS = {"product": ref.ELTWISE_PRODUCT, "sum": ref.ELTWISE_SUM, "max": ref.ELTWISE_MAX, "min": ref.ELTWISE_MIN}
@@ -36,9 +37,14 @@ def check(op, inputs, weights=None, default_weights=False):
         assert_close(y, exact, rtol=n * U, atol=F32_TINY, what=f"eltwise product of {n}")
     elif op == "sum":
         with np.errstate(invalid="ignore", over="ignore"):
-            magnitude = sum(np.abs(a.astype(np.float64) * float(w)) for a, w in zip(inputs, weights))
-        assert_close(y, exact, rtol=0.0, atol=2 * n * U * np.nan_to_num(magnitude, posinf=0.0) + F32_TINY,
-                     what=f"eltwise sum of {n}")
+            magnitude = sum(np.abs(a.astype(np.float64) * float(w)) for a, w in zip(inputs, weights, strict=True))
+        assert_close(
+            y,
+            exact,
+            rtol=0.0,
+            atol=2 * n * U * np.nan_to_num(magnitude, posinf=0.0) + F32_TINY,
+            what=f"eltwise sum of {n}",
+        )
     else:
         assert_close(y, exact, rtol=0.0, atol=0.0, what=f"eltwise {op} of {n}")
     return y
@@ -75,7 +81,7 @@ def test_eltwise_max_min_propagate_nan(rng, op, size):
     count = 4
     inputs = [rng.normal(size=size).astype(np.float32) for _ in range(count)]
     marks = {}
-    for k, j in enumerate(rng.permutation(size)[:min(size, 6)]):
+    for k, j in enumerate(rng.permutation(size)[: min(size, 6)]):
         which = [0, 1, count - 1, 2, 0, 1][k]
         inputs[which][j] = np.nan
         marks[int(j)] = which

@@ -22,19 +22,19 @@ by 2u |y| for the rounding of a scaled argument), its accuracy allowance (8 ulp,
 FLT_MIN) added, and both ends rounded to the output dtype: rounding being monotone, the
 output must lie between them.
 """
+
 from __future__ import annotations
 
 import math
 
 import numpy as np
 import pytest
-
-import tensorops_native as tn
-from tensorops_native import _normalize
 from tensorops_native._native import ffi, lib
 
 import reference as ref
-from tn_testing import U, Guarded, assert_same_bits, call_preserving, require, sum_rtol
+import tensorops_native as tn
+from tensorops_native import _normalize
+from tn_testing import Guarded, U, assert_same_bits, call_preserving, require, sum_rtol
 
 KERNELS = ("NormalizationRows", "NormalizationColumns")
 BF16 = ref.BF16
@@ -50,6 +50,7 @@ def _kernels():
 
 
 # ---- The seed (001): TensorRT's example reference, as written there ---------------------
+
 
 def convert_axes_to_tuple(axes, num_dims):
     converted_axes = []
@@ -69,6 +70,7 @@ def normalization_reference(x, s, bias, axes, epsilon=1e-5):
 
 
 # ---- Generalized float64 reference -------------------------------------------------------
+
 
 def as_f64(a):
     a = np.asarray(a)
@@ -95,7 +97,7 @@ def reference(x, scale, bias, axes, groups=1, eps=1e-5, normalize_variance=True)
     axes = tuple(sorted(a % x.ndim for a in axes))
     if groups > 1:
         xs = x.reshape(shape[0], groups, shape[1] // groups, *shape[2:])
-        red = tuple(sorted({a + 1 if a > 1 else a for a in axes if a != 1} | {2}))   # groups apart
+        red = tuple(sorted({a + 1 if a > 1 else a for a in axes if a != 1} | {2}))  # groups apart
     else:
         xs, red = x, axes
     n = math.prod(xs.shape[a] for a in red)
@@ -182,20 +184,48 @@ def check(out, x, scale, bias, axes, groups=1, eps=1e-5, normalize_variance=True
     bad = ~((got >= lo) & (got <= hi))
     if bad.any():
         idx = np.flatnonzero(bad)[:5]
-        lines = [f"  at {np.unravel_index(i, x.shape)}: got {got.ravel()[i]!r}, allowed [{lo.ravel()[i]!r}, "
-                 f"{hi.ravel()[i]!r}] (pre-activation reference {y.ravel()[i]!r} +- {tol.ravel()[i]:.3g})" for i in idx]
-        pytest.fail(f"{what}: {int(bad.sum())} of {out.size} elements out of bounds "
-                    f"(shape {x.shape}, axes {axes}, groups {groups}, activation {activation}):\n" + "\n".join(lines))
+        lines = [
+            f"  at {np.unravel_index(i, x.shape)}: got {got.ravel()[i]!r}, allowed [{lo.ravel()[i]!r}, "
+            f"{hi.ravel()[i]!r}] (pre-activation reference {y.ravel()[i]!r} +- {tol.ravel()[i]:.3g})"
+            for i in idx
+        ]
+        pytest.fail(
+            f"{what}: {int(bad.sum())} of {out.size} elements out of bounds "
+            f"(shape {x.shape}, axes {axes}, groups {groups}, activation {activation}):\n" + "\n".join(lines)
+        )
 
 
 # ---- Random cases ------------------------------------------------------------------------
 
 DIM_SIZES = (1, 2, 3, 4, 5, 7, 8, 16, 17)
-ACTIVATION_CHOICES = [None, "identity", ("linear", 0.7, -0.25), "relu", ("leaky_relu", 0.1), "leaky_relu",
-                      ("parametric_softplus", 0.8, 1.5), "elu", ("elu", 0.5), "celu", ("celu", 2.0), "scaled_elu",
-                      "sigmoid", "hard_sigmoid", ("hard_sigmoid", 0.3, 0.4), "tanh", "scaled_tanh",
-                      ("scaled_tanh", 1.5, 0.7), "softplus", ("softplus", 3.0), "softsign", "thresholded_relu",
-                      ("thresholded_relu", 0.3), "shrink", ("shrink", 0.2, 0.6), "gelu"]
+ACTIVATION_CHOICES = [
+    None,
+    "identity",
+    ("linear", 0.7, -0.25),
+    "relu",
+    ("leaky_relu", 0.1),
+    "leaky_relu",
+    ("parametric_softplus", 0.8, 1.5),
+    "elu",
+    ("elu", 0.5),
+    "celu",
+    ("celu", 2.0),
+    "scaled_elu",
+    "sigmoid",
+    "hard_sigmoid",
+    ("hard_sigmoid", 0.3, 0.4),
+    "tanh",
+    "scaled_tanh",
+    ("scaled_tanh", 1.5, 0.7),
+    "softplus",
+    ("softplus", 3.0),
+    "softsign",
+    "thresholded_relu",
+    ("thresholded_relu", 0.3),
+    "shrink",
+    ("shrink", 0.2, 0.6),
+    "gelu",
+]
 
 
 def random_shape(rng, ndim, limit=2500):
@@ -234,9 +264,13 @@ def random_case(rng, dtype):
         axes_arg = tuple(int(a) for a in rng.permutation(axes))
     x = rng.normal(0.3, 1.5, shape).astype(np.float32)
     if rng.random() < 0.2:
-        x = x * np.float32(50.0) + np.float32(20.0)    # large mean and spread
-    kwargs = dict(axes=axes_arg, num_groups=groups, normalize_variance=bool(rng.random() < 0.8),
-                  eps=float(rng.choice([1e-5, 1e-3, 0.5])))
+        x = x * np.float32(50.0) + np.float32(20.0)  # large mean and spread
+    kwargs = dict(
+        axes=axes_arg,
+        num_groups=groups,
+        normalize_variance=bool(rng.random() < 0.8),
+        eps=float(rng.choice([1e-5, 1e-3, 0.5])),
+    )
     act = ACTIVATION_CHOICES[int(rng.integers(0, len(ACTIVATION_CHOICES)))]
     if act is not None:
         kwargs["activation"] = act
@@ -288,7 +322,7 @@ def test_columns_around_vector_widths(rng, dtype):
             x = rng.normal(-0.5, 1.5, (2, count, inner)).astype(DTYPES[dtype])
             s, b = rng.uniform(-2, 2, (count, 1)).astype(np.float32), rng.uniform(-1, 1, inner).astype(np.float32)
             check(tn.normalize(x, s, b, axes=[1]), x, s, b, [1], what=f"columns {count}x{inner}")
-    x = rng.normal(size=(3, 5, 300)).astype(DTYPES[dtype])      # more positions than one chunk
+    x = rng.normal(size=(3, 5, 300)).astype(DTYPES[dtype])  # more positions than one chunk
     s = rng.uniform(-2, 2, (3, 5, 300)).astype(np.float32)
     check(tn.normalize(x, s, None, axes=[1], activation="tanh"), x, s, None, [1], activation="tanh")
 
@@ -301,7 +335,12 @@ def test_group_norm_segments_and_parameters(rng):
             x = rng.normal(1.0, 3.0, (2, channels, spatial)).astype(np.float32)
             per_channel = rng.uniform(-2, 2, (1, channels, 1)).astype(np.float32)
             per_group = rng.uniform(-2, 2, (1, groups, 1)).astype(np.float32)
-            for s, b in ((per_channel, per_group), (per_group, None), (None, np.float32(0.5)), (per_channel, per_channel)):
+            for s, b in (
+                (per_channel, per_group),
+                (per_group, None),
+                (None, np.float32(0.5)),
+                (per_channel, per_channel),
+            ):
                 check(tn.normalize(x, s, b, axes=[2], num_groups=groups), x, s, b, [2], groups)
 
 
@@ -310,8 +349,16 @@ def test_parameter_patterns_that_need_expansion(rng):
     that varies along an outer axis but not a later kept one, along a reduced axis but not a
     later one, and mixtures."""
     x = rng.normal(size=(3, 4, 5, 6)).astype(np.float32)
-    cases = [((3, 1, 1, 1), [2, 3]), ((3, 1, 5, 1), [2, 3]), ((1, 4, 1, 6), [1, 2]), ((1, 1, 5, 1), [1, 2, 3]),
-             ((3, 4, 1, 6), [3]), ((1, 4, 5, 1), [0, 2]), ((3, 1, 1, 6), [1]), ((1, 1, 5, 6), [0, 1, 2, 3])]
+    cases = [
+        ((3, 1, 1, 1), [2, 3]),
+        ((3, 1, 5, 1), [2, 3]),
+        ((1, 4, 1, 6), [1, 2]),
+        ((1, 1, 5, 1), [1, 2, 3]),
+        ((3, 4, 1, 6), [3]),
+        ((1, 4, 5, 1), [0, 2]),
+        ((3, 1, 1, 6), [1]),
+        ((1, 1, 5, 6), [0, 1, 2, 3]),
+    ]
     for shape, axes in cases:
         s = rng.uniform(-2, 2, shape).astype(np.float32)
         b = rng.uniform(-1, 1, shape[::-1][:2][::-1]).astype(np.float32) if shape[-2:] != (1, 1) else None
@@ -343,7 +390,9 @@ def test_activation_accuracy_fp32(rng):
         hi = np.maximum.reduce([want, *alt])
         acc = 8 * U * np.maximum(np.abs(lo), np.abs(hi)) + FLT_MIN
         bad = ~((out >= lo - acc) & (out <= hi + acc))
-        assert not bad.any(), f"{spec}: {int(bad.sum())} values off, e.g. y={pre[bad][:3]} got {out[bad][:3]} want {want[bad][:3]}"
+        assert not bad.any(), (
+            f"{spec}: {int(bad.sum())} values off, e.g. y={pre[bad][:3]} got {out[bad][:3]} want {want[bad][:3]}"
+        )
 
 
 def test_activation_defaults_and_parameters(rng):
@@ -352,10 +401,14 @@ def test_activation_defaults_and_parameters(rng):
         defaults = [d for _, d in spec]
         if None in defaults:
             continue
-        assert_same_bits(tn.normalize(x, axes=[1], activation=name),
-                         tn.normalize(x, axes=[1], activation=(name, *defaults)), what=name)
-        assert_same_bits(tn.normalize(x, axes=[1], activation=name.upper()),
-                         tn.normalize(x, axes=[1], activation=[name]), what=name)
+        assert_same_bits(
+            tn.normalize(x, axes=[1], activation=name),
+            tn.normalize(x, axes=[1], activation=(name, *defaults)),
+            what=name,
+        )
+        assert_same_bits(
+            tn.normalize(x, axes=[1], activation=name.upper()), tn.normalize(x, axes=[1], activation=[name]), what=name
+        )
     assert_same_bits(tn.normalize(x, axes=[1], activation="identity"), tn.normalize(x, axes=[1]))
 
 
@@ -388,8 +441,9 @@ def test_dtypes_of_parameters(rng):
         assert_same_bits(tn.normalize(x, s, s, axes=[1]), base)
     xh = x.astype(np.float32).astype(F16)
     sh = s32.astype(F16)
-    assert_same_bits(tn.normalize(xh, sh, sh, axes=[1]), tn.normalize(xh, sh.astype(np.float32), sh.astype(np.float32),
-                                                                         axes=[1]))
+    assert_same_bits(
+        tn.normalize(xh, sh, sh, axes=[1]), tn.normalize(xh, sh.astype(np.float32), sh.astype(np.float32), axes=[1])
+    )
     bits = tn.normalize(x.view(np.uint16), s32, None, axes=[1])
     assert bits.dtype == np.uint16 and np.array_equal(bits, tn.normalize(x, s32, None, axes=[1]).view(np.uint16))
 
@@ -399,11 +453,28 @@ def test_fp16_and_bf16_rounding_is_exact_rne():
     conversion alone, against NumPy / ml_dtypes (round to nearest even, denormals, overflow),
     for random fp32 bit patterns and the boundaries."""
     rng = np.random.default_rng(7)
-    bits = rng.integers(0, 2 ** 32, 1 << 16, dtype=np.uint64).astype(np.uint32)
-    near = rng.integers(0x33000000, 0x47900000, 1 << 16, dtype=np.uint64).astype(np.uint32) | \
-        (rng.integers(0, 2, 1 << 16).astype(np.uint32) << 31)
-    special = np.array([65504, 65519.99, 65520, 65536, 2 ** -24, 2 ** -25, 3 * 2 ** -26, 2 ** -14,
-                        2 ** -14 * (1 - 2 ** -11), np.inf, -np.inf, 1e-45, 3.3895e38], np.float32)
+    bits = rng.integers(0, 2**32, 1 << 16, dtype=np.uint64).astype(np.uint32)
+    near = rng.integers(0x33000000, 0x47900000, 1 << 16, dtype=np.uint64).astype(np.uint32) | (
+        rng.integers(0, 2, 1 << 16).astype(np.uint32) << 31
+    )
+    special = np.array(
+        [
+            65504,
+            65519.99,
+            65520,
+            65536,
+            2**-24,
+            2**-25,
+            3 * 2**-26,
+            2**-14,
+            2**-14 * (1 - 2**-11),
+            np.inf,
+            -np.inf,
+            1e-45,
+            3.3895e38,
+        ],
+        np.float32,
+    )
     b = np.concatenate([bits.view(np.float32), near.view(np.float32), special])
     for dtype in (F16, BF16):
         x = np.zeros(b.size, dtype)
@@ -411,7 +482,7 @@ def test_fp16_and_bf16_rounding_is_exact_rne():
         with np.errstate(all="ignore"):
             want = b.astype(dtype)
         nan = np.isnan(b)
-        check_bits = ~nan & (b != 0)    # a zero bias gives +0 (the sum 0 * 0 + b)
+        check_bits = ~nan & (b != 0)  # a zero bias gives +0 (the sum 0 * 0 + b)
         assert_same_bits(y[check_bits], want[check_bits], what=f"{dtype} rounding")
         assert np.all(y.view(np.uint16)[nan] == (0x7E00 if dtype == F16 else 0x7FC0))
 
@@ -444,7 +515,7 @@ def test_empty_tensors_and_size_one_axes(rng):
             y = tn.normalize(np.zeros(shape, dtype), axes=axes)
             assert y.shape == shape and y.dtype == dtype
     x = rng.normal(size=(1, 5, 1, 1, 3)).astype(np.float32)
-    check(tn.normalize(x, axes=[0, 2, 3]), x, None, None, [0, 2, 3])   # every reduced axis has size 1
+    check(tn.normalize(x, axes=[0, 2, 3]), x, None, None, [0, 2, 3])  # every reduced axis has size 1
     check(tn.normalize(x, axes=[1, 3]), x, None, None, [1, 3])
 
 
@@ -458,8 +529,10 @@ def test_inputs_are_not_modified(rng):
 def test_non_contiguous_inputs(rng):
     x = rng.normal(size=(6, 10)).astype(np.float32)
     s = rng.normal(size=20).astype(np.float32)[::2]
-    assert_same_bits(tn.normalize(x[:, ::2].T, s[:6], None, axes=[0]),
-                     tn.normalize(np.ascontiguousarray(x[:, ::2].T), np.ascontiguousarray(s[:6]), None, axes=[0]))
+    assert_same_bits(
+        tn.normalize(x[:, ::2].T, s[:6], None, axes=[0]),
+        tn.normalize(np.ascontiguousarray(x[:, ::2].T), np.ascontiguousarray(s[:6]), None, axes=[0]),
+    )
     assert_same_bits(tn.normalize(x.T, axes=[-1]), tn.normalize(np.ascontiguousarray(x.T), axes=[-1]))
 
 
@@ -468,8 +541,12 @@ def test_large_outputs_streaming_stores(rng):
     stores from each segment's first vector-aligned element (the prefetch cursor runs to the
     last row): rows whose starts move through every alignment, group segments, every dtype,
     and a destination that starts one element past an alignment (direct call)."""
-    cases = [((40, 13109), [1], 1, np.float32), ((2, 16, 33, 1001), [2, 3], 4, np.float16),
-             ((1100, 1003), [1], 1, BF16), ((3, 700, 1001), [1], 1, np.float32)]
+    cases = [
+        ((40, 13109), [1], 1, np.float32),
+        ((2, 16, 33, 1001), [2, 3], 4, np.float16),
+        ((1100, 1003), [1], 1, BF16),
+        ((3, 700, 1001), [1], 1, np.float32),
+    ]
     for shape, axes, groups, dtype in cases:
         x = rng.normal(0.2, 1.5, shape).astype(dtype)
         pshape = (1, shape[1]) + (1,) * (len(shape) - 2) if groups > 1 else shape[-1:]
@@ -481,7 +558,7 @@ def test_large_outputs_streaming_stores(rng):
         if plan.transpose is None and all(p is None or p[0] is None for p in plan.params):
             raw = x.view(np.uint16) if x.dtype.itemsize == 2 else x
             buf = np.zeros(raw.size + 1, raw.dtype)
-            dst = buf[1:].reshape(raw.shape)                   # one element past the allocation's alignment
+            dst = buf[1:].reshape(raw.shape)  # one element past the allocation's alignment
             params = [_normalize._parameter(p, "p", x.shape, groups) for p in (s, b)]
             c_normalize(plan, x.dtype, raw, params, dst, activation="sigmoid")
             assert_same_bits(dst, y.view(raw.dtype), what=f"{shape} misaligned destination")
@@ -489,6 +566,7 @@ def test_large_outputs_streaming_stores(rng):
 
 
 # ---- Equivalences -----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("channels", (3, 16, 67))
 def test_nhwc_channels_equal_layer_norm_channels(rng, channels):
@@ -501,7 +579,9 @@ def test_nhwc_channels_equal_layer_norm_channels(rng, channels):
     ours, theirs = tn.normalize(xb, s, b, axes=[3]), tn.layer_norm_channels(xb, s, b, format="nhwc")
     check(ours, xb, s, b, [3])
     a, t = ours.view(np.uint16).astype(np.int32), theirs.view(np.uint16).astype(np.int32)
-    assert np.all(np.abs(a - t) <= 1) or np.all(np.abs(as_f64(ours) - as_f64(theirs)) <= 2.0 ** -8 * np.abs(as_f64(theirs)))
+    assert np.all(np.abs(a - t) <= 1) or np.all(
+        np.abs(as_f64(ours) - as_f64(theirs)) <= 2.0**-8 * np.abs(as_f64(theirs))
+    )
 
 
 @pytest.mark.parametrize("channels", (1, 8, 17))
@@ -543,22 +623,42 @@ def test_group_norm_equals_pytorch_formula(rng, shape, groups):
 
 X4 = np.zeros((2, 6, 3, 3), np.float32)
 BAD = [
-    (dict(axes=[4]), "axes"), (dict(axes=[-5]), "axes"), (dict(axes=[1, 1]), "axes"), (dict(axes=[1, -3]), "axes"),
-    (dict(axes=[]), "axes"), (dict(axes=0), "axes"), (dict(axes=1 << 4), "axes"), (dict(axes=-1), "axes"),
-    (dict(axes=None), "axes"), (dict(axes=[1.0]), "axes"), (dict(axes="1"), "axes"), (dict(axes=True), "axes"),
-    (dict(axes=[2], num_groups=4), "num_groups"), (dict(axes=[2], num_groups=0), "num_groups"),
+    (dict(axes=[4]), "axes"),
+    (dict(axes=[-5]), "axes"),
+    (dict(axes=[1, 1]), "axes"),
+    (dict(axes=[1, -3]), "axes"),
+    (dict(axes=[]), "axes"),
+    (dict(axes=0), "axes"),
+    (dict(axes=1 << 4), "axes"),
+    (dict(axes=-1), "axes"),
+    (dict(axes=None), "axes"),
+    (dict(axes=[1.0]), "axes"),
+    (dict(axes="1"), "axes"),
+    (dict(axes=True), "axes"),
+    (dict(axes=[2], num_groups=4), "num_groups"),
+    (dict(axes=[2], num_groups=0), "num_groups"),
     (dict(axes=[2], num_groups=2.0), "num_groups"),
-    (dict(axes=[2], scale=np.ones(4, np.float32)), "scale"), (dict(axes=[2], bias=np.ones((2, 1, 1, 1, 1))), "bias"),
+    (dict(axes=[2], scale=np.ones(4, np.float32)), "scale"),
+    (dict(axes=[2], bias=np.ones((2, 1, 1, 1, 1))), "bias"),
     (dict(axes=[2], scale=np.ones((1, 3, 1, 1), np.float32)), "scale"),
     (dict(axes=[2], num_groups=3, scale=np.ones((1, 2, 1, 1))), "scale"),
-    (dict(axes=[2], bias=np.ones(3, bool)), "bias"), (dict(axes=[2], scale=np.ones(3, complex)), "scale"),
-    (dict(axes=[2], activation="swish"), "activation"), (dict(axes=[2], activation=("relu", 1.0)), "activation"),
-    (dict(axes=[2], activation="linear"), "activation"), (dict(axes=[2], activation=("linear", 1.0)), "activation"),
-    (dict(axes=[2], activation=("elu", 1.0, 2.0)), "activation"), (dict(axes=[2], activation=("elu", "a")), "activation"),
-    (dict(axes=[2], activation=("elu", np.inf)), "activation"), (dict(axes=[2], activation=3), "activation"),
-    (dict(axes=[2], activation=("softplus", 0.5)), "activation"), (dict(axes=[2], activation=("celu", 0.0)), "activation"),
-    (dict(axes=[2], compute_dtype="float16"), "compute_dtype"), (dict(axes=[2], compute_dtype=np.float64), "compute_dtype"),
-    (dict(axes=[2], eps=-1.0), "eps"), (dict(axes=[2], eps=np.nan), "eps"), (dict(axes=[2], eps="small"), "eps"),
+    (dict(axes=[2], bias=np.ones(3, bool)), "bias"),
+    (dict(axes=[2], scale=np.ones(3, complex)), "scale"),
+    (dict(axes=[2], activation="swish"), "activation"),
+    (dict(axes=[2], activation=("relu", 1.0)), "activation"),
+    (dict(axes=[2], activation="linear"), "activation"),
+    (dict(axes=[2], activation=("linear", 1.0)), "activation"),
+    (dict(axes=[2], activation=("elu", 1.0, 2.0)), "activation"),
+    (dict(axes=[2], activation=("elu", "a")), "activation"),
+    (dict(axes=[2], activation=("elu", np.inf)), "activation"),
+    (dict(axes=[2], activation=3), "activation"),
+    (dict(axes=[2], activation=("softplus", 0.5)), "activation"),
+    (dict(axes=[2], activation=("celu", 0.0)), "activation"),
+    (dict(axes=[2], compute_dtype="float16"), "compute_dtype"),
+    (dict(axes=[2], compute_dtype=np.float64), "compute_dtype"),
+    (dict(axes=[2], eps=-1.0), "eps"),
+    (dict(axes=[2], eps=np.nan), "eps"),
+    (dict(axes=[2], eps="small"), "eps"),
     (dict(axes=[2], normalize_variance=1), "normalize_variance"),
 ]
 
@@ -573,10 +673,17 @@ def test_bad_arguments_raise_value_error_naming_the_field(kwargs, field):
     assert str(err.value).startswith(f"{field}: ")
 
 
-@pytest.mark.parametrize("x,why", [
-    (np.zeros((2, 3), np.float64), "dtype"), (np.zeros((2, 3), np.int32), "dtype"), (np.zeros(3, bool), "dtype"),
-    (np.float32(1.0), "rank 0"), (np.zeros((1,) * 9, np.float32), "rank 9"), ("abc", "not numeric"),
-])
+@pytest.mark.parametrize(
+    "x,why",
+    [
+        (np.zeros((2, 3), np.float64), "dtype"),
+        (np.zeros((2, 3), np.int32), "dtype"),
+        (np.zeros(3, bool), "dtype"),
+        (np.float32(1.0), "rank 0"),
+        (np.zeros((1,) * 9, np.float32), "rank 9"),
+        ("abc", "not numeric"),
+    ],
+)
 def test_bad_inputs_raise_value_error(x, why):
     with pytest.raises(ValueError) as err:
         tn.normalize(x, axes=[0])
@@ -618,14 +725,22 @@ for key in sorted(k for k in inputs if k.endswith("_x")):
 def isa_inputs():
     rng = np.random.default_rng(20261122)
     inputs = {}
-    shapes = [((5, 67), [1], 1), ((3, 33, 17), [1], 1), ((2, 8, 15, 3), [2, 3], 4), ((4, 17, 9), [0, 2], 1),
-              ((2, 16, 31), [2], 1), ((3, 5, 2, 7), [0, 1, 3], 1), ((2, 64, 49), [2], 8), ((1, 3, 300), [0], 1),
-              ((9, 61447), [1], 1)]   # 2.1 MiB in fp32: the prefetch cursor to the end
+    shapes = [
+        ((5, 67), [1], 1),
+        ((3, 33, 17), [1], 1),
+        ((2, 8, 15, 3), [2, 3], 4),
+        ((4, 17, 9), [0, 2], 1),
+        ((2, 16, 31), [2], 1),
+        ((3, 5, 2, 7), [0, 1, 3], 1),
+        ((2, 64, 49), [2], 8),
+        ((1, 3, 300), [0], 1),
+        ((9, 61447), [1], 1),
+    ]  # 2.1 MiB in fp32: the prefetch cursor to the end
     acts = [""] + list(tn.ACTIVATIONS)
     i = 0
-    for dname, dtype in DTYPES.items():
+    for dtype in DTYPES.values():
         for j, (shape, axes, groups) in enumerate(shapes):
-            for act in acts[j % 3::3]:
+            for act in acts[j % 3 :: 3]:
                 if act in ("linear", "parametric_softplus"):
                     continue
                 x = rng.normal(0.2, 2.0, shape).astype(np.float32)
@@ -652,8 +767,11 @@ def isa_inputs():
             x[5, 0] = 1e4
             x[6] = 0.1
             x[7, 5] = np.nan
-            x = np.ascontiguousarray(x.reshape(8, 2, 100).transpose(1, 0, 2)).reshape(2, 8, 100)[:, :, :33] \
-                if len(shape) == 3 else x
+            x = (
+                np.ascontiguousarray(x.reshape(8, 2, 100).transpose(1, 0, 2)).reshape(2, 8, 100)[:, :, :33]
+                if len(shape) == 3
+                else x
+            )
             x = x.astype(dtype)
             for eps in (1e-5, 0.0):
                 key = f"n{i:03d}"
@@ -681,6 +799,7 @@ def test_identical_across_isa_levels(isa_runner, a, b):
 
 # ---- Direct C calls: memory outside the tensors is never touched ----------------------------
 
+
 def direct_cases():
     """(name, x, scale, bias, kwargs) whose plans need no expansion or transposition: the
     C call sees exactly the user's arrays."""
@@ -688,9 +807,15 @@ def direct_cases():
     out = []
     for dname, dtype in DTYPES.items():
         for shape, axes, groups, sshape, bshape in [
-                ((3, 17), [1], 1, (17,), None), ((5, 7), [1], 1, None, (5, 1)), ((2, 8, 4, 5), [2, 3], 4, (1, 8, 1, 1), (1, 4, 1, 1)),
-                ((2, 33, 9), [1], 1, (33, 1), (9,)), ((1, 17, 31), [1], 1, (1, 17, 31), None), ((4, 3, 16), [0], 1, (4, 1, 1), (3, 16)),
-                ((1, 1), [0, 1], 1, (1,), (1, 1)), ((6, 64), [1], 1, (64,), (6, 1))]:
+            ((3, 17), [1], 1, (17,), None),
+            ((5, 7), [1], 1, None, (5, 1)),
+            ((2, 8, 4, 5), [2, 3], 4, (1, 8, 1, 1), (1, 4, 1, 1)),
+            ((2, 33, 9), [1], 1, (33, 1), (9,)),
+            ((1, 17, 31), [1], 1, (1, 17, 31), None),
+            ((4, 3, 16), [0], 1, (4, 1, 1), (3, 16)),
+            ((1, 1), [0, 1], 1, (1,), (1, 1)),
+            ((6, 64), [1], 1, (64,), (6, 1)),
+        ]:
             x = rng.normal(size=shape).astype(dtype)
             s = None if sshape is None else rng.uniform(-2, 2, sshape).astype(np.float32)
             b = None if bshape is None else rng.uniform(-1, 1, bshape).astype(np.float32)
@@ -722,7 +847,7 @@ def c_normalize(plan, dtype, x, params, dst, activation="elu"):
     norm.normalizeVariance = 1
     norm.activation, norm.activationParams = _normalize.activation_spec(activation)
     keep = []
-    for arr, spec, c in zip(params, plan.params, (norm.scale, norm.bias)):
+    for arr, spec, c in zip(params, plan.params, (norm.scale, norm.bias), strict=True):
         if arr is not None:
             assert spec[0] is None
             _, c.period, c.outerStride, c.stride, c.step = spec
@@ -772,5 +897,6 @@ print("OK", flush=True)
 def test_c_calls_stay_inside_guard_pages(isolated):
     proc = isolated(GUARD_SCRIPT, memory_limit=None, TENSOROPS_ISA=tn.isa())
     lines = proc.stdout.strip().splitlines()
-    assert proc.returncode == 0 and lines and lines[-1] == "OK", \
+    assert proc.returncode == 0 and lines and lines[-1] == "OK", (
         f"crashed or failed ({proc.returncode}) after '{lines[-1] if lines else '?'}':\n{proc.stderr[-2000:]}"
+    )

@@ -11,13 +11,13 @@ BF16 inputs. The suite runs once per ISA level, so every level is checked.
   are of order 1, give those results within the bound of test_gnorm.check (the kernel
   scales such rows by a power of two, and eps with them).
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 import tensorops_native as tn
-
 from test_gnorm import BF16, F16, as_f64, check, plan_of
 
 FMAX = float(np.finfo(np.float32).max)
@@ -96,7 +96,7 @@ def extreme_rows(rng, shape, kind):
         return np.clip(3e38 * np.sign(base) * rng.uniform(0.5, 1.0, size=shape), -FMAX, FMAX).astype(np.float32)
     if kind == "1e-30":
         return (1e-30 * base).astype(np.float32)
-    if kind == "1e-42":   # denormals
+    if kind == "1e-42":  # denormals
         return (1e-42 * np.round(base * 4)).astype(np.float32)
     raise AssertionError(kind)
 
@@ -113,8 +113,17 @@ def test_extreme_magnitudes_fp32(rng, name, shape, kwargs, rows, kind, eps):
     for act in (None, "tanh"):
         y = tn.normalize(x, s, b, eps=eps, activation=act, **kwargs)
         assert np.all(np.isfinite(y)), f"{name} {kind} eps={eps}: non-finite results"
-        check(y, x, s, b, kwargs["axes"], kwargs.get("num_groups", 1), eps=eps, activation=act,
-              what=f"{name} {kind} eps={eps}")
+        check(
+            y,
+            x,
+            s,
+            b,
+            kwargs["axes"],
+            kwargs.get("num_groups", 1),
+            eps=eps,
+            activation=act,
+            what=f"{name} {kind} eps={eps}",
+        )
 
 
 @pytest.mark.parametrize("name,shape,kwargs,rows", LAYOUTS, ids=[n for n, *_ in LAYOUTS])
@@ -168,5 +177,5 @@ def test_shifted_mean_is_accurate_for_offset_rows(rng):
     accurate, where a plain sum loses them."""
     x = (1000.0 + 1e-3 * rng.normal(size=(4, 768))).astype(np.float32)
     check(tn.normalize(x, axes=[-1], eps=0.0), x, None, None, [-1], eps=0.0)
-    x[:, 0] = 1010.0     # a first value far from the mean: the second pass about the mean
+    x[:, 0] = 1010.0  # a first value far from the mean: the second pass about the mean
     check(tn.normalize(x, axes=[-1], eps=0.0), x, None, None, [-1], eps=0.0)

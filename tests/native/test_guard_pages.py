@@ -2,6 +2,7 @@
 over-read of a vector tail: every direct C case (c_cases.py) runs in a child process with
 each array next to an inaccessible page (guard_page_probe.py). A crash is reported with the
 case that caused it."""
+
 import pathlib
 import signal
 import sys
@@ -21,12 +22,16 @@ PROBE = pathlib.Path(__file__).resolve().parent / "guard_page_probe.py"
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_kernel_stays_inside_its_tensors(isolated, kernel):
     require(kernel)
-    proc = isolated(f"import runpy, sys; sys.argv = ['probe', {kernel!r}]; "
-                    f"runpy.run_path({str(PROBE)!r}, run_name='__main__')", memory_limit=None)
+    proc = isolated(
+        f"import runpy, sys; sys.argv = ['probe', {kernel!r}]; runpy.run_path({str(PROBE)!r}, run_name='__main__')",
+        memory_limit=None,
+    )
     lines = proc.stdout.strip().splitlines()
     if proc.returncode < 0:
         name = signal.Signals(-proc.returncode).name
-        pytest.fail(f"{kernel} crashed with {name} in case '{lines[-1] if lines else '?'}': it accessed memory "
-                    f"outside its tensors (or its scratch beyond the documented size)\n{proc.stderr[-2000:]}")
+        pytest.fail(
+            f"{kernel} crashed with {name} in case '{lines[-1] if lines else '?'}': it accessed memory "
+            f"outside its tensors (or its scratch beyond the documented size)\n{proc.stderr[-2000:]}"
+        )
     mismatches = [line for line in lines if line.startswith("MISMATCH")]
     assert proc.returncode == 0 and lines and lines[-1] == "OK", "\n".join(mismatches[:10]) or proc.stderr[-3000:]

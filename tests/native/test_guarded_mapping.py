@@ -2,6 +2,7 @@
 access turns into zero pages instead of killing the process, on any thread, in a kernel or
 in NumPy; a SIGBUS anywhere else still ends the process as before (with faulthandler's
 report when it is on); the mapping lives as long as any view of it."""
+
 from __future__ import annotations
 
 import errno
@@ -55,8 +56,8 @@ def test_a_shrink_under_a_kernel_gives_zeros_and_broken(shm_file, on_thread):
     land on zero pages, the call returns, and the mapping says it broke."""
     path, fd = shm_file
     mapping = GuardedMapping(fd, SIZE)
-    x = np.frombuffer(mapping.memory, np.float32)[:SIZE // 8]
-    out = np.frombuffer(mapping.memory, np.float32)[SIZE // 8:SIZE // 4]
+    x = np.frombuffer(mapping.memory, np.float32)[: SIZE // 8]
+    out = np.frombuffer(mapping.memory, np.float32)[SIZE // 8 : SIZE // 4]
     x[:] = 1.0
     os.ftruncate(fd, 0)
     run = lambda: tn.unary(x, "exp", out=out)  # noqa: E731
@@ -130,6 +131,7 @@ def test_the_slots_are_bounded_and_freed(shm_file):
     mappings.clear()
     assert not mapped(path)
 
+
 # A mapping guarded, then a plain mmap of another file shrunk and read: that SIGBUS is no
 # guarded mapping's, so the process ends as it would without the guard.
 UNGUARDED_FAULT = """
@@ -159,8 +161,13 @@ def test_a_fault_outside_every_guarded_mapping_still_ends_the_process(mode, tmp_
     flags = ["-X", "faulthandler"] if mode == "faulthandler-before" else []
     env = {k: v for k, v in os.environ.items() if k != "PYTHONFAULTHANDLER"}
     try:
-        done = subprocess.run([sys.executable, *flags, "-c", UNGUARDED_FAULT, path, mode], capture_output=True,
-                              text=True, timeout=60, env=env)
+        done = subprocess.run(
+            [sys.executable, *flags, "-c", UNGUARDED_FAULT, path, mode],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
     finally:
         if os.path.exists(path):
             os.unlink(path)
@@ -171,7 +178,6 @@ def test_a_fault_outside_every_guarded_mapping_still_ends_the_process(mode, tmp_
         assert "Fatal Python error: Bus error" in done.stderr, done.stderr
     # SIGBUS, or the abort of a sanitizer's handler when one is preloaded (make test-sanitize)
     assert done.returncode in (-7, -6, 1), (done.returncode, done.stderr)
-
 
 
 REFUSED_HANDLER = """
@@ -187,13 +193,16 @@ except OSError as exc:
 """
 
 
-@pytest.mark.skipif("libasan" not in os.environ.get("LD_PRELOAD", ""),
-                    reason="AddressSanitizer preloaded (make test-sanitize) is what can refuse the handler")
+@pytest.mark.skipif(
+    "libasan" not in os.environ.get("LD_PRELOAD", ""),
+    reason="AddressSanitizer preloaded (make test-sanitize) is what can refuse the handler",
+)
 def test_nothing_is_mapped_when_the_handler_cannot_be_installed():
     """ASan with handle_sigbus=2 ignores every other SIGBUS handler without an error: the
     mapping is then refused (ENOTSUP) rather than made unguarded."""
     env = dict(os.environ, ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") + ":handle_sigbus=2")
     path = f"/dev/shm/tensorops_test_{uuid.uuid4().hex[:12]}"
-    done = subprocess.run([sys.executable, "-c", REFUSED_HANDLER, path], capture_output=True, text=True, timeout=60,
-                          env=env)
+    done = subprocess.run(
+        [sys.executable, "-c", REFUSED_HANDLER, path], capture_output=True, text=True, timeout=60, env=env
+    )
     assert done.stdout.strip() == "refused ENOTSUP", done.stdout + done.stderr

@@ -8,11 +8,12 @@ base k0 + k1 * S adds 2u, and the power (exp of k2 * log of the base in fp32) ad
 rounding (|k2 * log(base)| <= 3 here, about 3u) and the 4e-7 of exp. The result is within
 1e-5 relative of the exact value; it is proportional to x, so no absolute term.
 """
+
 import numpy as np
 import pytest
 
-import tensorops_native as tn
 import reference as ref
+import tensorops_native as tn
 from tn_testing import CHANNELS, FORMATS, assert_close, call_preserving, f32, image_shape, require
 
 HALVES = (0, 1, 2, 5)
@@ -36,8 +37,11 @@ def check(x, half, k, fmt):
     return y
 
 
-CASES = [pytest.param(c, h, SPATIAL_CYCLE[(i + j) % 4], 1 + 2 * ((i + j) % 2), id=f"c{c}-half{h}")
-         for i, c in enumerate(CHANNELS) for j, h in enumerate(HALVES)]
+CASES = [
+    pytest.param(c, h, SPATIAL_CYCLE[(i + j) % 4], 1 + 2 * ((i + j) % 2), id=f"c{c}-half{h}")
+    for i, c in enumerate(CHANNELS)
+    for j, h in enumerate(HALVES)
+]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -55,7 +59,7 @@ def test_lrn_large_spatial(rng, fmt, channels, half):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("channels,half", [(1, 3), (7, 7), (7, 100), (17, 2 ** 40)])
+@pytest.mark.parametrize("channels,half", [(1, 3), (7, 7), (7, 100), (17, 2**40)])
 def test_lrn_window_wider_than_tensor(rng, fmt, channels, half):
     """Any half >= 0 works: a window wider than the tensor covers every channel."""
     x = f32(rng, image_shape(2, channels, 5, fmt))
@@ -63,8 +67,10 @@ def test_lrn_window_wider_than_tensor(rng, fmt, channels, half):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("size,alpha,beta,bias", [(1, 1e-4, 0.75, 1.0), (3, 0.5, 0.75, 2.0),
-                                                  (5, 1e-4, 0.75, 1.0), (5, 2.0, 0.5, 1.0), (11, 0.3, 1.0, 0.5)])
+@pytest.mark.parametrize(
+    "size,alpha,beta,bias",
+    [(1, 1e-4, 0.75, 1.0), (3, 0.5, 0.75, 2.0), (5, 1e-4, 0.75, 1.0), (5, 2.0, 0.5, 1.0), (11, 0.3, 1.0, 0.5)],
+)
 def test_lrn_onnx_mapping(rng, fmt, size, alpha, beta, bias):
     """ONNX LRN (size, alpha, beta, bias) through the docs/kernels.md mapping half = (size-1)/2,
     k = (bias, alpha / size, -beta), against ONNX's own formula."""
@@ -79,9 +85,11 @@ def test_lrn_onnx_mapping(rng, fmt, size, alpha, beta, bias):
     assert_close(y, ref.from_bcs(exact, shape, fmt), rtol=RTOL, atol=1e-37, what=f"ONNX LRN size {size}")
 
 
-@pytest.mark.parametrize("k", [(1.0, 1e-4 / 5, -0.75), [2, 3, -1], (0.1, 0.3, 0.7), [1e-40, 0.5, -0.25],
-                               (2.0 ** 128 - 2.0 ** 104, 1e-30, -0.5)],
-                         ids=["alexnet", "ints", "inexact", "denormal-k0", "float32-max"])
+@pytest.mark.parametrize(
+    "k",
+    [(1.0, 1e-4 / 5, -0.75), [2, 3, -1], (0.1, 0.3, 0.7), [1e-40, 0.5, -0.25], (2.0**128 - 2.0**104, 1e-30, -0.5)],
+    ids=["alexnet", "ints", "inexact", "denormal-k0", "float32-max"],
+)
 def test_lrn_k_as_numbers(rng, k):
     """k given as Python numbers (checked without NumPy) gives the bits k as a float32 array
     gives, for values that round in float32, a denormal and the largest float32."""
@@ -121,14 +129,14 @@ def test_lrn_power_accuracy(rng, k2):
     x = lrn_power_inputs(rng)
     k = np.float32([0.0, 1.0, k2])
     y = tn.lrn_cross_channels(x.reshape(1, 1, -1), 0, k, format="nchw").reshape(-1)
-    b = (x.astype(np.float64) ** 2).astype(np.float32).astype(np.float64)   # S = x^2 rounded once
+    b = (x.astype(np.float64) ** 2).astype(np.float32).astype(np.float64)  # S = x^2 rounded once
     exact = x * b ** np.float64(np.float32(k2))
     pw = np.abs(exact / x)
     # the power and y both normal floats (the power is a float before it meets x)
-    normal = (np.abs(exact) >= 2.0 ** -126) & (np.abs(exact) < 2.0 ** 128) & (pw >= 2.0 ** -126) & (pw < 2.0 ** 128)
-    own = (b >= 2.0 ** -100) & (b < 2.0 ** 101) & (abs(k2) <= 1) & normal
+    normal = (np.abs(exact) >= 2.0**-126) & (np.abs(exact) < 2.0**128) & (pw >= 2.0**-126) & (pw < 2.0**128)
+    own = (b >= 2.0**-100) & (b < 2.0**101) & (abs(k2) <= 1) & normal
     rel = np.abs(y / exact - 1)
     assert rel[own].max(initial=0) <= 3.5e-7, f"own power: worst {rel[own].max()}"
-    other = ~own & (b >= 2.0 ** -126) & normal
-    bound = 5e-7 + 4e-8 * np.abs(k2 * np.log2(b[other]))   # "about", plus the rounding of y
+    other = ~own & (b >= 2.0**-126) & normal
+    bound = 5e-7 + 4e-8 * np.abs(k2 * np.log2(b[other]))  # "about", plus the rounding of y
     assert (rel[other] <= bound).all(), f"table pow: worst {rel[other].max()}"

@@ -18,19 +18,39 @@ Tolerances (fp32 arithmetic, u = 2^-24):
   (max|x| * norm * |scale| + |shift|) of the row) can reach a rounding boundary: there
   within 1 BF16 ulp.
 """
+
 import numpy as np
 import pytest
 
-import tensorops_native as tn
 import reference as ref
-from tn_testing import (CHANNELS, FORMATS, SPATIALS, U, assert_bf16_where_math_allows, assert_close,
-                        assert_same_bits, bf16, call_preserving, checkerboard_batch, f32, image_shape, params,
-                        require, sum_rtol)
+import tensorops_native as tn
+from tn_testing import (
+    CHANNELS,
+    FORMATS,
+    SPATIALS,
+    U,
+    assert_bf16_where_math_allows,
+    assert_close,
+    assert_same_bits,
+    bf16,
+    call_preserving,
+    checkerboard_batch,
+    f32,
+    image_shape,
+    params,
+    require,
+    sum_rtol,
+)
 
-GRID = [pytest.param(c, s, checkerboard_batch(i, j), id=f"c{c}-s{s}-b{checkerboard_batch(i, j)}")
-        for i, c in enumerate(CHANNELS) for j, s in enumerate(SPATIALS)]
-SMALL_GRID = [pytest.param(c, s, b, id=f"c{c}-s{s}-b{b}")
-              for c, s, b in [(1, 1, 1), (3, 5, 3), (8, 16, 1), (17, 49, 3), (67, 5, 1), (16, 3136, 1)]]
+GRID = [
+    pytest.param(c, s, checkerboard_batch(i, j), id=f"c{c}-s{s}-b{checkerboard_batch(i, j)}")
+    for i, c in enumerate(CHANNELS)
+    for j, s in enumerate(SPATIALS)
+]
+SMALL_GRID = [
+    pytest.param(c, s, b, id=f"c{c}-s{s}-b{b}")
+    for c, s, b in [(1, 1, 1), (3, 5, 3), (8, 16, 1), (17, 49, 3), (67, 5, 1), (16, 3136, 1)]
+]
 
 
 def _magnitude(exact):
@@ -50,10 +70,14 @@ def ln_sensitivity(x_bcs, scale, shift, eps, axis):
         var = ((x_bcs - mean) ** 2).mean(axis=axis, keepdims=True)
         norm = 1.0 / np.sqrt(var + float(eps))
         mag = np.abs(x_bcs).max(axis=axis, keepdims=True)
-        return mag * norm * np.abs(scale.astype(np.float64))[None, :, None] + np.abs(shift.astype(np.float64))[None, :, None]
+        return (
+            mag * norm * np.abs(scale.astype(np.float64))[None, :, None]
+            + np.abs(shift.astype(np.float64))[None, :, None]
+        )
 
 
 # ---- normalize_l2 ---------------------------------------------------------------------------
+
 
 def check_l2(rng, fmt, channels, spatial, batch, across, *, x=None, eps=1e-10, scale=None):
     require("SynetNormalizeLayerForward")
@@ -62,8 +86,9 @@ def check_l2(rng, fmt, channels, spatial, batch, across, *, x=None, eps=1e-10, s
     scale = params(rng, channels)[0] if scale is None else scale
     y = call_preserving(tn.normalize_l2, x, scale, eps=eps, across_spatial=across, format=fmt)
     assert y.dtype == np.float32 and y.shape == shape
-    exact = ref.from_bcs(ref.synet_normalize_layer_forward(ref.to_bcs(x, fmt), scale, np.float32(eps), across),
-                         shape, fmt)
+    exact = ref.from_bcs(
+        ref.synet_normalize_layer_forward(ref.to_bcs(x, fmt), scale, np.float32(eps), across), shape, fmt
+    )
     n = channels * (spatial if across else 1)
     assert_close(y, exact, rtol=1e-6 + sum_rtol(n), atol=0.0, what=f"normalize_l2 {fmt} across={across}")
     return y
@@ -96,12 +121,14 @@ def test_normalize_l2_zero_input_gives_zero(rng, fmt):
 
 LAYER_NORMS = {
     # name: (API function, reference, kernel, reduction count of (channels, spatial))
-    "v2": (tn.layer_norm_channels, ref.synet_normalize_layer_forward_v2, "SynetNormalizeLayerForwardV2",
-           lambda c, s: c),
-    "v3": (tn.layer_norm_spatial, ref.synet_normalize_layer_forward_v3, "SynetNormalizeLayerForwardV3",
-           lambda c, s: s),
-    "v4": (tn.channel_norm, ref.synet_normalize_layer_forward_v4, "SynetNormalizeLayerForwardV4",
-           lambda c, s: c * s),
+    "v2": (
+        tn.layer_norm_channels,
+        ref.synet_normalize_layer_forward_v2,
+        "SynetNormalizeLayerForwardV2",
+        lambda c, s: c,
+    ),
+    "v3": (tn.layer_norm_spatial, ref.synet_normalize_layer_forward_v3, "SynetNormalizeLayerForwardV3", lambda c, s: s),
+    "v4": (tn.channel_norm, ref.synet_normalize_layer_forward_v4, "SynetNormalizeLayerForwardV4", lambda c, s: c * s),
 }
 
 
@@ -195,6 +222,7 @@ def test_nan_and_inf_propagate_like_the_reference(rng, kind, fmt):
 
 # ---- BF16 layer norm (16bV2) ----------------------------------------------------------------
 
+
 def check_layer_norm_bf16(rng, fmt, channels, spatial, batch, *, x=None, eps=1e-5):
     require("SynetNormalizeLayerForward16bV2")
     shape = image_shape(batch, channels, spatial, fmt)
@@ -207,10 +235,11 @@ def check_layer_norm_bf16(rng, fmt, channels, spatial, batch, *, x=None, eps=1e-
     rtol = 32 * U + sum_rtol(channels)
     if channels > 1:
         sens = np.broadcast_to(ln_sensitivity(x_bcs, scale, shift, np.float32(eps), axis=1), x_bcs.shape)
-    else:   # the mean is exact: y = 0 * norm * scale + shift, only the shift's magnitude counts
+    else:  # the mean is exact: y = 0 * norm * scale + shift, only the shift's magnitude counts
         sens = np.broadcast_to(np.abs(shift.astype(np.float64))[None, :, None], x_bcs.shape)
-    assert_bf16_where_math_allows(y, exact, rtol=rtol, atol=rtol * ref.from_bcs(sens, shape, fmt),
-                                  what=f"layer_norm_channels BF16 {fmt}")
+    assert_bf16_where_math_allows(
+        y, exact, rtol=rtol, atol=rtol * ref.from_bcs(sens, shape, fmt), what=f"layer_norm_channels BF16 {fmt}"
+    )
     return y
 
 
@@ -231,7 +260,7 @@ def test_layer_norm_channels_bf16_nan_inf(rng, fmt):
     shape = image_shape(2, 17, 5, fmt)
     x = bf16(rng, shape)
     bits = x.view(np.uint16).reshape(-1)
-    bits[3], bits[40], bits[-2] = 0x7FC0, 0x7F80, 0xFF80          # NaN, +inf, -inf
+    bits[3], bits[40], bits[-2] = 0x7FC0, 0x7F80, 0xFF80  # NaN, +inf, -inf
     check_layer_norm_bf16(rng, fmt, 17, 5, 2, x=x)
 
 
@@ -258,11 +287,12 @@ def test_layer_norm_channels_bf16_denormal_and_tiny_outputs(rng, fmt):
     scale = np.full(16, 1e-39, np.float32)
     shift = np.zeros(16, np.float32)
     y = tn.layer_norm_channels(x, scale, shift, format=fmt)
-    exact = ref.from_bcs(ref.synet_normalize_layer_forward_16b_v2(ref.to_bcs(x, fmt), scale, shift,
-                                                                   np.float32(1e-5)), shape, fmt)
+    exact = ref.from_bcs(
+        ref.synet_normalize_layer_forward_16b_v2(ref.to_bcs(x, fmt), scale, shift, np.float32(1e-5)), shape, fmt
+    )
     got = ref.bf16_to_f64(y)
     assert (np.abs(got) > 0).mean() > 0.9, "denormal results were flushed to zero"
-    np.testing.assert_allclose(got, exact, rtol=2.0 ** -7, atol=2.0 ** -133)
+    np.testing.assert_allclose(got, exact, rtol=2.0**-7, atol=2.0**-133)
 
 
 def test_layer_norm_channels_bf16_zero_and_denormal_outputs_in_vector_pairs(rng):
@@ -274,19 +304,20 @@ def test_layer_norm_channels_bf16_zero_and_denormal_outputs_in_vector_pairs(rng)
     x = bf16(rng, image_shape(4, channels, 3, "nhwc"))
     scale = rng.uniform(0.5, 1.5, channels).astype(np.float32)
     shift = rng.uniform(-1, 1, channels).astype(np.float32)
-    scale[[1, 33, 70]] = 1e-39                    # denormal outputs (shift 0 below)
-    scale[[5, 40]] = 0.0                           # +-0 outputs: 0 * y + (+-0)
+    scale[[1, 33, 70]] = 1e-39  # denormal outputs (shift 0 below)
+    scale[[5, 40]] = 0.0  # +-0 outputs: 0 * y + (+-0)
     shift[[1, 33, 70, 5]] = 0.0
     shift[40] = -0.0
     y = tn.layer_norm_channels(x, scale, shift, format="nhwc")
-    exact = ref.from_bcs(ref.synet_normalize_layer_forward_16b_v2(ref.to_bcs(x, "nhwc"), scale, shift,
-                                                                   np.float32(1e-5)), x.shape, "nhwc")
+    exact = ref.from_bcs(
+        ref.synet_normalize_layer_forward_16b_v2(ref.to_bcs(x, "nhwc"), scale, shift, np.float32(1e-5)), x.shape, "nhwc"
+    )
     got = ref.bf16_to_f64(y)
     tiny = got[..., [1, 33, 70]]
-    assert (np.abs(tiny) > 0).all() and (np.abs(tiny) < 2.0 ** -126).all(), "denormal results were flushed"
+    assert (np.abs(tiny) > 0).all() and (np.abs(tiny) < 2.0**-126).all(), "denormal results were flushed"
     assert (got[..., [5, 40]] == 0).all()
     np.testing.assert_array_equal(np.signbit(got[..., 40]), np.signbit(exact[..., 40]))
-    np.testing.assert_allclose(got, exact, rtol=2.0 ** -7, atol=2.0 ** -133)
+    np.testing.assert_allclose(got, exact, rtol=2.0**-7, atol=2.0**-133)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -11,18 +11,22 @@ test_normalize.py (docs/kernels.md, "Normalize at the extremes"):
 - an extreme row does not disturb its neighbours (each test mixes extreme and ordinary
   rows where the layout allows).
 """
+
 import numpy as np
 import pytest
 
-import tensorops_native as tn
 import reference as ref
-from tn_testing import FORMATS, image_shape, params, require
+import tensorops_native as tn
 from test_normalize import check_l2, check_layer_norm, check_layer_norm_bf16
+from tn_testing import FORMATS, image_shape, params, require
 
 LAYER_KINDS = ["v2", "v3"]
 API = {"v2": tn.layer_norm_channels, "v3": tn.layer_norm_spatial, "v4": tn.channel_norm}
-KERNEL = {"v2": "SynetNormalizeLayerForwardV2", "v3": "SynetNormalizeLayerForwardV3",
-          "v4": "SynetNormalizeLayerForwardV4"}
+KERNEL = {
+    "v2": "SynetNormalizeLayerForwardV2",
+    "v3": "SynetNormalizeLayerForwardV3",
+    "v4": "SynetNormalizeLayerForwardV4",
+}
 # (channels, spatial): rows shorter and longer than one vector, in both layouts
 SHAPES = [(7, 5), (17, 49), (67, 3), (3, 67)]
 SHAPE_IDS = [f"c{c}-s{s}" for c, s in SHAPES]
@@ -36,12 +40,15 @@ def extreme(rng, shape, magnitude, loc=0.3):
 
 
 def expected_shift(shape, fmt, shift):
-    bcs = np.broadcast_to(np.asarray(shift, np.float32)[None, :, None],
-                          (shape[0], len(shift), int(np.prod(shape)) // shape[0] // len(shift)))
+    bcs = np.broadcast_to(
+        np.asarray(shift, np.float32)[None, :, None],
+        (shape[0], len(shift), int(np.prod(shape)) // shape[0] // len(shift)),
+    )
     return ref.from_bcs(np.ascontiguousarray(bcs), shape, fmt).astype(np.float32)
 
 
 # ---- constant rows ------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("value", [-1700.0, 0.1, 1.0, 3.3e38, -1e-40, 0.0])
 @pytest.mark.parametrize("eps", [1e-5, 0.0], ids=["eps1e-5", "eps0"])
@@ -68,8 +75,7 @@ def test_layer_norm_bf16_of_constant_rows_is_exactly_shift(rng, fmt, channels, e
     x = np.full(shape, value, np.float32).astype(ref.BF16)
     scale, shift = params(rng, channels)
     y = tn.layer_norm_channels(x, scale, shift, eps=eps, format=fmt)
-    np.testing.assert_array_equal(y.view(np.uint16),
-                                  expected_shift(shape, fmt, shift).astype(ref.BF16).view(np.uint16))
+    np.testing.assert_array_equal(y.view(np.uint16), expected_shift(shape, fmt, shift).astype(ref.BF16).view(np.uint16))
 
 
 @pytest.mark.parametrize("eps", [1e-5, 0.0], ids=["eps1e-5", "eps0"])
@@ -89,12 +95,12 @@ def test_channel_norm_of_zero_input_is_shift(rng, fmt, eps):
 def test_normalize_l2_of_zero_with_eps_zero_is_zero(rng, fmt, across):
     require("SynetNormalizeLayerForward")
     shape = image_shape(2, 7, 5, fmt)
-    y = tn.normalize_l2(np.zeros(shape, np.float32), params(rng, 7)[0], eps=0.0, across_spatial=across,
-                        format=fmt)
+    y = tn.normalize_l2(np.zeros(shape, np.float32), params(rng, 7)[0], eps=0.0, across_spatial=across, format=fmt)
     np.testing.assert_array_equal(y, np.zeros(shape, np.float32))
 
 
 # ---- overflow and underflow -----------------------------------------------------------------
+
 
 def mixed(rng, shape, magnitude, fmt, kind):
     """Extreme values in the rows of half the batch items, ordinary ones in the others (a
@@ -142,7 +148,7 @@ def test_layer_norm_near_the_float32_maximum(rng, fmt, kind, channels, spatial):
 @pytest.mark.parametrize("channels,spatial", [(7, 5), (33, 16)], ids=["c7-s5", "c33-s16"])
 def test_layer_norm_bf16_extremes(rng, fmt, mag, channels, spatial):
     shape = image_shape(2, channels, spatial, fmt)
-    if mag == "-3.3e38":   # a wide spread, so that BF16's 8 bits leave results to check exactly
+    if mag == "-3.3e38":  # a wide spread, so that BF16's 8 bits leave results to check exactly
         x = (-3.3e38 * rng.uniform(0.3, 1.0, shape)).astype(np.float32)
     else:
         x = mixed(rng, shape, float(mag), fmt, "v2")
@@ -178,8 +184,13 @@ def test_channel_norm_of_huge_and_tiny_values(rng, fmt, eps, mag, channels, spat
         require(KERNEL["v4"])
         scale, shift = params(rng, channels)
         y = tn.channel_norm(x, scale * 0.01 / channels, shift, eps=eps, format=fmt)
-        exact = ref.from_bcs(ref.synet_normalize_layer_forward_v4(ref.to_bcs(x, fmt), scale * np.float32(0.01 / channels),
-                                                                  shift, np.float32(eps)), shape, fmt)
+        exact = ref.from_bcs(
+            ref.synet_normalize_layer_forward_v4(
+                ref.to_bcs(x, fmt), scale * np.float32(0.01 / channels), shift, np.float32(eps)
+            ),
+            shape,
+            fmt,
+        )
         assert np.isfinite(y).all()
         np.testing.assert_allclose(y, exact, rtol=1e-5, atol=0)
         return

@@ -1,6 +1,7 @@
 """Quantized inner product (seed 004): bit-exact against an integer NumPy reference of the
 docs/kernels.md formula, for every algorithm the active ISA level can run (the suite runs once
 per TENSOROPS_ISA level), plus extremes, concurrency, buffers and validation."""
+
 import concurrent.futures
 import functools
 import gc
@@ -11,9 +12,9 @@ import weakref
 
 import numpy as np
 import pytest
+from tensorops_native._native import ffi, lib
 
 import tensorops_native as tn
-from tensorops_native._native import ffi, lib
 from tensorops_native._qip import ALGORITHMS, K_MAX
 
 # Each QuantizedInnerProduct algorithm is chosen explicitly, whatever the level: run once, at the process's level.
@@ -29,16 +30,21 @@ def _runnable(algorithm):
         return False
     b = np.zeros((4, 1), np.int8)
     try:
-        tn.QuantizedInnerProduct(b, b_scale=[1.0], a_scale=1.0, a_zero=0, c_scale=1.0, c_zero=0,
-                                 algorithm=algorithm).close()
+        tn.QuantizedInnerProduct(
+            b, b_scale=[1.0], a_scale=1.0, a_zero=0, c_scale=1.0, c_zero=0, algorithm=algorithm
+        ).close()
     except ValueError:
         return False
     return True
 
 
 RUNNABLE = [a for a in ALGORITHMS if _runnable(a)]
-ALGORITHM_PARAMS = [pytest.param(a, marks=pytest.mark.skipif(a not in RUNNABLE, reason=f"{a} not available at "
-                                 f"this CPU / TENSOROPS_ISA level")) for a in ALGORITHMS]
+ALGORITHM_PARAMS = [
+    pytest.param(
+        a, marks=pytest.mark.skipif(a not in RUNNABLE, reason=f"{a} not available at this CPU / TENSOROPS_ISA level")
+    )
+    for a in ALGORITHMS
+]
 
 
 def reference(a, b_kn, b_scale, a_scale, a_zero, c_scale, c_zero, bias=None):
@@ -56,8 +62,16 @@ def reference(a, b_kn, b_scale, a_scale, a_zero, c_scale, c_zero, bias=None):
 
 
 def _kw(p, trans_b, algorithm):
-    return dict(b_scale=p["b_scale"], a_scale=p["a_scale"], a_zero=p["a_zero"], c_scale=p["c_scale"],
-                c_zero=p["c_zero"], bias=p["bias"], trans_b=trans_b, algorithm=algorithm)
+    return dict(
+        b_scale=p["b_scale"],
+        a_scale=p["a_scale"],
+        a_zero=p["a_zero"],
+        c_scale=p["c_scale"],
+        c_zero=p["c_zero"],
+        bias=p["bias"],
+        trans_b=trans_b,
+        algorithm=algorithm,
+    )
 
 
 # ---- The grid -------------------------------------------------------------------------
@@ -68,7 +82,7 @@ GRID_K = (1, 3, 4, 5, 63, 64, 65, 300, 1024)
 _ROW_OFFSETS = np.cumsum((0,) + GRID_M)  # the M rows of each case, taken from one stacked A
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _grid_case(n, k, with_bias):
     """B, parameters, the stacked A of every M and its reference, for one (N, K)."""
     rng = np.random.default_rng([n, k, with_bias])
@@ -95,17 +109,20 @@ def test_grid_bit_exact(algorithm, k):
             b = np.ascontiguousarray(b_kn.T) if trans_b else b_kn
             kw = _kw(p, trans_b, algorithm)
             with tn.QuantizedInnerProduct(b, max_m=max(GRID_M), **kw) as qip:
-                for m, r0 in zip(GRID_M, _ROW_OFFSETS):
+                for m, r0 in zip(GRID_M, _ROW_OFFSETS, strict=False):
                     rows = slice(r0, r0 + m)
                     case = f"{algorithm} M={m} N={n} K={k} trans_b={trans_b} bias={with_bias}"
                     np.testing.assert_array_equal(qip.forward(a[rows]), ref[rows], err_msg=case + " constB")
-                    np.testing.assert_array_equal(tn.quantized_inner_product(a[rows], b, **kw), ref[rows],
-                                                  err_msg=case + " one-shot")
+                    np.testing.assert_array_equal(
+                        tn.quantized_inner_product(a[rows], b, **kw), ref[rows], err_msg=case + " one-shot"
+                    )
 
 
 # The scalar loops have no blocks: the grid covers them, and these shapes only take long.
-LARGE_SHAPE_PARAMS = [pytest.param(*p.values, marks=(*p.marks, pytest.mark.long), id=p.id) if p.values == ("scalar",)
-                      else p for p in ALGORITHM_PARAMS]
+LARGE_SHAPE_PARAMS = [
+    pytest.param(*p.values, marks=(*p.marks, pytest.mark.long), id=p.id) if p.values == ("scalar",) else p
+    for p in ALGORITHM_PARAMS
+]
 
 
 @pytest.mark.parametrize("algorithm", LARGE_SHAPE_PARAMS)
@@ -115,8 +132,14 @@ def test_large_shapes_and_k_blocks(algorithm):
     for m, n, k in ((300, 70, 2100), (48, 65, 4096), (48, 40, 5000), (17, 33, 1500), (33, 40, 127), (256, 16, 64)):
         b_kn = rng.integers(-128, 128, (k, n), dtype=np.int8)
         a = rng.integers(0, 256, (m, k), dtype=np.uint8)
-        p = {"b_scale": rng.uniform(0.5, 2, n).astype(np.float32), "a_scale": 0.012 / np.sqrt(k), "c_scale": 1.0,
-             "a_zero": 77, "c_zero": 130, "bias": rng.integers(-1000, 1000, n).astype(np.int32)}
+        p = {
+            "b_scale": rng.uniform(0.5, 2, n).astype(np.float32),
+            "a_scale": 0.012 / np.sqrt(k),
+            "c_scale": 1.0,
+            "a_zero": 77,
+            "c_zero": 130,
+            "bias": rng.integers(-1000, 1000, n).astype(np.int32),
+        }
         ref = reference(a, b_kn, **p)
         for trans_b in (False, True):
             b = np.ascontiguousarray(b_kn.T) if trans_b else b_kn
@@ -127,6 +150,7 @@ def test_large_shapes_and_k_blocks(algorithm):
 
 
 # ---- Extremes -------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("algorithm", ALGORITHM_PARAMS)
 @pytest.mark.parametrize("k", [1, 2, 5, 64, 1000, K_MAX])
@@ -139,8 +163,14 @@ def test_saturation_extremes(algorithm, k):
         b = np.full((k, n), b_value, np.int8)
         # norm maps the extreme sum to about 100 so the exact value shows in the output.
         total = abs(255 * b_value * k - a_zero * b_value * k) or 1
-        p = {"b_scale": np.full(n, 100.0 / total, np.float32), "a_scale": 1.0, "c_scale": 1.0, "a_zero": a_zero,
-             "c_zero": 128, "bias": None}
+        p = {
+            "b_scale": np.full(n, 100.0 / total, np.float32),
+            "a_scale": 1.0,
+            "c_scale": 1.0,
+            "a_zero": a_zero,
+            "c_zero": 128,
+            "bias": None,
+        }
         ref = reference(a, b, **p)
         if a_zero == 0:
             assert ref[0, 0] == (28 if b_value < 0 else 228)  # 128 -+ 100
@@ -159,8 +189,14 @@ def test_bias_at_its_limit(algorithm):
     a = rng.integers(0, 256, (5, k), dtype=np.uint8)
     b = rng.integers(-128, 128, (k, n), dtype=np.int8)
     bias = np.where(np.arange(n) % 2 == 0, limit, -limit).astype(np.int32)
-    p = {"b_scale": np.full(n, 1e-7, np.float32), "a_scale": 1.0, "c_scale": 1.0, "a_zero": 255, "c_zero": 100,
-         "bias": bias}
+    p = {
+        "b_scale": np.full(n, 1e-7, np.float32),
+        "a_scale": 1.0,
+        "c_scale": 1.0,
+        "a_zero": 255,
+        "c_zero": 100,
+        "bias": bias,
+    }
     np.testing.assert_array_equal(tn.quantized_inner_product(a, b, **_kw(p, False, algorithm)), reference(a, b, **p))
 
 
@@ -180,7 +216,9 @@ def test_tiny_and_huge_scales_clamp(algorithm):
     assert (tiny == 128).all()  # norm = 1e-30: everything rounds to c_zero
     for c_zero in (0, 255):  # c_zero at the ends of its range, outputs pushed beyond them
         p = base | {"c_scale": 1e-3, "c_zero": c_zero}
-        np.testing.assert_array_equal(tn.quantized_inner_product(a, b, **_kw(p, False, algorithm)), reference(a, b, **p))
+        np.testing.assert_array_equal(
+            tn.quantized_inner_product(a, b, **_kw(p, False, algorithm)), reference(a, b, **p)
+        )
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHM_PARAMS)
@@ -190,8 +228,14 @@ def test_rounding_ties_to_even(algorithm):
     s = np.arange(-20, 20, dtype=np.int64)  # per column: sum = A * B with A = 1
     a = np.ones((2, k), np.uint8)
     b = s.astype(np.int8).reshape(1, n)
-    p = {"b_scale": np.full(n, 0.5, np.float32), "a_scale": 1.0, "c_scale": 1.0, "a_zero": 0, "c_zero": 100,
-         "bias": None}
+    p = {
+        "b_scale": np.full(n, 0.5, np.float32),
+        "a_scale": 1.0,
+        "c_scale": 1.0,
+        "a_zero": 0,
+        "c_zero": 100,
+        "bias": None,
+    }
     expected = (100 + np.rint(s / 2)).astype(np.uint8)  # rint: ties to even
     assert expected[s == 1][0] == 100 and expected[s == 3][0] == 102 and expected[s == -1][0] == 100
     assert expected[s == -3][0] == 98
@@ -201,18 +245,31 @@ def test_rounding_ties_to_even(algorithm):
     rng = np.random.default_rng(5)
     a = rng.integers(0, 256, (7, 4096), dtype=np.uint8)
     b = rng.integers(-128, 128, (4096, 24), dtype=np.int8)
-    p = {"b_scale": np.full(24, 2.0**-18, np.float32), "a_scale": 1.0, "c_scale": 1.0, "a_zero": 3, "c_zero": 128,
-         "bias": rng.integers(2**24, 2**25, 24).astype(np.int32)}
+    p = {
+        "b_scale": np.full(24, 2.0**-18, np.float32),
+        "a_scale": 1.0,
+        "c_scale": 1.0,
+        "a_zero": 3,
+        "c_zero": 128,
+        "bias": rng.integers(2**24, 2**25, 24).astype(np.int32),
+    }
     np.testing.assert_array_equal(tn.quantized_inner_product(a, b, **_kw(p, False, algorithm)), reference(a, b, **p))
 
 
 # ---- Contexts -------------------------------------------------------------------------
 
+
 def _context(n=48, k=200, max_m=8, seed=0, **extra):
     rng = np.random.default_rng(seed)
     b = rng.integers(-128, 128, (k, n), dtype=np.int8)
-    p = {"b_scale": rng.uniform(0.5, 2, n).astype(np.float32), "a_scale": 0.001, "c_scale": 1.0, "a_zero": 100,
-         "c_zero": 120, "bias": rng.integers(-500, 500, n).astype(np.int32)}
+    p = {
+        "b_scale": rng.uniform(0.5, 2, n).astype(np.float32),
+        "a_scale": 0.001,
+        "c_scale": 1.0,
+        "a_zero": 100,
+        "c_zero": 120,
+        "bias": rng.integers(-500, 500, n).astype(np.int32),
+    }
     return b, p, tn.QuantizedInnerProduct(b, max_m=max_m, **p, **extra)
 
 
@@ -236,8 +293,13 @@ def test_isa_cap_selects_the_path():
     for name in RUNNABLE:
         _, _, qip = _context(algorithm=name)
         with qip:
-            prefix = {"amx": "avx512-amx:", "avx512-vnni": "avx512-vnni:", "avx2-vnni": "avx2-vnni:", "avx2": "avx2:",
-                      "scalar": "scalar:"}[name]
+            prefix = {
+                "amx": "avx512-amx:",
+                "avx512-vnni": "avx512-vnni:",
+                "avx2-vnni": "avx2-vnni:",
+                "avx2": "avx2:",
+                "scalar": "scalar:",
+            }[name]
             assert qip.info.startswith(prefix)
     for name in ALGORITHMS:
         if ORDER.index(ALGORITHM_LEVEL[name]) > ORDER.index(tn.isa()):
@@ -284,7 +346,7 @@ def test_buffer_sizes_are_reported_honestly():
 def _guarded(size, fill):
     """A buffer of `size` bytes inside 64 guard bytes on each side."""
     raw = np.full(size + 128, fill, np.uint8)
-    return raw, raw[64:64 + size]
+    return raw, raw[64 : 64 + size]
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHM_PARAMS)
@@ -296,24 +358,41 @@ def test_c_forward_stays_inside_its_buffers(algorithm, const_b):
     rng = np.random.default_rng(9)
     a = rng.integers(0, 256, (m, k), dtype=np.uint8)
     b = rng.integers(-128, 128, (n, k), dtype=np.int8)
-    p = {"b_scale": rng.uniform(0.5, 2, n).astype(np.float32), "a_scale": 0.002, "c_scale": 1.0, "a_zero": 9,
-         "c_zero": 99, "bias": None}
+    p = {
+        "b_scale": rng.uniform(0.5, 2, n).astype(np.float32),
+        "a_scale": 0.002,
+        "c_scale": 1.0,
+        "a_zero": 9,
+        "c_zero": 99,
+        "bias": None,
+    }
     ref = reference(a, np.ascontiguousarray(b.T), **p)
-    ctx = lib.TnSynetQuantizedInnerProductInitAlgorithm(m, n, k, lib.TnTensorData8u, lib.TnTensorData8i,
-                                                         lib.TnTensorData8u, 1, int(const_b), 0, ALGORITHMS[algorithm])
+    ctx = lib.TnSynetQuantizedInnerProductInitAlgorithm(
+        m, n, k, lib.TnTensorData8u, lib.TnTensorData8i, lib.TnTensorData8u, 1, int(const_b), 0, ALGORITHMS[algorithm]
+    )
     assert ctx != ffi.NULL
     try:
         lib.TnSynetQuantizedInnerProductSetParams(
-            ctx, ffi.new("float *", p["a_scale"]), ffi.new("uint8_t *", p["a_zero"]),
-            ffi.from_buffer("int8_t[]", b) if const_b else ffi.NULL, ffi.from_buffer("float[]", p["b_scale"]), ffi.NULL,
-            ffi.new("float *", p["c_scale"]), ffi.new("uint8_t *", p["c_zero"]))
+            ctx,
+            ffi.new("float *", p["a_scale"]),
+            ffi.new("uint8_t *", p["a_zero"]),
+            ffi.from_buffer("int8_t[]", b) if const_b else ffi.NULL,
+            ffi.from_buffer("float[]", p["b_scale"]),
+            ffi.NULL,
+            ffi.new("float *", p["c_scale"]),
+            ffi.new("uint8_t *", p["c_zero"]),
+        )
         size = lib.TnSynetQuantizedInnerProductExternalBufferSize(ctx)
         for use_buf in (True, False):
             raw_c, c = _guarded(m * n, 0xA5)
             raw_buf, buf = _guarded(max(size, 1), 0x5A)
             lib.TnSynetQuantizedInnerProductForward(
-                ctx, ffi.from_buffer("uint8_t[]", a), ffi.from_buffer("uint8_t[]", b) if not const_b else ffi.NULL,
-                ffi.from_buffer("uint8_t[]", buf) if use_buf and size else ffi.NULL, ffi.from_buffer("uint8_t[]", c))
+                ctx,
+                ffi.from_buffer("uint8_t[]", a),
+                ffi.from_buffer("uint8_t[]", b) if not const_b else ffi.NULL,
+                ffi.from_buffer("uint8_t[]", buf) if use_buf and size else ffi.NULL,
+                ffi.from_buffer("uint8_t[]", c),
+            )
             np.testing.assert_array_equal(c.reshape(m, n), ref)
             assert (raw_c[:64] == 0xA5).all() and (raw_c[-64:] == 0xA5).all()
             assert (raw_buf[:64] == 0x5A).all() and (raw_buf[-64:] == 0x5A).all()
@@ -380,18 +459,25 @@ print("OK", flush=True)
 """
 
 
-@pytest.mark.skipif(not os.uname().sysname == "Linux", reason="uses mmap/mprotect guard pages")
+@pytest.mark.skipif(os.uname().sysname != "Linux", reason="uses mmap/mprotect guard pages")
 def test_c_accesses_stay_inside_the_tensors():
     """Every array (A, B, bias, scales, buf of exactly ExternalBufferSize, C) placed against
     an inaccessible page, before and after it: any read or write outside them kills the
     child process with SIGSEGV; the last line printed names the case."""
     import subprocess
     import sys
-    proc = subprocess.run([sys.executable, "-c", _GUARD_PROBE, *RUNNABLE], capture_output=True, text=True,
-                          env=dict(os.environ), timeout=600)
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _GUARD_PROBE, *RUNNABLE],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=600,
+    )
     lines = proc.stdout.strip().splitlines()
-    assert proc.returncode == 0 and lines[-1:] == ["OK"], \
+    assert proc.returncode == 0 and lines[-1:] == ["OK"], (
         f"crashed ({proc.returncode}) in case {lines[-1] if lines else '?'}\n{proc.stderr[-2000:]}"
+    )
 
 
 def test_c_init_refuses_unsupported_arguments():
@@ -416,7 +502,7 @@ def test_concurrent_forwards_match_one_thread():
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
             for _ in range(3):
                 results = list(pool.map(qip.forward, inputs))
-                for got, want in zip(results, expected):
+                for got, want in zip(results, expected, strict=True):
                     np.testing.assert_array_equal(got, want)
 
 
@@ -490,8 +576,14 @@ def test_b_dtype_and_shape():
     _raises(TypeError, "b", tn.QuantizedInnerProduct, B.astype(np.float32), **GOOD)
     _raises(ValueError, "b", tn.QuantizedInnerProduct, np.zeros(4, np.int8), **GOOD)
     _raises(ValueError, "b", tn.QuantizedInnerProduct, np.zeros((0, 3), np.int8), **GOOD)
-    _raises(ValueError, "b", tn.quantized_inner_product, np.zeros((1, K_MAX + 1), np.uint8),
-            np.zeros((K_MAX + 1, 3), np.int8), **GOOD)
+    _raises(
+        ValueError,
+        "b",
+        tn.quantized_inner_product,
+        np.zeros((1, K_MAX + 1), np.uint8),
+        np.zeros((K_MAX + 1, 3), np.int8),
+        **GOOD,
+    )
 
 
 def test_a_dtype_and_shape():
@@ -519,7 +611,9 @@ def test_b_scale_length_and_values():
     _raises(ValueError, "b_scale", tn.QuantizedInnerProduct, B, **(GOOD | {"b_scale": [1.0, np.inf, 1.0]}))
     _raises(TypeError, "b_scale", tn.QuantizedInnerProduct, B, **(GOOD | {"b_scale": ["x", "y", "z"]}))
     # norm = a_scale * b_scale / c_scale must be finite in float32
-    _raises(ValueError, "b_scale", tn.QuantizedInnerProduct, B, **(GOOD | {"b_scale": [1.0, 3e38, 1.0], "c_scale": 1e-3}))
+    _raises(
+        ValueError, "b_scale", tn.QuantizedInnerProduct, B, **(GOOD | {"b_scale": [1.0, 3e38, 1.0], "c_scale": 1e-3})
+    )
 
 
 def test_bias_length_dtype_and_range():
@@ -564,9 +658,12 @@ def test_isa_env_is_respected_in_subprocess():
     """TENSOROPS_ISA=avx2 / scalar select those paths (checked in a fresh process)."""
     import subprocess
     import sys
-    code = ("import numpy as np, tensorops_native as t; "
-            "q = t.QuantizedInnerProduct(np.zeros((4, 2), np.int8), b_scale=[1, 1], a_scale=1.0, a_zero=0, "
-            "c_scale=1.0, c_zero=0); print(q.info.split(':')[0])")
+
+    code = (
+        "import numpy as np, tensorops_native as t; "
+        "q = t.QuantizedInnerProduct(np.zeros((4, 2), np.int8), b_scale=[1, 1], a_scale=1.0, a_zero=0, "
+        "c_scale=1.0, c_zero=0); print(q.info.split(':')[0])"
+    )
     for level, allowed in (("scalar", {"scalar"}), ("avx2", {"avx2", "avx2-vnni", "scalar"})):
         env = dict(os.environ, TENSOROPS_ISA=level)
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)

@@ -1,6 +1,7 @@
 """The references themselves: each vectorized reference against a literal, loop-by-loop
 transcription of its seed's pseudo-code (float64, tiny shapes), so an error in reference.py
 cannot silently agree with an error in a kernel. No kernel is called here."""
+
 import math
 
 import numpy as np
@@ -91,7 +92,7 @@ def seed_v4_nchw(src, scale, shift, eps):
 
 @pytest.mark.parametrize("across", [False, True])
 def test_l2_reference_matches_seed_loops(rng, across):
-    x = rng.normal(size=(2, 5, 3))                              # NHWC (b, s, c)
+    x = rng.normal(size=(2, 5, 3))  # NHWC (b, s, c)
     scale = rng.normal(size=3)
     want = seed_l2_nhwc(x, scale, 1e-3, across)
     got = ref.synet_normalize_layer_forward(x.transpose(0, 2, 1), scale, 1e-3, across).transpose(0, 2, 1)
@@ -109,15 +110,23 @@ def test_v2_reference_matches_seed_loops(rng):
 def test_v3_reference_matches_seed_loops(rng):
     x = rng.normal(size=(2, 3, 7)) - 0.3
     scale, shift = rng.normal(size=3), rng.normal(size=3)
-    np.testing.assert_allclose(ref.synet_normalize_layer_forward_v3(x, scale, shift, 1e-2),
-                               seed_v3_nchw(x, scale, shift, 1e-2), rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(
+        ref.synet_normalize_layer_forward_v3(x, scale, shift, 1e-2),
+        seed_v3_nchw(x, scale, shift, 1e-2),
+        rtol=1e-12,
+        atol=1e-13,
+    )
 
 
 def test_v4_reference_matches_seed_loops(rng):
     x = rng.normal(size=(2, 3, 7))
     scale, shift = rng.normal(size=3), rng.normal(size=3)
-    np.testing.assert_allclose(ref.synet_normalize_layer_forward_v4(x, scale, shift, 1e-2),
-                               seed_v4_nchw(x, scale, shift, 1e-2), rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(
+        ref.synet_normalize_layer_forward_v4(x, scale, shift, 1e-2),
+        seed_v4_nchw(x, scale, shift, 1e-2),
+        rtol=1e-12,
+        atol=1e-13,
+    )
 
 
 def test_bcs_round_trip_both_formats(rng):
@@ -131,7 +140,7 @@ def test_bcs_round_trip_both_formats(rng):
 
 
 def test_channel_sum_reference_matches_seed_loops(rng):
-    x = rng.normal(size=(3, 6)).astype(np.float32).astype(ref.BF16)      # (channels, spatial), NCHW
+    x = rng.normal(size=(3, 6)).astype(np.float32).astype(ref.BF16)  # (channels, spatial), NCHW
     want = [sum(float(x[c, s]) for s in range(6)) for c in range(3)]
     np.testing.assert_allclose(ref.synet_channel_sum_16b(ref.bf16_to_f64(x)[None])[0], want, rtol=1e-15)
     # NHWC: src[s * channels + c]
@@ -148,8 +157,11 @@ def test_eltwise_reference_matches_seed_loops(rng, op):
     w = rng.normal(size=4)
     dst = [0.0] * 9
     # Max / Min written out, NaN-propagating as docs/kernels.md requires
-    fns = {0: lambda a, b: a * b, 2: lambda a, b: a if (a != a or a > b) else b,
-           3: lambda a, b: a if (a != a or a < b) else b}
+    fns = {
+        0: lambda a, b: a * b,
+        2: lambda a, b: a if (a != a or a > b) else b,
+        3: lambda a, b: a if (a != a or a < b) else b,
+    }
     for j in range(9):
         if op == 1:
             dst[j] = srcs[0][j] * w[0] + srcs[1][j] * w[1]
@@ -247,9 +259,9 @@ def test_tiled_scale_reference_matches_seed_loops(rng, fmt):
 def test_bf16_helpers():
     bits = np.array([0x3F80, 0xBF80, 0x7F80, 0x0001, 0x7FC0], np.uint16)
     v = ref.bf16_to_f64(bits)
-    assert v[0] == 1.0 and v[1] == -1.0 and v[2] == np.inf and v[3] == 2.0 ** -133 and np.isnan(v[4])
+    assert v[0] == 1.0 and v[1] == -1.0 and v[2] == np.inf and v[3] == 2.0**-133 and np.isnan(v[4])
     # round to nearest, ties to even: 1 + 2^-8 is halfway between 1 and 1 + 2^-7
-    exact = np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, 1 + 2 ** -8 + 2 ** -20, 3.5e38, 1e-40])
+    exact = np.array([1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-8 + 2**-20, 3.5e38, 1e-40])
     np.testing.assert_array_equal(ref.f64_to_bf16_bits(exact), [0x3F80, 0x3F82, 0x3F81, 0x7F80, 0x0001])
     assert ref.f64_to_bf16_bits(np.array([np.nan]))[0] & 0x7FC0 == 0x7FC0
 
@@ -257,14 +269,15 @@ def test_bf16_helpers():
 def test_unary_reference_exact_ops():
     x = np.array([-0.0, 0.0, -0.5, 0.5, 1.5, 2.5, -2.5, 1e-45, np.inf, 4.0], np.float32)
     np.testing.assert_array_equal(ref.synet_unary_operation_32f(x, "round"), np.rint(x))
-    assert np.signbit(ref.synet_unary_operation_32f(x, "ceil")[2])                 # ceil(-0.5) = -0
+    assert np.signbit(ref.synet_unary_operation_32f(x, "ceil")[2])  # ceil(-0.5) = -0
     assert ref.unary_bitwise_f32(x, "not").view(np.uint32)[1] == 0xFFFFFFFF
     assert ref.unary_bitwise_f32(x, "abs").view(np.uint32)[0] == 0
     assert ref.synet_unary_operation_32f(x, "rsqrt")[0] == -np.inf
     assert ref.synet_unary_operation_32f(x, "rcp")[7] > np.finfo(np.float32).max
     assert ref.synet_unary_operation_32f(x, "sqrt")[9] == 2.0
-    np.testing.assert_allclose(ref.synet_unary_operation_32f(np.float32([0.5, -2]), "erf"),
-                               [math.erf(0.5), math.erf(-2.0)], rtol=1e-15)
+    np.testing.assert_allclose(
+        ref.synet_unary_operation_32f(np.float32([0.5, -2]), "erf"), [math.erf(0.5), math.erf(-2.0)], rtol=1e-15
+    )
 
 
 @pytest.mark.parametrize("op", UNARY_OPS)
@@ -272,7 +285,7 @@ def test_unary_checker_accepts_float32_math_and_rejects_errors(rng, op):
     """The accuracy checker against a correctly rounded fp32 implementation (the reference
     rounded to fp32): accepted; and against that with errors planted: rejected."""
     x = unary_inputs(op, rng, n=1 << 14)
-    assert x.size >= 1 << 14 and x[:SPECIAL_VALUES.size].tobytes() == SPECIAL_VALUES.tobytes()
+    assert x.size >= 1 << 14 and x[: SPECIAL_VALUES.size].tobytes() == SPECIAL_VALUES.tobytes()
     if op in ("abs", "neg", "not", "zero"):
         good = ref.unary_bitwise_f32(x, op)
     else:
@@ -282,8 +295,9 @@ def test_unary_checker_accepts_float32_math_and_rejects_errors(rng, op):
     assert not bad.any(), (x[bad][:5], good[bad][:5])
     # plant errors on finite results: a flipped low mantissa bit is an error for the exact
     # ops; for the approximate ones an error twice the bound
-    finite = np.flatnonzero(np.isfinite(good) & (np.abs(good) > 1e-3) & (np.abs(good) < 1e30)
-                            & unary_checked_mask(op, x))
+    finite = np.flatnonzero(
+        np.isfinite(good) & (np.abs(good) > 1e-3) & (np.abs(good) < 1e30) & unary_checked_mask(op, x)
+    )
     pick = finite[:: max(1, finite.size // 50)][:50]
     wrong = good.copy()
     if op in ("abs", "neg", "not", "zero", "ceil", "floor", "round", "sqrt", "rcp", "sign"):

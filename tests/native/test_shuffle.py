@@ -1,13 +1,14 @@
 """shuffle (seed 003: ShuffleLayerForward), type 0 (split even and odd channels of the
 concatenation) and type 1 (interleave, then split at channels0): pure copies, so outputs
 must be bit-identical to the reference, NaN payloads included."""
+
 import math
 
 import numpy as np
 import pytest
 
-import tensorops_native as tn
 import reference as ref
+import tensorops_native as tn
 from tn_testing import FORMATS, SPATIALS, assert_same_bits, call_preserving, image_shape, require
 
 TYPE0_PAIRS = [(2, 2), (2, 4), (8, 8), (16, 16), (16, 18), (30, 34), (64, 66), (0, 2), (6, 0)]
@@ -16,7 +17,7 @@ TYPE1_HALVES = (1, 2, 3, 7, 8, 15, 16, 17, 31, 33, 64, 67)
 
 def random_bits(rng, shape):
     """Random fp32 bit patterns: every exponent, denormals, infinities and NaN payloads."""
-    return rng.integers(0, 2 ** 32, size=shape, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    return rng.integers(0, 2**32, size=shape, dtype=np.uint64).astype(np.uint32).view(np.float32)
 
 
 def from_api(a, fmt):
@@ -33,8 +34,9 @@ def check(x0, x1, type_, fmt, channels=None):
     c0, c1 = (x0.shape[1], x1.shape[1]) if fmt == "nchw" else (x0.shape[-1], x1.shape[-1])
     if type_ == 1:
         c0, c1 = channels if channels is not None else (c0, c0)
-    e0, e1 = ref.synet_shuffle_layer_forward(from_api(x0, fmt).view(np.uint32), from_api(x1, fmt).view(np.uint32),
-                                             c0, c1, type_)
+    e0, e1 = ref.synet_shuffle_layer_forward(
+        from_api(x0, fmt).view(np.uint32), from_api(x1, fmt).view(np.uint32), c0, c1, type_
+    )
     for y, e, name in ((y0, e0, "y0"), (y1, e1, "y1")):
         assert y.dtype == np.float32
         assert_same_bits(from_api(y, fmt).view(np.uint32), e, what=f"shuffle type {type_} {fmt} {name}")
@@ -62,8 +64,12 @@ def type1_channels(half, variant):
 
 
 # the default (equal halves) needs an even input channel count (odd ones: test_arguments)
-TYPE1_CASES = [pytest.param(h, v, id=f"{h}-{v}") for h in TYPE1_HALVES for v in ("default", "unequal")
-               if not (v == "default" and h % 2)]
+TYPE1_CASES = [
+    pytest.param(h, v, id=f"{h}-{v}")
+    for h in TYPE1_HALVES
+    for v in ("default", "unequal")
+    if not (v == "default" and h % 2)
+]
 
 
 @pytest.mark.parametrize("spatial", [1, 5, 16, 49])
@@ -105,5 +111,5 @@ def test_shuffle_type_by_name(rng):
     require("SynetShuffleLayerForward")
     x0 = random_bits(rng, (2, 4, 5))
     x1 = random_bits(rng, (2, 6, 5))
-    for a, b in zip(tn.shuffle(x0, x1, type="split"), tn.shuffle(x0, x1, type=0)):
+    for a, b in zip(tn.shuffle(x0, x1, type="split"), tn.shuffle(x0, x1, type=0), strict=True):
         assert_same_bits(a, b)

@@ -12,13 +12,23 @@ enters each element and its row sum: rtol grows by 2 * BF16_EXP_RTOL. Results ar
 bit-exact against the exact result rounded to fp32 then BF16, except where that fp32
 tolerance reaches a rounding boundary (there within 1 BF16 ulp).
 """
+
 import numpy as np
 import pytest
 
-import tensorops_native as tn
 import reference as ref
-from tn_testing import (CHANNELS, F32_TINY, U, assert_bf16_where_math_allows, assert_close, assert_same_bits,
-                        call_preserving, require, sum_rtol)
+import tensorops_native as tn
+from tn_testing import (
+    CHANNELS,
+    F32_TINY,
+    U,
+    assert_bf16_where_math_allows,
+    assert_close,
+    assert_same_bits,
+    call_preserving,
+    require,
+    sum_rtol,
+)
 
 INNER_DIMS = {1: (1,), 5: (5,), 16: (4, 4), 49: (7, 7)}
 LAYOUTS = ["last-outer1", "last-outer3"] + [f"{where}-inner{i}" for where in ("first", "middle") for i in INNER_DIMS]
@@ -38,14 +48,16 @@ def case(count, layout):
 
 
 CASES = [pytest.param(*case(c, layout), id=f"count{c}-{layout}") for c in CHANNELS for layout in LAYOUTS]
-LARGE_CASES = [pytest.param((2, 3136), -1, id="count3136-last"),
-               pytest.param((1, 67, 56, 56), 1, id="count67-inner3136"),
-               pytest.param((3136, 33), 0, id="count3136-first-inner33")]
+LARGE_CASES = [
+    pytest.param((2, 3136), -1, id="count3136-last"),
+    pytest.param((1, 67, 56, 56), 1, id="count67-inner3136"),
+    pytest.param((3136, 33), 0, id="count3136-first-inner33"),
+]
 
 
 def split(shape, axis):
     axis %= len(shape)
-    return int(np.prod(shape[:axis])), shape[axis], int(np.prod(shape[axis + 1:]))
+    return int(np.prod(shape[:axis])), shape[axis], int(np.prod(shape[axis + 1 :]))
 
 
 BF16_EXP_RTOL = 7.5e-5  # the BF16 exp's bound, docs/kernels.md (Softmax)
@@ -69,8 +81,13 @@ def check_f32(x, axis):
     y = call_preserving(tn.softmax, x, axis=axis)
     assert y.dtype == np.float32 and y.shape == x.shape
     x64 = x.astype(np.float64)
-    assert_close(y, exact_softmax(x64, x.shape, axis), rtol=tolerance(x64, x.shape, axis), atol=8 * F32_TINY,
-                 what=f"softmax fp32 shape {x.shape} axis {axis}")
+    assert_close(
+        y,
+        exact_softmax(x64, x.shape, axis),
+        rtol=tolerance(x64, x.shape, axis),
+        atol=8 * F32_TINY,
+        what=f"softmax fp32 shape {x.shape} axis {axis}",
+    )
     return y
 
 
@@ -79,9 +96,14 @@ def check_bf16(x, axis):
     y = call_preserving(tn.softmax, x, axis=axis)
     assert y.dtype == x.dtype and y.shape == x.shape
     x64 = ref.as_f64(x)
-    assert_bf16_where_math_allows(y, exact_softmax(x64, x.shape, axis),
-                                  rtol=tolerance(x64, x.shape, axis, BF16_EXP_RTOL), atol=8 * F32_TINY, what=f"softmax BF16 shape {x.shape} axis {axis}",
-                                  min_exact=0.75)  # the exp's 7.5e-5 makes about 8% of results ambiguous
+    assert_bf16_where_math_allows(
+        y,
+        exact_softmax(x64, x.shape, axis),
+        rtol=tolerance(x64, x.shape, axis, BF16_EXP_RTOL),
+        atol=8 * F32_TINY,
+        what=f"softmax BF16 shape {x.shape} axis {axis}",
+        min_exact=0.75,
+    )  # the exp's 7.5e-5 makes about 8% of results ambiguous
     return y
 
 
@@ -129,13 +151,10 @@ def test_softmax_special_rows(rng, dtype, count, inner):
     x[0] = -np.inf
     x[1, pos, cols] = np.inf
     x[2, pos, cols] = np.nan
-    x[3, pos, cols] = -np.inf                      # row 3 stays finite unless count == 1
+    x[3, pos, cols] = -np.inf  # row 3 stays finite unless count == 1
     x[4, pos, cols] = np.inf
     x[4, (pos + 1) % count, cols] = -np.inf
-    if dtype == "f32":
-        y = check_f32(x, 1).astype(np.float64)
-    else:
-        y = ref.as_f64(check_bf16(x.astype(ref.BF16), 1))
+    y = check_f32(x, 1).astype(np.float64) if dtype == "f32" else ref.as_f64(check_bf16(x.astype(ref.BF16), 1))
     assert np.isnan(y[:3]).all() and np.isnan(y[4]).all()
     if count > 1:
         assert (y[3, pos, cols] == 0).all() and np.isfinite(y[3]).all()
@@ -177,13 +196,13 @@ def test_softmax_bf16_rows_sum_to_one(rng):
     require("SynetSoftmax16b")
     x = (rng.normal(size=(64, 67)) * 2).astype(np.float32).astype(ref.BF16)
     s = ref.as_f64(tn.softmax(x)).sum(axis=-1)
-    np.testing.assert_allclose(s, 1.0, atol=2.0 ** -8)
+    np.testing.assert_allclose(s, 1.0, atol=2.0**-8)
 
 
 def bf16_ulps(y, exact):
     """|y - exact| in BF16 ulps of exact (denormals: the fixed step 2^-133)."""
     got = ref.bf16_to_f64(ref.bf16_bits(y))
-    mag = np.maximum(np.abs(exact), 2.0 ** -126)
+    mag = np.maximum(np.abs(exact), 2.0**-126)
     return np.abs(got - exact) / 2.0 ** (np.floor(np.log2(mag)) - 7)
 
 
@@ -217,5 +236,5 @@ def test_softmax_bf16_denormal_results_within_one_ulp():
     xb = x.astype(np.float32).astype(ref.BF16)
     y = tn.softmax(xb, axis=1)
     exact = exact_softmax(ref.as_f64(xb), xb.shape, 1)
-    assert (ref.as_f64(y)[exact < 2.0 ** -126] > 0).any()  # denormal results are produced
+    assert (ref.as_f64(y)[exact < 2.0**-126] > 0).any()  # denormal results are produced
     assert bf16_ulps(y, exact).max() <= 1.0

@@ -3,17 +3,34 @@ indexed by (channel, column) and hor by (channel, row), both formats, channels x
 
 Tolerance: two fp32 multiplications round twice: |error| <= 2u(1 + u) |y|, rtol = 2.5u.
 """
+
 import numpy as np
 import pytest
 
-import tensorops_native as tn
 import reference as ref
-from tn_testing import (CHANNELS, F32_TINY, FORMATS, SPATIALS, U, Guarded, assert_close, assert_same_bits,
-                        c_call, call_preserving, checkerboard_batch, f32, require)
+import tensorops_native as tn
+from tn_testing import (
+    CHANNELS,
+    F32_TINY,
+    FORMATS,
+    SPATIALS,
+    Guarded,
+    U,
+    assert_close,
+    assert_same_bits,
+    c_call,
+    call_preserving,
+    checkerboard_batch,
+    f32,
+    require,
+)
 
 HW = {1: (1, 1), 5: (1, 5), 16: (4, 4), 49: (7, 7), 3136: (56, 56)}
-GRID = [pytest.param(c, s, checkerboard_batch(i, j), id=f"c{c}-s{s}-b{checkerboard_batch(i, j)}")
-        for i, c in enumerate(CHANNELS) for j, s in enumerate(SPATIALS)]
+GRID = [
+    pytest.param(c, s, checkerboard_batch(i, j), id=f"c{c}-s{s}-b{checkerboard_batch(i, j)}")
+    for i, c in enumerate(CHANNELS)
+    for j, s in enumerate(SPATIALS)
+]
 
 
 def make(rng, batch, channels, h, w, fmt):
@@ -28,8 +45,9 @@ def check(x, ver, hor, fmt):
     require("SynetTiledScale2D32f")
     y = call_preserving(tn.tiled_scale_2d, x, ver, hor, format=fmt)
     assert y.dtype == np.float32 and y.shape == x.shape
-    assert_close(y, ref.synet_tiled_scale_2d_32f(x, ver, hor, fmt), rtol=2.5 * U, atol=F32_TINY,
-                 what=f"tiled_scale_2d {fmt}")
+    assert_close(
+        y, ref.synet_tiled_scale_2d_32f(x, ver, hor, fmt), rtol=2.5 * U, atol=F32_TINY, what=f"tiled_scale_2d {fmt}"
+    )
     return y
 
 

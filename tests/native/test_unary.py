@@ -4,13 +4,24 @@ magnitudes over the whole fp32 range, the op's meaningful ranges) plus the speci
 (+0, -0, +inf, -inf, NaN, 1e-45, FLT_MAX, -FLT_MAX, ties of rounding...), float64 NumPy
 (math.erf for ERF) as the reference. The rules and the input mix live in tn_testing.
 """
+
 import numpy as np
 import pytest
 
-import tensorops_native as tn
 import reference as ref
-from tn_testing import (CHANNELS, EXACT_OPS, F32_MAX, UNARY_BOUNDS, UNARY_OPS, assert_same_bits, assert_unary_accurate,
-                        call_preserving, require, unary_inputs)
+import tensorops_native as tn
+from tn_testing import (
+    CHANNELS,
+    EXACT_OPS,
+    F32_MAX,
+    UNARY_BOUNDS,
+    UNARY_OPS,
+    assert_same_bits,
+    assert_unary_accurate,
+    call_preserving,
+    require,
+    unary_inputs,
+)
 
 KERNEL = "SynetUnaryOperation32f"
 
@@ -33,7 +44,7 @@ def test_unary_sizes_and_misaligned_tails(rng, op):
     pool = unary_inputs(op, rng, n=1 << 12)
     for i, n in enumerate(CHANNELS + (3136,)):
         off = 1 + i % 3
-        x = pool[off:off + n] if n + off <= pool.size else np.resize(pool, n)
+        x = pool[off : off + n] if n + off <= pool.size else np.resize(pool, n)
         y = tn.unary(x, op)
         assert_unary_accurate(op, x, y, what=f"{op} size {n} offset {off}")
     x2 = pool[: 17 * 33].reshape(17, 33)
@@ -60,25 +71,76 @@ def test_unary_zero_and_not_of_nan():
 
 # (op, input, expected) with expected compared bit for bit (NaN: any NaN)
 SPECIAL_CASES = [
-    ("exp", -np.inf, 0.0), ("exp", np.inf, np.inf), ("exp", 0.0, 1.0), ("exp", -0.0, 1.0), ("exp", 89.0, np.inf),
-    ("exp", -104.0, 0.0), ("exp", F32_MAX, np.inf), ("exp", -F32_MAX, 0.0),
-    ("log", 0.0, -np.inf), ("log", -0.0, -np.inf), ("log", -1.0, np.nan), ("log", np.inf, np.inf),
-    ("log", 1.0, 0.0), ("log", -np.inf, np.nan),
-    ("rsqrt", 0.0, np.inf), ("rsqrt", np.inf, 0.0), ("rsqrt", -1.0, np.nan), ("rsqrt", 4.0, 0.5),
-    ("sqrt", -0.0, -0.0), ("sqrt", -1.0, np.nan), ("sqrt", np.inf, np.inf), ("sqrt", 1e-45, float(np.sqrt(np.float32(1e-45)))),
-    ("rcp", 0.0, np.inf), ("rcp", -0.0, -np.inf), ("rcp", np.inf, 0.0), ("rcp", -np.inf, -0.0), ("rcp", 1e-45, np.inf),
-    ("tanh", np.inf, 1.0), ("tanh", -np.inf, -1.0), ("tanh", 0.0, 0.0), ("tanh", 20.0, 1.0),
-    ("erf", np.inf, 1.0), ("erf", -np.inf, -1.0), ("erf", 0.0, 0.0), ("erf", 10.0, 1.0),
-    ("sin", np.inf, np.nan), ("sin", -np.inf, np.nan), ("sin", 0.0, 0.0), ("cos", np.inf, np.nan), ("cos", 0.0, 1.0),
-    ("round", 0.5, 0.0), ("round", 1.5, 2.0), ("round", 2.5, 2.0), ("round", -2.5, -2.0), ("round", -0.5, -0.0),
-    ("round", 8388609.0, 8388609.0), ("round", 8388607.5, 8388608.0), ("round", F32_MAX, F32_MAX),
-    ("round", np.inf, np.inf), ("round", 1e-45, 0.0),
-    ("ceil", -0.5, -0.0), ("ceil", 0.2, 1.0), ("ceil", -F32_MAX, -F32_MAX), ("ceil", 1e-45, 1.0),
-    ("floor", -0.5, -1.0), ("floor", 0.7, 0.0), ("floor", -1e-45, -1.0), ("floor", np.inf, np.inf),
-    ("sign", -0.0, 0.0), ("sign", 0.0, 0.0), ("sign", 1e-45, 1.0), ("sign", -1e-45, -1.0), ("sign", -np.inf, -1.0),
+    ("exp", -np.inf, 0.0),
+    ("exp", np.inf, np.inf),
+    ("exp", 0.0, 1.0),
+    ("exp", -0.0, 1.0),
+    ("exp", 89.0, np.inf),
+    ("exp", -104.0, 0.0),
+    ("exp", F32_MAX, np.inf),
+    ("exp", -F32_MAX, 0.0),
+    ("log", 0.0, -np.inf),
+    ("log", -0.0, -np.inf),
+    ("log", -1.0, np.nan),
+    ("log", np.inf, np.inf),
+    ("log", 1.0, 0.0),
+    ("log", -np.inf, np.nan),
+    ("rsqrt", 0.0, np.inf),
+    ("rsqrt", np.inf, 0.0),
+    ("rsqrt", -1.0, np.nan),
+    ("rsqrt", 4.0, 0.5),
+    ("sqrt", -0.0, -0.0),
+    ("sqrt", -1.0, np.nan),
+    ("sqrt", np.inf, np.inf),
+    ("sqrt", 1e-45, float(np.sqrt(np.float32(1e-45)))),
+    ("rcp", 0.0, np.inf),
+    ("rcp", -0.0, -np.inf),
+    ("rcp", np.inf, 0.0),
+    ("rcp", -np.inf, -0.0),
+    ("rcp", 1e-45, np.inf),
+    ("tanh", np.inf, 1.0),
+    ("tanh", -np.inf, -1.0),
+    ("tanh", 0.0, 0.0),
+    ("tanh", 20.0, 1.0),
+    ("erf", np.inf, 1.0),
+    ("erf", -np.inf, -1.0),
+    ("erf", 0.0, 0.0),
+    ("erf", 10.0, 1.0),
+    ("sin", np.inf, np.nan),
+    ("sin", -np.inf, np.nan),
+    ("sin", 0.0, 0.0),
+    ("cos", np.inf, np.nan),
+    ("cos", 0.0, 1.0),
+    ("round", 0.5, 0.0),
+    ("round", 1.5, 2.0),
+    ("round", 2.5, 2.0),
+    ("round", -2.5, -2.0),
+    ("round", -0.5, -0.0),
+    ("round", 8388609.0, 8388609.0),
+    ("round", 8388607.5, 8388608.0),
+    ("round", F32_MAX, F32_MAX),
+    ("round", np.inf, np.inf),
+    ("round", 1e-45, 0.0),
+    ("ceil", -0.5, -0.0),
+    ("ceil", 0.2, 1.0),
+    ("ceil", -F32_MAX, -F32_MAX),
+    ("ceil", 1e-45, 1.0),
+    ("floor", -0.5, -1.0),
+    ("floor", 0.7, 0.0),
+    ("floor", -1e-45, -1.0),
+    ("floor", np.inf, np.inf),
+    ("sign", -0.0, 0.0),
+    ("sign", 0.0, 0.0),
+    ("sign", 1e-45, 1.0),
+    ("sign", -1e-45, -1.0),
+    ("sign", -np.inf, -1.0),
     ("sign", F32_MAX, 1.0),
-    ("abs", -0.0, 0.0), ("abs", -np.inf, np.inf), ("neg", 0.0, -0.0), ("neg", -F32_MAX, F32_MAX),
-    ("zero", -np.inf, 0.0), ("zero", np.nan, 0.0),
+    ("abs", -0.0, 0.0),
+    ("abs", -np.inf, np.inf),
+    ("neg", 0.0, -0.0),
+    ("neg", -F32_MAX, F32_MAX),
+    ("zero", -np.inf, 0.0),
+    ("zero", np.nan, 0.0),
 ]
 
 
@@ -88,7 +150,7 @@ def test_unary_special_values(op, x, expected):
     saturated values of the approximate ops at +-inf and +-FLT_MAX; elsewhere the
     approximate ops are held to their accuracy bound."""
     require(KERNEL)
-    xs = np.full(19, x, np.float32)                       # 19: a vector and a tail
+    xs = np.full(19, x, np.float32)  # 19: a vector and a tail
     y = tn.unary(xs, op)
     if np.isnan(expected):
         assert np.isnan(y).all(), f"{op}({x}) = {y[0]}, expected NaN"
@@ -118,8 +180,9 @@ def test_unary_sin_cos_accurate_and_in_range_for_huge_inputs(rng, op):
     x = (np.exp2(rng.uniform(16.6, 128.0, 1 << 16)) * rng.choice([-1.0, 1.0], 1 << 16)).astype(np.float32)
     x = np.concatenate([x[np.isfinite(x)], np.float32([F32_MAX, -F32_MAX, 1e5, 3e38])])
     y = tn.unary(x, op)
-    assert np.isfinite(y).all() and (np.abs(y) <= 1.0).all(), \
+    assert np.isfinite(y).all() and (np.abs(y) <= 1.0).all(), (
         f"{op}: {x[~(np.abs(y) <= 1.0)][:4]} -> {y[~(np.abs(y) <= 1.0)][:4]}"
+    )
     assert_unary_accurate(op, x, y)
 
 
@@ -139,7 +202,7 @@ def test_unary_exact_ops_do_not_depend_on_position(rng, op):
     x = unary_inputs(op, rng, n=1 << 10)[:1000]
     whole = tn.unary(x, op)
     for start in (0, 1, 5, 13, 16, 17):
-        assert_same_bits(tn.unary(x[start:start + 37], op), whole[start:start + 37], what=f"{op} from {start}")
+        assert_same_bits(tn.unary(x[start : start + 37], op), whole[start : start + 37], what=f"{op} from {start}")
 
 
 def test_reference_rounding_table_is_numpy_rint():

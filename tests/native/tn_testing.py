@@ -6,6 +6,7 @@ Tolerances: u = 2^-24 is the unit roundoff of fp32. A float64 reference differs 
 fp32 kernel only by the kernel's own rounding, so every bound below is a multiple of u or of
 the rounding-error growth of an fp32 sum (see sum_rtol).
 """
+
 from __future__ import annotations
 
 import math
@@ -13,14 +14,13 @@ import os
 
 import numpy as np
 import pytest
-
-import tensorops_native as tn
 from tensorops_native._native import ffi, lib
 
 import reference as ref
+import tensorops_native as tn
 
-U = 2.0 ** -24                    # fp32 unit roundoff
-F32_TINY = 2.0 ** -149            # the smallest fp32 denormal: spacing of the denormal range
+U = 2.0**-24  # fp32 unit roundoff
+F32_TINY = 2.0**-149  # the smallest fp32 denormal: spacing of the denormal range
 F32_MAX = float(np.finfo(np.float32).max)
 
 # Shapes around the vector widths (8 lanes AVX2, 16 lanes AVX-512) and their tails.
@@ -39,7 +39,7 @@ def kernel_levels() -> list[str]:
     this CPU supports."""
     if os.environ.get("TENSOROPS_ISA"):
         return [tn.isa()]
-    return list(LEVELS[:lib.TnSupportedIsa() + 1])
+    return list(LEVELS[: lib.TnSupportedIsa() + 1])
 
 
 def checkerboard_batch(i: int, j: int) -> int:
@@ -63,6 +63,7 @@ def sum_rtol(n: int) -> float:
 
 # ---- kernel availability ------------------------------------------------------------------
 
+
 def require(*kernels: str) -> None:
     """Fail before calling a kernel this build lacks (calling it would crash the process
     instead of reporting which kernel is missing)."""
@@ -73,6 +74,7 @@ def require(*kernels: str) -> None:
 
 
 # ---- value checks -------------------------------------------------------------------------
+
 
 def _fmt_index(shape, flat):
     return tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else ()
@@ -96,10 +98,15 @@ def assert_close(actual, expected, *, rtol, atol, what="result", show=5):
         idx = np.flatnonzero(bad)
         ratio = np.where(bad, np.nan_to_num(err / np.where(tol > 0, tol, 1e-300), nan=np.inf, posinf=np.inf), 0).ravel()
         worst = idx[np.argsort(-ratio[idx])][:show]
-        lines = [f"  at {_fmt_index(a.shape, i)}: got {a.ravel()[i]!r}, expected {expected.ravel()[i]!r}, "
-                 f"allowed error {tol.ravel()[i]:.3g}" for i in worst]
-        pytest.fail(f"{what}: {idx.size} of {a.size} elements out of tolerance "
-                    f"(rtol={np.max(rtol):.3g}, atol={np.max(atol):.3g}):\n" + "\n".join(lines))
+        lines = [
+            f"  at {_fmt_index(a.shape, i)}: got {a.ravel()[i]!r}, expected {expected.ravel()[i]!r}, "
+            f"allowed error {tol.ravel()[i]:.3g}"
+            for i in worst
+        ]
+        pytest.fail(
+            f"{what}: {idx.size} of {a.size} elements out of tolerance "
+            f"(rtol={np.max(rtol):.3g}, atol={np.max(atol):.3g}):\n" + "\n".join(lines)
+        )
 
 
 def assert_same_bits(actual, expected, what="result", show=5):
@@ -113,8 +120,11 @@ def assert_same_bits(actual, expected, what="result", show=5):
     if bad.any():
         idx = np.flatnonzero(bad)[:show]
         width = 2 * actual.dtype.itemsize
-        lines = [f"  at {_fmt_index(actual.shape, i)}: got 0x{int(ab.ravel()[i]):0{width}x}, "
-                 f"expected 0x{int(eb.ravel()[i]):0{width}x}" for i in idx]
+        lines = [
+            f"  at {_fmt_index(actual.shape, i)}: got 0x{int(ab.ravel()[i]):0{width}x}, "
+            f"expected 0x{int(eb.ravel()[i]):0{width}x}"
+            for i in idx
+        ]
         pytest.fail(f"{what}: {int(bad.sum())} of {actual.size} elements differ bitwise:\n" + "\n".join(lines))
 
 
@@ -135,8 +145,11 @@ def assert_bf16_where_math_allows(actual, exact, *, rtol, atol, what="BF16 resul
     expected = ref.f64_to_bf16_bits(exact)
     with np.errstate(invalid="ignore", over="ignore"):
         e32 = exact.astype(np.float32)
-        tol = (np.asarray(atol, np.float64) + np.asarray(rtol, np.float64) * np.abs(exact)
-               + 4.0 * np.spacing(np.abs(e32)).astype(np.float64))
+        tol = (
+            np.asarray(atol, np.float64)
+            + np.asarray(rtol, np.float64) * np.abs(exact)
+            + 4.0 * np.spacing(np.abs(e32)).astype(np.float64)
+        )
         lo_bits = ref.f64_to_bf16_bits(exact - tol)
         hi_bits = ref.f64_to_bf16_bits(exact + tol)
     got = ref.bf16_to_f64(bits)
@@ -144,23 +157,32 @@ def assert_bf16_where_math_allows(actual, exact, *, rtol, atol, what="BF16 resul
     nan_e = np.isnan(exact)
     finite = ~nan_e
     unambiguous = finite & (lo_bits == hi_bits)
-    zero = finite & ~unambiguous & (lo == 0) & (hi == 0)     # only the sign of a zero is open
+    zero = finite & ~unambiguous & (lo == 0) & (hi == 0)  # only the sign of a zero is open
     ambiguous = finite & ~unambiguous & ~zero
-    bad = (nan_e & ~np.isnan(got)) | (unambiguous & (bits != expected)) | (zero & (got != 0)) | \
-          (ambiguous & ~((got >= lo) & (got <= hi)))
+    bad = (
+        (nan_e & ~np.isnan(got))
+        | (unambiguous & (bits != expected))
+        | (zero & (got != 0))
+        | (ambiguous & ~((got >= lo) & (got <= hi)))
+    )
     if bad.any():
         idx = np.flatnonzero(bad)[:5]
-        lines = [f"  at {_fmt_index(bits.shape, i)}: got 0x{int(bits.ravel()[i]):04x} ({got.ravel()[i]!r}), "
-                 f"expected 0x{int(expected.ravel()[i]):04x} (exact {exact.ravel()[i]!r}, "
-                 f"{'within 1 BF16 ulp allowed' if ambiguous.ravel()[i] else 'bit-exact required'})"
-                 for i in idx]
+        lines = [
+            f"  at {_fmt_index(bits.shape, i)}: got 0x{int(bits.ravel()[i]):04x} ({got.ravel()[i]!r}), "
+            f"expected 0x{int(expected.ravel()[i]):04x} (exact {exact.ravel()[i]!r}, "
+            f"{'within 1 BF16 ulp allowed' if ambiguous.ravel()[i] else 'bit-exact required'})"
+            for i in idx
+        ]
         pytest.fail(f"{what}: {int(bad.sum())} of {bits.size} elements wrong:\n" + "\n".join(lines))
     if finite.sum() >= 20:
         share = (unambiguous.sum() + zero.sum()) / finite.sum()
-        assert share >= min_exact, f"{what}: only {share:.1%} of elements could be checked bit-exactly (tolerance too loose?)"
+        assert share >= min_exact, (
+            f"{what}: only {share:.1%} of elements could be checked bit-exactly (tolerance too loose?)"
+        )
 
 
 # ---- inputs are never modified ------------------------------------------------------------
+
 
 def _arrays(obj):
     if isinstance(obj, np.ndarray):
@@ -172,15 +194,16 @@ def _arrays(obj):
 
 def call_preserving(fn, *args, **kwargs):
     """Call fn and assert it modified none of the arrays among its arguments (bitwise)."""
-    arrays = [a for a in _arrays(list(args) + list(kwargs.values()))]
+    arrays = list(_arrays(list(args) + list(kwargs.values())))
     copies = [a.copy() for a in arrays]
     result = fn(*args, **kwargs)
-    for i, (a, c) in enumerate(zip(arrays, copies)):
+    for i, (a, c) in enumerate(zip(arrays, copies, strict=True)):
         assert_same_bits(a, c, what=f"input array #{i} after {getattr(fn, '__name__', fn)}")
     return result
 
 
 # ---- random data ------------------------------------------------------------------------
+
 
 def f32(rng, shape, loc=0.0, scale=1.0):
     return rng.normal(loc, scale, size=shape).astype(np.float32)
@@ -200,24 +223,58 @@ def params(rng, channels):
 # ---- unary accuracy rules (docs/kernels.md) -----------------------------------------------------
 
 UNARY_OPS = ref.UNARY_NAMES
-BITWISE_OPS = ("abs", "neg", "not", "zero")            # compared bit for bit, NaN included
+BITWISE_OPS = ("abs", "neg", "not", "zero")  # compared bit for bit, NaN included
 IEEE_EXACT_OPS = ("ceil", "floor", "round", "sqrt", "rcp")  # bit for bit except NaN payloads
 EXACT_OPS = BITWISE_OPS + IEEE_EXACT_OPS + ("sign",)
 # rtol / atol of the table; atol_min is the fp32 denormal spacing (a relative bound cannot
 # hold below it); xmax limits where a bound applies.
 UNARY_BOUNDS = {
     "exp": dict(rtol=4e-7, atol=F32_TINY),
-    "log": dict(rtol=4e-7, atol=1e-7),       # max(): the absolute bound only matters near x = 1
+    "log": dict(rtol=4e-7, atol=1e-7),  # max(): the absolute bound only matters near x = 1
     "tanh": dict(rtol=4e-7, atol=F32_TINY),
-    "rsqrt": dict(rtol=2.0 ** -22, atol=F32_TINY),
+    "rsqrt": dict(rtol=2.0**-22, atol=F32_TINY),
     "erf": dict(rtol=0.0, atol=1e-6),
     "sin": dict(rtol=0.0, atol=2e-6),
     "cos": dict(rtol=0.0, atol=2e-6),
 }
-SPECIAL_VALUES = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, F32_MAX, -F32_MAX,
-                           1.0, -1.0, 0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 1.1754944e-38, 8388607.5,
-                           8388608.0, 16777217.0, -8388609.5, 88.72284, 88.7, -87.3, -103.9, -104.5,
-                           3.14159265, 1.5707964, 1e5, -1e5, 4.0, 0.25], np.float32)
+SPECIAL_VALUES = np.array(
+    [
+        0.0,
+        -0.0,
+        np.inf,
+        -np.inf,
+        np.nan,
+        1e-45,
+        -1e-45,
+        F32_MAX,
+        -F32_MAX,
+        1.0,
+        -1.0,
+        0.5,
+        -0.5,
+        1.5,
+        -1.5,
+        2.5,
+        -2.5,
+        1.1754944e-38,
+        8388607.5,
+        8388608.0,
+        16777217.0,
+        -8388609.5,
+        88.72284,
+        88.7,
+        -87.3,
+        -103.9,
+        -104.5,
+        3.14159265,
+        1.5707964,
+        1e5,
+        -1e5,
+        4.0,
+        0.25,
+    ],
+    np.float32,
+)
 
 
 def unary_tolerance(op, ref64):
@@ -258,8 +315,12 @@ def unary_violations(op, x, y):
         tol = unary_tolerance(op, r)
         err = np.abs(y64 - r)
         inf_r = np.isinf(r)
-        near_overflow = ~inf_r & (np.abs(r) >= F32_MAX * (1.0 - UNARY_BOUNDS[op]["rtol"])) & \
-            np.isinf(y64) & (np.sign(y64) == np.sign(r))
+        near_overflow = (
+            ~inf_r
+            & (np.abs(r) >= F32_MAX * (1.0 - UNARY_BOUNDS[op]["rtol"]))
+            & np.isinf(y64)
+            & (np.sign(y64) == np.sign(r))
+        )
         ok = (nan_r & nan_y) | (inf_r & (y64 == r)) | (~nan_r & ~inf_r & (err <= tol)) | near_overflow
         return ~ok & unary_checked_mask(op, x), r
 
@@ -270,9 +331,14 @@ def assert_unary_accurate(op, x, y, what=None):
         idx = np.flatnonzero(bad)
         x32 = np.asarray(x, np.float32).ravel()
         y32 = np.asarray(y, np.float32).ravel()
-        lines = [f"  x={x32[i]!r} (0x{int(x32[i:i+1].view(np.uint32)[0]):08x}): got {y32[i]!r} "
-                 f"(0x{int(y32[i:i+1].view(np.uint32)[0]):08x}), reference {r.ravel()[i]!r}" for i in idx[:6]]
-        pytest.fail(f"{what or op}: {idx.size} of {x32.size} results break the docs/kernels.md bound:\n" + "\n".join(lines))
+        lines = [
+            f"  x={x32[i]!r} (0x{int(x32[i : i + 1].view(np.uint32)[0]):08x}): got {y32[i]!r} "
+            f"(0x{int(y32[i : i + 1].view(np.uint32)[0]):08x}), reference {r.ravel()[i]!r}"
+            for i in idx[:6]
+        ]
+        pytest.fail(
+            f"{what or op}: {idx.size} of {x32.size} results break the docs/kernels.md bound:\n" + "\n".join(lines)
+        )
 
 
 def unary_inputs(op, rng, n=1 << 20):
@@ -280,7 +346,7 @@ def unary_inputs(op, rng, n=1 << 20):
     NaN), a quarter log-uniform magnitudes of both signs over the whole fp32 range, half from
     the op's meaningful ranges; the special values come first."""
     q = n // 4
-    bits = rng.integers(0, 2 ** 32, size=q, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    bits = rng.integers(0, 2**32, size=q, dtype=np.uint64).astype(np.uint32).view(np.float32)
     logu = (np.exp2(rng.uniform(-149.0, 128.0, q)) * rng.choice([-1.0, 1.0], q)).astype(np.float32)
     h = n - 2 * q
 
@@ -298,16 +364,22 @@ def unary_inputs(op, rng, n=1 << 20):
         near = rng.integers(-63000, 63000, r) * (np.pi / 2) * (1.0 + uni(-1e-7, 1e-7, r))
         parts = [uni(-1e5, 1e5, k), uni(-10.0, 10.0, k), rng.integers(-63000, 63000, k) * (np.pi / 2), near]
     elif op == "tanh":
-        parts = [uni(-12.0, 12.0, 2 * k), uni(-1.0, 1.0, k),
-                 np.exp2(uni(-149.0, -1.0, h - 3 * k)) * rng.choice([-1.0, 1.0], h - 3 * k)]
+        parts = [
+            uni(-12.0, 12.0, 2 * k),
+            uni(-1.0, 1.0, k),
+            np.exp2(uni(-149.0, -1.0, h - 3 * k)) * rng.choice([-1.0, 1.0], h - 3 * k),
+        ]
     elif op == "erf":
-        parts = [uni(-6.0, 6.0, 2 * k), uni(-1.0, 1.0, k),
-                 np.exp2(uni(-149.0, 0.0, h - 3 * k)) * rng.choice([-1.0, 1.0], h - 3 * k)]
+        parts = [
+            uni(-6.0, 6.0, 2 * k),
+            uni(-1.0, 1.0, k),
+            np.exp2(uni(-149.0, 0.0, h - 3 * k)) * rng.choice([-1.0, 1.0], h - 3 * k),
+        ]
     elif op in ("rsqrt", "sqrt", "rcp"):
         parts = [uni(0.0, 16.0, 2 * k), np.exp2(uni(-149.0, 128.0, k)), -np.exp2(uni(-149.0, 128.0, h - 3 * k))]
-    else:   # abs, neg, not, zero, sign, ceil, floor, round: halves (ties), small and large
-        halves = rng.integers(-2 ** 24, 2 ** 24, k) + 0.5
-        parts = [uni(-10.0, 10.0, k), halves, uni(-2.0 ** 24, 2.0 ** 24, k), uni(-1e30, 1e30, h - 3 * k)]
+    else:  # abs, neg, not, zero, sign, ceil, floor, round: halves (ties), small and large
+        halves = rng.integers(-(2**24), 2**24, k) + 0.5
+        parts = [uni(-10.0, 10.0, k), halves, uni(-(2.0**24), 2.0**24, k), uni(-1e30, 1e30, h - 3 * k)]
     with np.errstate(over="ignore"):
         mixed = np.concatenate([np.asarray(p, np.float64).astype(np.float32) for p in parts])
     x = np.concatenate([SPECIAL_VALUES, bits, logu, mixed[:h]])
@@ -316,11 +388,15 @@ def unary_inputs(op, rng, n=1 << 20):
 
 # ---- direct C calls with canary-guarded memory -------------------------------------------
 
-GUARD = 17                        # odd: also leaves the data misaligned for vector loads
-CANARY = {np.dtype(np.float32): np.uint32(0x7FA5A5A5),   # signalling NaNs: never computed
-          np.dtype(np.uint16): np.uint16(0x7FA5)}
-POISON = {np.dtype(np.float32): np.uint32(0x7FC0DEAD),   # quiet NaN with a payload
-          np.dtype(np.uint16): np.uint16(0xFFFF)}
+GUARD = 17  # odd: also leaves the data misaligned for vector loads
+CANARY = {
+    np.dtype(np.float32): np.uint32(0x7FA5A5A5),  # signalling NaNs: never computed
+    np.dtype(np.uint16): np.uint16(0x7FA5),
+}
+POISON = {
+    np.dtype(np.float32): np.uint32(0x7FC0DEAD),  # quiet NaN with a payload
+    np.dtype(np.uint16): np.uint16(0xFFFF),
+}
 
 
 class Guarded:
@@ -339,7 +415,7 @@ class Guarded:
         utype = np.uint32 if dtype.itemsize == 4 else np.uint16
         self.full = np.empty(n + 2 * GUARD, dtype)
         self.full.view(utype)[:] = CANARY[dtype]
-        self.arr = self.full[GUARD:GUARD + n].reshape(shape)
+        self.arr = self.full[GUARD : GUARD + n].reshape(shape)
         if values is not None:
             self.arr[...] = values
         elif fill == "poison":

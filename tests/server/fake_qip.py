@@ -1,5 +1,6 @@
 """A NumPy stand-in for tensorops_native.QuantizedInnerProduct (same interface), so the
 session machinery can be tested whether or not the kernel is in this build."""
+
 from __future__ import annotations
 
 import threading
@@ -10,11 +11,12 @@ import tensorops_native as tn
 
 
 class FakeQuantizedInnerProduct:
-    instances: list["FakeQuantizedInnerProduct"] = []
+    instances: list[FakeQuantizedInnerProduct] = []
     lock = threading.Lock()
 
-    def __init__(self, b, *, b_scale, a_scale, a_zero, c_scale, c_zero, bias=None, trans_b=False, max_m=1,
-                 algorithm=None):
+    def __init__(
+        self, b, *, b_scale, a_scale, a_zero, c_scale, c_zero, bias=None, trans_b=False, max_m=1, algorithm=None
+    ):
         if not isinstance(b, np.ndarray) or b.dtype != np.int8 or b.ndim != 2:
             raise tn.ArgumentTypeError("b", "expected a 2-D int8 array")
         if a_scale is None:

@@ -3,6 +3,7 @@ stand-in of the native context (whose forward is an exact int64 reference): conc
 forwards are merged into one kernel call, every caller gets exactly its own rows, the
 row cap holds, and one caller's failure, deadline or cancellation, or the session's
 release, reaches nobody else."""
+
 from __future__ import annotations
 
 import asyncio
@@ -13,10 +14,9 @@ import pytest
 
 import tensorops
 import tensorops.aio
+from fake_qip import FakeQuantizedInnerProduct as Fake
 from tensorops.protocol import wire
 from tensorops.v1 import tensorops_pb2 as pb
-
-from fake_qip import FakeQuantizedInnerProduct as Fake
 from test_sessions_service import K, N, params, serve  # noqa: F401 - serve is a fixture (real servers with the fake kernel)
 
 FORWARD = wire.FORWARD_SESSION
@@ -51,6 +51,7 @@ def run(target, fn):
     async def main():
         async with tensorops.aio.Client(target, timeout=60) as c:
             return await fn(c)
+
     return asyncio.run(main())
 
 
@@ -64,13 +65,14 @@ def concurrent_forwards(srv, rng, rows):
     async def calls(c):
         s = await c.quantized_inner_product(b, **p)
         return await asyncio.gather(*(s.forward(a) for a in inputs))
+
     return inputs, run(srv.target, calls), Fake(b, **p)
 
 
 def test_concurrent_forwards_are_merged_and_bit_identical(serve, rng):
     srv = serve(batch_window_us=50_000)  # every forward sent at once lands in one batch window
     inputs, results, reference = concurrent_forwards(srv, rng, [1, 3, 1, 2, 5, 1, 1, 4, 2, 1, 1, 3, 1, 1, 2, 1])
-    for a, got in zip(inputs, results):
+    for a, got in zip(inputs, results, strict=True):
         assert got.shape == (a.shape[0], N)
         assert np.array_equal(got, reference.forward(a))
     kernel_calls, merged = batches(srv)
@@ -80,11 +82,13 @@ def test_concurrent_forwards_are_merged_and_bit_identical(serve, rng):
 def test_the_row_cap_splits_batches_and_a_larger_request_runs_alone(serve, rng):
     srv = serve(batch_window_us=50_000, max_batch_rows=8)
     inputs, results, reference = concurrent_forwards(srv, rng, [3, 3, 3, 2, 20, 1, 5])  # 20 rows: above the cap, alone
-    assert all(np.array_equal(got, reference.forward(a)) for a, got in zip(inputs, results))
+    assert all(np.array_equal(got, reference.forward(a)) for a, got in zip(inputs, results, strict=True))
     registry = srv.server.metrics.registry
     # every kernel call but the lone 20-row one held at most 8 rows
-    assert registry.get_sample_value("tensorops_forward_batch_rows_bucket", {"le": "8.0"}) == \
-        registry.get_sample_value("tensorops_forward_batch_rows_count") - 1
+    assert (
+        registry.get_sample_value("tensorops_forward_batch_rows_bucket", {"le": "8.0"})
+        == registry.get_sample_value("tensorops_forward_batch_rows_count") - 1
+    )
     kernel_calls, merged = batches(srv)
     assert merged == len(inputs) and kernel_calls >= 4  # 18 rows under the cap need 3 batches, plus the lone one
 
@@ -98,8 +102,9 @@ def test_batching_off_runs_every_forward_alone(serve, rng):
     async def calls(c):
         s = await c.quantized_inner_product(b, **p)
         return await asyncio.gather(*(s.forward(a) for a in inputs))
+
     results = run(srv.target, calls)
-    assert all(np.array_equal(got, Fake(b, **p).forward(a)) for a, got in zip(inputs, results))
+    assert all(np.array_equal(got, Fake(b, **p).forward(a)) for a, got in zip(inputs, results, strict=True))
     assert batches(srv) == (len(inputs), len(inputs))
 
 
@@ -120,8 +125,10 @@ def test_a_failing_or_expired_caller_affects_no_other(serve, rng):
             forward_raw(c, sid, good[1], timeout=0.02),  # expires during the batch window
             forward_raw(c, sid, wrong_dtype),
             forward_raw(c, sid, good[2]),
-            return_exceptions=True)
+            return_exceptions=True,
+        )
         return outcomes
+
     outcomes = run(srv.target, calls)
     reference = Fake(b, **p)
     assert np.array_equal(outcomes[0], reference.forward(good[0]))
@@ -146,6 +153,7 @@ def test_a_cancelled_caller_leaves_its_batch(serve, rng):
         await asyncio.sleep(0.05)
         tasks[1].cancel()
         return await asyncio.gather(*tasks, return_exceptions=True)
+
     outcomes = run(srv.target, calls)
     reference = Fake(b, **p)
     assert np.array_equal(outcomes[0], reference.forward(a[0]))
@@ -165,10 +173,12 @@ def test_release_fails_the_forwards_still_waiting(serve, rng):
         sid = s.session_id
         waiting = [asyncio.create_task(forward_raw(c, sid, a)) for _ in range(3)]
         await asyncio.sleep(0.05)
-        await c._invoke(wire.method_path("ReleaseSession"),
-                        pb.ReleaseSessionRequest(session_id=sid).SerializeToString())
+        await c._invoke(
+            wire.method_path("ReleaseSession"), pb.ReleaseSessionRequest(session_id=sid).SerializeToString()
+        )
         outcomes = await asyncio.gather(*waiting, return_exceptions=True)
         return outcomes, await c.list_sessions()
+
     outcomes, left = run(srv.target, calls)
     assert all(isinstance(o, tensorops.NotFoundError) and o.field == "session_id" for o in outcomes), outcomes
     assert left == [] and batches(srv) == (0, 0)
@@ -191,13 +201,14 @@ def test_blocking_clients_are_batched_too(serve, rng):
         def worker(i):
             barrier.wait()
             results[i] = s.forward(inputs[i])
+
         threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
     reference = Fake(b, **p)
-    assert all(np.array_equal(got, reference.forward(a)) for a, got in zip(inputs, results))
+    assert all(np.array_equal(got, reference.forward(a)) for a, got in zip(inputs, results, strict=True))
     kernel_calls, merged = batches(srv)
     assert merged == 16 and kernel_calls < 16
 

@@ -1,5 +1,6 @@
 """The op table against tensorops_native and the wire contract: every native argument is
 reachable over the wire under its own name, and the clients have the same signatures."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,8 +11,8 @@ import pytest
 
 import tensorops
 import tensorops_native as tn
-from tensorops.protocol import codec, wire
 from tensorops._operations import Operations
+from tensorops.protocol import codec, wire
 from tensorops.v1 import tensorops_pb2 as pb
 from tensorops_server import errors, optable
 
@@ -22,7 +23,7 @@ NATIVE_ONLY = {"out"}
 
 
 def test_table_serves_every_native_operation_of_the_wire_table():
-    for name, op in wire.OPERATIONS.items():
+    for name in wire.OPERATIONS:
         assert (name in TABLE) == hasattr(tn, name), name
     for name in tn.OPERATIONS:
         assert name in wire.OPERATIONS or name == "normalize", f"{name} has no RPC"
@@ -57,8 +58,9 @@ def test_client_methods_have_the_native_signature(name):
 def test_session_constructor_has_the_native_signature():
     client = inspect.signature(Operations.QuantizedInnerProduct).parameters
     native = inspect.signature(tn.QuantizedInnerProduct).parameters
-    assert {k: (v.kind, v.default) for k, v in client.items() if k not in CLIENT_ONLY} == \
-        {k: (v.kind, v.default) for k, v in native.items()}
+    assert {k: (v.kind, v.default) for k, v in client.items() if k not in CLIENT_ONLY} == {
+        k: (v.kind, v.default) for k, v in native.items()
+    }
     fields = {f.name for f in pb.CreateQuantizedInnerProductRequest.DESCRIPTOR.fields}
     assert fields == set(native)
 
@@ -70,7 +72,9 @@ def test_enums_match_the_native_names_and_values():
     assert [eltwise[k] for k in sorted(eltwise)] == sorted(tn.ELTWISE_OPS, key=tn.ELTWISE_OPS.get)
     assert wire.enum_names(pb.ShuffleType.DESCRIPTOR) == {1: "split", 2: "interleave"}
     for name, value in tn.UNARY_OPS.items():
-        assert wire.encode_enum(pb.UnaryOp.DESCRIPTOR, name, "op") == wire.encode_enum(pb.UnaryOp.DESCRIPTOR, value, "op")
+        assert wire.encode_enum(pb.UnaryOp.DESCRIPTOR, name, "op") == wire.encode_enum(
+            pb.UnaryOp.DESCRIPTOR, value, "op"
+        )
 
 
 def _decoded(op, message, tensors=None):
@@ -84,8 +88,11 @@ def test_unset_fields_take_the_native_defaults():
     kwargs, fmt = entry.arguments(_decoded(entry.op, pb.SoftmaxRequest(), {"x": x}), None)
     assert list(kwargs) == ["x"] and fmt == 0  # axis: the native default
     entry = TABLE["shuffle"]
-    decoded = _decoded(entry.op, pb.ShuffleRequest(type=pb.SHUFFLE_TYPE_SPLIT),
-                       {"x0": codec.encode_tensor([[1.0]], "x0", 2), "x1": codec.encode_tensor([[1.0]], "x1")})
+    decoded = _decoded(
+        entry.op,
+        pb.ShuffleRequest(type=pb.SHUFFLE_TYPE_SPLIT),
+        {"x0": codec.encode_tensor([[1.0]], "x0", 2), "x1": codec.encode_tensor([[1.0]], "x1")},
+    )
     kwargs, fmt = entry.arguments(decoded, None)
     assert kwargs["type"] == "split" and "channels" not in kwargs
     assert kwargs["format"] == "nhwc" and fmt == 2
@@ -93,13 +100,17 @@ def test_unset_fields_take_the_native_defaults():
 
 def _required_fields():
     """(operation, field) for every request field whose native argument has no default."""
-    cases = [(name, f.name) for name, entry in sorted(TABLE.items())
-             for f in entry.op.request_class.DESCRIPTOR.fields
-             if f.name not in entry.defaults and not (f.is_repeated and f.message_type)]  # eltwise's inputs: []
+    cases = [
+        (name, f.name)
+        for name, entry in sorted(TABLE.items())
+        for f in entry.op.request_class.DESCRIPTOR.fields
+        if f.name not in entry.defaults and not (f.is_repeated and f.message_type)
+    ]  # eltwise's inputs: []
     if hasattr(tn, "QuantizedInnerProduct"):
         create = optable.Entry(wire.CREATE_SESSION, tn.QuantizedInnerProduct)
-        cases += [("session", f.name) for f in create.op.request_class.DESCRIPTOR.fields
-                  if f.name not in create.defaults]
+        cases += [
+            ("session", f.name) for f in create.op.request_class.DESCRIPTOR.fields if f.name not in create.defaults
+        ]
     return cases
 
 
@@ -136,12 +147,17 @@ def test_unknown_enum_numbers_are_refused_in_wire_terms(enum, number):
 
 def test_layout_tensors_must_agree_on_the_format():
     entry = TABLE["shuffle"]
-    decoded = _decoded(entry.op, pb.ShuffleRequest(type=1), {"x0": codec.encode_tensor([[1.0]], "x0", 1),
-                                                       "x1": codec.encode_tensor([[1.0]], "x1", 2)})
+    decoded = _decoded(
+        entry.op,
+        pb.ShuffleRequest(type=1),
+        {"x0": codec.encode_tensor([[1.0]], "x0", 1), "x1": codec.encode_tensor([[1.0]], "x1", 2)},
+    )
     with pytest.raises(Exception) as err:
         entry.arguments(decoded, None)
     assert err.value.field == "x1.format"
 
 
 def test_public_names():
-    assert {"Client", "LocalClient", "TensorOpsError", "InvalidArgumentError", "NotFoundError"} <= set(tensorops.__all__)
+    assert {"Client", "LocalClient", "TensorOpsError", "InvalidArgumentError", "NotFoundError"} <= set(
+        tensorops.__all__
+    )

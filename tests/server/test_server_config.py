@@ -1,4 +1,5 @@
 """Flags, TENSOROPS_* variables and defaults."""
+
 from __future__ import annotations
 
 import io
@@ -28,11 +29,23 @@ def test_defaults_suit_localhost():
 
 
 def test_environment_then_flags():
-    env = {"TENSOROPS_PORT": "6000", "TENSOROPS_WORKERS": "3", "TENSOROPS_MAX_SESSIONS": "7",
-           "TENSOROPS_SESSION_TTL": "1.5", "TENSOROPS_LOG_LEVEL": "DEBUG", "TENSOROPS_METRICS_PORT": "-1"}
+    env = {
+        "TENSOROPS_PORT": "6000",
+        "TENSOROPS_WORKERS": "3",
+        "TENSOROPS_MAX_SESSIONS": "7",
+        "TENSOROPS_SESSION_TTL": "1.5",
+        "TENSOROPS_LOG_LEVEL": "DEBUG",
+        "TENSOROPS_METRICS_PORT": "-1",
+    }
     c = config.load([], environ=env)
-    assert (c.port, c.workers, c.max_sessions, c.session_ttl, c.log_level, c.metrics_port) == \
-        (6000, 3, 7, 1.5, "debug", -1)
+    assert (c.port, c.workers, c.max_sessions, c.session_ttl, c.log_level, c.metrics_port) == (
+        6000,
+        3,
+        7,
+        1.5,
+        "debug",
+        -1,
+    )
     c = config.load(["--port", "7000", "--workers", "5"], environ=env)
     assert (c.port, c.workers, c.max_sessions) == (7000, 5, 7)
 
@@ -91,13 +104,15 @@ def test_readme_settings_table_is_the_generated_one():
     fresh = settings_table.markdown()
     assert in_readme == fresh, (
         "README's settings table differs from the settings declared in config.py; put this one between "
-        f"its markers (python -m tensorops_server.settings_table prints it):\n{fresh}")
+        f"its markers (python -m tensorops_server.settings_table prints it):\n{fresh}"
+    )
 
 
 def test_settings_table_rows():
-    rows = [line for line in settings_table.markdown().splitlines()[2:]]
-    assert [row.split(" | ")[0] for row in rows] == [f"| `--{f.name.replace('_', '-')}`"
-                                                      for f in config.fields(config.Config)]
+    rows = settings_table.markdown().splitlines()[2:]
+    assert [row.split(" | ")[0] for row in rows] == [
+        f"| `--{f.name.replace('_', '-')}`" for f in config.fields(config.Config)
+    ]
     expected = {  # flag: (variable, value, default), written out by hand
         "--max-session-bytes-per-caller": ("TENSOROPS_MAX_SESSION_BYTES_PER_CALLER", "integer > 0, bytes", "256 MiB"),
         "--max-inflight-bytes": ("TENSOROPS_MAX_INFLIGHT_BYTES", "integer > 0, bytes", "1 GiB"),
@@ -117,8 +132,10 @@ def test_settings_table_rows():
 
 
 # "`--grace` (default 10)", "`--max-inflight-bytes` (1 GiB)", "`--drain-delay` seconds (default 2"
-QUOTED_DEFAULT = re.compile(r"`--([a-z][a-z-]*)`(?:\s+seconds)?\s+\((?:default\s+(`[^`]+`|\d[\d.]*(?:\s[KMG]iB)?)"
-                            r"|(\d[\d.]*(?:\s[KMG]iB)?))")
+QUOTED_DEFAULT = re.compile(
+    r"`--([a-z][a-z-]*)`(?:\s+seconds)?\s+\((?:default\s+(`[^`]+`|\d[\d.]*(?:\s[KMG]iB)?)"
+    r"|(\d[\d.]*(?:\s[KMG]iB)?))"
+)
 
 
 def test_defaults_quoted_in_the_docs_are_the_declared_ones():
@@ -134,23 +151,34 @@ def test_defaults_quoted_in_the_docs_are_the_declared_ones():
 
 
 def test_settings_table_command_prints_the_table():
-    done = subprocess.run([sys.executable, "-m", "tensorops_server.settings_table"], check=False,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "tensorops_server.settings_table"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0 and done.stderr == ""
     assert done.stdout == settings_table.markdown()
 
 
-@pytest.mark.parametrize("argv,env,needle", [
-    ([], {"TENSOROPS_REFLECTION": "maybe"}, "TENSOROPS_REFLECTION='maybe': expected true or false, got 'maybe'"),
-    ([], {"TENSOROPS_LOG_FORMAT": "xml"}, "TENSOROPS_LOG_FORMAT='xml': expected one of json, text, got xml"),
-    ([], {"TENSOROPS_PORT": "65536"},
-     "TENSOROPS_PORT='65536': expected an integer (a port number 0-65535), got '65536'"),
-    (["--port", "70000"], {}, "--port"),
-    (["--workers", "0"], {}, "--workers"),
-    (["--log-level", "loud"], {}, "--log-level"),
-    ([], {"TENSOROPS_MAX_MESSAGE_BYTES": "lots"}, "TENSOROPS_MAX_MESSAGE_BYTES"),
-    ([], {"TENSOROPS_SESSION_TTL": "-3"}, "TENSOROPS_SESSION_TTL"),
-])
+@pytest.mark.parametrize(
+    "argv,env,needle",
+    [
+        ([], {"TENSOROPS_REFLECTION": "maybe"}, "TENSOROPS_REFLECTION='maybe': expected true or false, got 'maybe'"),
+        ([], {"TENSOROPS_LOG_FORMAT": "xml"}, "TENSOROPS_LOG_FORMAT='xml': expected one of json, text, got xml"),
+        (
+            [],
+            {"TENSOROPS_PORT": "65536"},
+            "TENSOROPS_PORT='65536': expected an integer (a port number 0-65535), got '65536'",
+        ),
+        (["--port", "70000"], {}, "--port"),
+        (["--workers", "0"], {}, "--workers"),
+        (["--log-level", "loud"], {}, "--log-level"),
+        ([], {"TENSOROPS_MAX_MESSAGE_BYTES": "lots"}, "TENSOROPS_MAX_MESSAGE_BYTES"),
+        ([], {"TENSOROPS_SESSION_TTL": "-3"}, "TENSOROPS_SESSION_TTL"),
+    ],
+)
 def test_bad_values_exit_2_naming_the_setting(argv, env, needle, capsys):
     with pytest.raises(SystemExit) as exit_info:
         config.load(argv, environ=env)
@@ -159,8 +187,9 @@ def test_bad_values_exit_2_naming_the_setting(argv, env, needle, capsys):
 
 
 def test_console_script_help():
-    out = subprocess.run([sys.executable, "-m", "tensorops_server", "--help"], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "tensorops_server", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     assert "TENSOROPS_" in out and "--metrics-port" in out
 
 
@@ -169,15 +198,21 @@ def test_deployment_settings():
 
     c = config.load([], environ={})
     assert (c.drain_delay, c.max_connection_age, c.max_connection_age_grace, c.instance_name) == (2.0, 300.0, 30.0, "")
-    assert connection_age_options(c) == [("grpc.max_connection_idle_ms", 60_000),
-                                         ("grpc.max_connection_age_ms", 300_000),
-                                         ("grpc.max_connection_age_grace_ms", 30_000)]
-    c = config.load(["--max-connection-age", "0.5", "--instance-name", "r1", "--max-connection-idle", "0"],
-                    environ={"TENSOROPS_MAX_CONNECTION_AGE_GRACE": "0", "TENSOROPS_DRAIN_DELAY": "0"})
+    assert connection_age_options(c) == [
+        ("grpc.max_connection_idle_ms", 60_000),
+        ("grpc.max_connection_age_ms", 300_000),
+        ("grpc.max_connection_age_grace_ms", 30_000),
+    ]
+    c = config.load(
+        ["--max-connection-age", "0.5", "--instance-name", "r1", "--max-connection-idle", "0"],
+        environ={"TENSOROPS_MAX_CONNECTION_AGE_GRACE": "0", "TENSOROPS_DRAIN_DELAY": "0"},
+    )
     assert (c.drain_delay, c.instance_name) == (0.0, "r1")
     assert connection_age_options(c) == [("grpc.max_connection_age_ms", 500)]  # grace 0: no limit
-    assert connection_age_options(config.load(["--max-connection-age", "0", "--max-connection-idle", "0"],
-                                              environ={})) == []  # never
+    assert (
+        connection_age_options(config.load(["--max-connection-age", "0", "--max-connection-idle", "0"], environ={}))
+        == []
+    )  # never
     with pytest.raises(SystemExit):
         config.load(["--drain-delay", "-1"], environ={})
 
@@ -197,8 +232,9 @@ def test_new_caps_and_the_metrics_address_default_to_safe_values():
 
 
 def server_cli(*argv, timeout=30):
-    return subprocess.run([sys.executable, "-m", "tensorops_server", *argv], check=False, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "tensorops_server", *argv], check=False, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_version():
@@ -207,15 +243,21 @@ def test_version():
     assert done.stdout.strip() == f"tensorops-server {config.version()}" and config.version()[0].isdigit()
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--port", "abc"], "argument --port: expected an integer (a port number 0-65535), got 'abc'"),
-    (["--port", "-1"], "argument --port: expected an integer (a port number 0-65535), got '-1'"),
-    (["--metrics-port", "x"], "argument --metrics-port: expected an integer (a port number 0-65535, or -1), got 'x'"),
-    (["--workers", "many"], "argument --workers: expected an integer > 0, got 'many'"),
-    (["--grace", "soon"], "argument --grace: expected a number >= 0, got 'soon'"),
-    (["--reflection", "maybe"], "argument --reflection: expected true or false, got 'maybe'"),
-    (["--log-level", "loud"], "argument --log-level: expected one of debug, info, warning, error, got loud"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--port", "abc"], "argument --port: expected an integer (a port number 0-65535), got 'abc'"),
+        (["--port", "-1"], "argument --port: expected an integer (a port number 0-65535), got '-1'"),
+        (
+            ["--metrics-port", "x"],
+            "argument --metrics-port: expected an integer (a port number 0-65535, or -1), got 'x'",
+        ),
+        (["--workers", "many"], "argument --workers: expected an integer > 0, got 'many'"),
+        (["--grace", "soon"], "argument --grace: expected a number >= 0, got 'soon'"),
+        (["--reflection", "maybe"], "argument --reflection: expected true or false, got 'maybe'"),
+        (["--log-level", "loud"], "argument --log-level: expected one of debug, info, warning, error, got loud"),
+    ],
+)
 def test_bad_values_are_explained(argv, message):
     done = server_cli(*argv)
     assert done.returncode == 2
@@ -252,17 +294,29 @@ def test_metrics_port_in_use_is_named_too():
 def test_stderr_lines_of_any_origin_become_json_records():
     out = io.StringIO()
     logger = logs.setup("warning", "json", stream=out)
-    for line in ("W1127 23:17:20.914609   13286 chttp2_server.cc:12] Handshake failed",
-                 "Traceback (most recent call last):",
-                 "I1127 23:17:20.914609   13286 ev_epoll1.cc:1] below the level: dropped",
-                 "   "):
+    for line in (
+        "W1127 23:17:20.914609   13286 chttp2_server.cc:12] Handshake failed",
+        "Traceback (most recent call last):",
+        "I1127 23:17:20.914609   13286 ev_epoll1.cc:1] below the level: dropped",
+        "   ",
+    ):
         logs.log_stderr_line(logger, line)
     records = [json.loads(line) for line in out.getvalue().splitlines()]
     assert records == [
-        {**records[0], "level": "warning", "logger": "tensorops_server.grpc", "event": "Handshake failed",
-         "source": "chttp2_server.cc:12"},
-        {**records[1], "level": "warning", "logger": "tensorops_server.stderr",
-         "event": "Traceback (most recent call last):"}]
+        {
+            **records[0],
+            "level": "warning",
+            "logger": "tensorops_server.grpc",
+            "event": "Handshake failed",
+            "source": "chttp2_server.cc:12",
+        },
+        {
+            **records[1],
+            "level": "warning",
+            "logger": "tensorops_server.stderr",
+            "event": "Traceback (most recent call last):",
+        },
+    ]
     logging.getLogger(logs.LOGGER).handlers.clear()
 
 

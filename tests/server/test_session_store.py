@@ -1,4 +1,5 @@
 """The session store: ids, TTL, count and memory caps with LRU eviction, concurrent use."""
+
 from __future__ import annotations
 
 import threading
@@ -140,6 +141,7 @@ def test_concurrent_use_and_churn_keep_the_books_straight():
                     assert session.context is c
             except Failure:
                 pass  # evicted by another thread in between: fine
+
     threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
     for t in threads:
         t.start()

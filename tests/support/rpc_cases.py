@@ -1,4 +1,5 @@
 """Random valid calls of every operation, with the C kernels each one needs."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -45,43 +46,90 @@ def cases(seed: int = 0) -> list[Case]:
         shape = (2, 5, 3, 4) if fmt == "nchw" else (2, 3, 4, 5)
         x = f32(*shape)
         out += [
-            Case(f"normalize_l2-{fmt}", "normalize_l2", (x, pos(5)), dict(format=fmt),
-                 ("SynetNormalizeLayerForward",)),
-            Case(f"normalize_l2-across-{fmt}", "normalize_l2", (x, pos(5)), dict(eps=1e-6, across_spatial=True,
-                                                                                   format=fmt),
-                 ("SynetNormalizeLayerForward",)),
-            Case(f"layer_norm_channels-{fmt}", "layer_norm_channels", (x, pos(5), f32(5)), dict(format=fmt),
-                 ("SynetNormalizeLayerForwardV2",)),
-            Case(f"layer_norm_channels-bf16-{fmt}", "layer_norm_channels", (x.astype(BF16), pos(5), f32(5)),
-                 dict(eps=1e-3, format=fmt), ("SynetNormalizeLayerForward16bV2",)),
-            Case(f"layer_norm_channels-bits-{fmt}", "layer_norm_channels",
-                 (x.astype(BF16).view(np.uint16), pos(5), f32(5)), dict(format=fmt),
-                 ("SynetNormalizeLayerForward16bV2",)),
-            Case(f"layer_norm_spatial-{fmt}", "layer_norm_spatial", (x, pos(5), f32(5)), dict(format=fmt),
-                 ("SynetNormalizeLayerForwardV3",)),
-            Case(f"channel_norm-{fmt}", "channel_norm", (x, pos(5), f32(5)), dict(eps=1e-4, format=fmt),
-                 ("SynetNormalizeLayerForwardV4",)),
-            Case(f"channel_sum-{fmt}", "channel_sum", (x.astype(BF16),), dict(format=fmt),
-                 ("SynetChannelSum16b",)),
-            Case(f"lrn_cross_channels-{fmt}", "lrn_cross_channels", (x, 2, (1.0, 1e-4, -0.75)), dict(format=fmt),
-                 ("SynetLrnLayerCrossChannels",)),
-            Case(f"tiled_scale_2d-{fmt}", "tiled_scale_2d",
-                 (x, f32(5, 4) if fmt == "nchw" else f32(4, 5), f32(5, 3) if fmt == "nchw" else f32(3, 5)),
-                 dict(format=fmt), ("SynetTiledScale2D32f",)),
+            Case(f"normalize_l2-{fmt}", "normalize_l2", (x, pos(5)), dict(format=fmt), ("SynetNormalizeLayerForward",)),
+            Case(
+                f"normalize_l2-across-{fmt}",
+                "normalize_l2",
+                (x, pos(5)),
+                dict(eps=1e-6, across_spatial=True, format=fmt),
+                ("SynetNormalizeLayerForward",),
+            ),
+            Case(
+                f"layer_norm_channels-{fmt}",
+                "layer_norm_channels",
+                (x, pos(5), f32(5)),
+                dict(format=fmt),
+                ("SynetNormalizeLayerForwardV2",),
+            ),
+            Case(
+                f"layer_norm_channels-bf16-{fmt}",
+                "layer_norm_channels",
+                (x.astype(BF16), pos(5), f32(5)),
+                dict(eps=1e-3, format=fmt),
+                ("SynetNormalizeLayerForward16bV2",),
+            ),
+            Case(
+                f"layer_norm_channels-bits-{fmt}",
+                "layer_norm_channels",
+                (x.astype(BF16).view(np.uint16), pos(5), f32(5)),
+                dict(format=fmt),
+                ("SynetNormalizeLayerForward16bV2",),
+            ),
+            Case(
+                f"layer_norm_spatial-{fmt}",
+                "layer_norm_spatial",
+                (x, pos(5), f32(5)),
+                dict(format=fmt),
+                ("SynetNormalizeLayerForwardV3",),
+            ),
+            Case(
+                f"channel_norm-{fmt}",
+                "channel_norm",
+                (x, pos(5), f32(5)),
+                dict(eps=1e-4, format=fmt),
+                ("SynetNormalizeLayerForwardV4",),
+            ),
+            Case(f"channel_sum-{fmt}", "channel_sum", (x.astype(BF16),), dict(format=fmt), ("SynetChannelSum16b",)),
+            Case(
+                f"lrn_cross_channels-{fmt}",
+                "lrn_cross_channels",
+                (x, 2, (1.0, 1e-4, -0.75)),
+                dict(format=fmt),
+                ("SynetLrnLayerCrossChannels",),
+            ),
+            Case(
+                f"tiled_scale_2d-{fmt}",
+                "tiled_scale_2d",
+                (x, f32(5, 4) if fmt == "nchw" else f32(4, 5), f32(5, 3) if fmt == "nchw" else f32(3, 5)),
+                dict(format=fmt),
+                ("SynetTiledScale2D32f",),
+            ),
         ]
         c4 = (2, 4, 3, 2) if fmt == "nchw" else (2, 3, 2, 4)
         c6 = (2, 6, 3, 2) if fmt == "nchw" else (2, 3, 2, 6)
         out += [
-            Case(f"shuffle-split-{fmt}", "shuffle", (f32(*c4), f32(*c6)), dict(type="split", format=fmt),
-                 ("SynetShuffleLayerForward",)),
-            Case(f"shuffle-interleave-{fmt}", "shuffle", (f32(*c4), f32(*c4)),
-                 dict(type=1, format=fmt, channels=(2, 6)), ("SynetShuffleLayerForward",)),
+            Case(
+                f"shuffle-split-{fmt}",
+                "shuffle",
+                (f32(*c4), f32(*c6)),
+                dict(type="split", format=fmt),
+                ("SynetShuffleLayerForward",),
+            ),
+            Case(
+                f"shuffle-interleave-{fmt}",
+                "shuffle",
+                (f32(*c4), f32(*c4)),
+                dict(type=1, format=fmt, channels=(2, 6)),
+                ("SynetShuffleLayerForward",),
+            ),
         ]
     for op in ("product", "sum", "max", "min"):
-        out.append(Case(f"eltwise-{op}", "eltwise", ([f32(3, 17) for _ in range(3)], op), {},
-                        ("SynetEltwiseLayerForward",)))
-    out.append(Case("eltwise-weighted", "eltwise", ([f32(33), f32(33)], "sum", [0.5, -2.0]), {},
-                    ("SynetEltwiseLayerForward",)))
+        out.append(
+            Case(f"eltwise-{op}", "eltwise", ([f32(3, 17) for _ in range(3)], op), {}, ("SynetEltwiseLayerForward",))
+        )
+    out.append(
+        Case("eltwise-weighted", "eltwise", ([f32(33), f32(33)], "sum", [0.5, -2.0]), {}, ("SynetEltwiseLayerForward",))
+    )
     for axis in (-1, 0, 1):
         out.append(Case(f"softmax-axis{axis}", "softmax", (f32(3, 19, 5),), dict(axis=axis), ("SynetSoftmax32f",)))
     out.append(Case("softmax-bf16", "softmax", (f32(4, 33).astype(BF16),), {}, ("SynetSoftmax16b",)))
@@ -96,14 +144,27 @@ def cases(seed: int = 0) -> list[Case]:
     b = rng.integers(-128, 128, (k, n), dtype=np.int8)
     params = qip_params(rng, n)
     out.append(Case("quantized_inner_product", "quantized_inner_product", (a, b), params, _qip_kernels()))
-    out.append(Case("quantized_inner_product-trans_b", "quantized_inner_product", (a, np.ascontiguousarray(b.T)),
-                    dict(params, trans_b=True), _qip_kernels()))
+    out.append(
+        Case(
+            "quantized_inner_product-trans_b",
+            "quantized_inner_product",
+            (a, np.ascontiguousarray(b.T)),
+            dict(params, trans_b=True),
+            _qip_kernels(),
+        )
+    )
     return out
 
 
 def qip_params(rng, n: int) -> dict:
-    return dict(b_scale=(rng.random(n) * 0.02 + 0.001).astype(np.float32), a_scale=0.05, a_zero=7,
-                c_scale=0.6, c_zero=3, bias=rng.integers(-2000, 2000, n, dtype=np.int32))
+    return dict(
+        b_scale=(rng.random(n) * 0.02 + 0.001).astype(np.float32),
+        a_scale=0.05,
+        a_zero=7,
+        c_scale=0.6,
+        c_zero=3,
+        bias=rng.integers(-2000, 2000, n, dtype=np.int32),
+    )
 
 
 def qip_problem(seed: int, m: int, k: int, n: int):
@@ -121,5 +182,4 @@ def same(expected, got) -> bool:
     """Bit-for-bit equality of results (arrays or tuples of arrays)."""
     if isinstance(expected, tuple):
         return isinstance(got, tuple) and len(got) == len(expected) and all(map(same, expected, got))
-    return (expected.dtype == got.dtype and expected.shape == got.shape
-            and expected.tobytes() == got.tobytes())
+    return expected.dtype == got.dtype and expected.shape == got.shape and expected.tobytes() == got.tobytes()

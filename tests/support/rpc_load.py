@@ -1,6 +1,7 @@
 """Steady load for the failure scenarios (tests/e2e/test_balancer.py with processes,
 tests/deploy with containers): client threads calling at a fixed rate, each result checked
 bit for bit against the in-process kernels, every failure and latency recorded."""
+
 from __future__ import annotations
 
 import threading
@@ -20,8 +21,10 @@ def stateless_cases():
     scale, shift = rng.standard_normal((2, 8)).astype(np.float32)
     return [
         (lambda c: c.softmax(x), tn.softmax(x)),
-        (lambda c: c.layer_norm_channels(img, scale, shift, format="nhwc"),
-         tn.layer_norm_channels(img, scale, shift, format="nhwc")),
+        (
+            lambda c: c.layer_norm_channels(img, scale, shift, format="nhwc"),
+            tn.layer_norm_channels(img, scale, shift, format="nhwc"),
+        ),
         (lambda c: c.unary(x, "exp"), tn.unary(x, "exp")),
         (lambda c: c.eltwise([x, y], "sum"), tn.eltwise([x, y], "sum")),
     ]
@@ -33,8 +36,9 @@ class Load:
     stateless operations, or, with `session=(b, params, a, expected)`, the forwards of one
     session per thread."""
 
-    def __init__(self, target: str, threads: int, rate: float, *, max_attempts: int = 1, session=None,
-                 limit: float = 90.0):
+    def __init__(
+        self, target: str, threads: int, rate: float, *, max_attempts: int = 1, session=None, limit: float = 90.0
+    ):
         self.target, self.rate, self.max_attempts, self.session, self.limit = target, rate, max_attempts, session, limit
         self.cases = stateless_cases()
         self.stopping = threading.Event()
@@ -46,7 +50,7 @@ class Load:
         self.opened = threading.Semaphore(0)
         self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
 
-    def __enter__(self) -> "Load":
+    def __enter__(self) -> Load:
         for thread in self.threads:
             thread.start()
         return self
@@ -94,5 +98,6 @@ class Load:
 
     def summary(self) -> str:
         worst = max(self.latencies, default=0.0)
-        return (f"{self.calls} calls, {len(self.failures)} failed, {self.wrong} wrong, "
-                f"worst latency {worst * 1000:.0f} ms")
+        return (
+            f"{self.calls} calls, {len(self.failures)} failed, {self.wrong} wrong, worst latency {worst * 1000:.0f} ms"
+        )

@@ -1,6 +1,7 @@
 """A real `tensorops-server` in a subprocess on an ephemeral loopback port, helpers to read
 its metrics and call its reflection service, and the fixtures that start one (imported by
 the conftest of every folder that uses them)."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,9 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, log_path: Path, *flags: str, env: dict | None = None, command: list[str] | None = None,
-                 preexec_fn=None):
+    def __init__(
+        self, log_path: Path, *flags: str, env: dict | None = None, command: list[str] | None = None, preexec_fn=None
+    ):
         """`command`: the server program (default: this interpreter's tensorops_server);
         `preexec_fn`: run in the child before it starts (limits, a cgroup)."""
         self.log_path = log_path
@@ -39,14 +41,25 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
         self.port = self.metrics_port = None
 
-    def start(self, port: int = 0, timeout: float = 30.0) -> "ServerProcess":
+    def start(self, port: int = 0, timeout: float = 30.0) -> ServerProcess:
         """Start and wait for the "serving" log line (which names the ports chosen)."""
-        log = open(self.log_path, "a")
+        log = open(self.log_path, "a")  # noqa: SIM115 (the server's log while it runs)
         offset = self.log_path.stat().st_size
-        cmd = [*self.command, "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0", "--workers", "4",
-               *self.flags]
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                     preexec_fn=self.preexec_fn)
+        cmd = [
+            *self.command,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--metrics-port",
+            "0",
+            "--workers",
+            "4",
+            *self.flags,
+        ]
+        self.proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, preexec_fn=self.preexec_fn
+        )
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -133,6 +146,7 @@ def reflection_call(target: str, service: str, requests: list[bytes]) -> list:
 
 # ---- fixtures
 
+
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
     """One server shared by the tests that do not restart or reconfigure it (stopped without
@@ -151,6 +165,7 @@ def start_server(tmp_path):
         proc = ServerProcess(tmp_path / f"server{len(started)}.log", *flags, env=env).start(port)
         started.append(proc)
         return proc
+
     yield start
     for proc in started:
         proc.kill()
@@ -175,7 +190,9 @@ class LongCall:
 
     def __init__(self, srv, rows: int = 2048):
         import numpy as np
+
         import tensorops
+
         self.rows = rows
         self.result, self.errors, self.finished_at = [], [], None
         self.shape = (self.rows, self.columns)
@@ -186,16 +203,17 @@ class LongCall:
         def call():
             try:
                 with tensorops.Client(srv.target, timeout=60, max_attempts=1) as c:
-                    self.result.append(c.quantized_inner_product(a, b, b_scale=b_scale, a_scale=0.1, a_zero=0,
-                                                                 c_scale=1.0, c_zero=0))
+                    self.result.append(
+                        c.quantized_inner_product(a, b, b_scale=b_scale, a_scale=0.1, a_zero=0, c_scale=1.0, c_zero=0)
+                    )
                     self.finished_at = time.monotonic()
-            except Exception as exc:  # noqa: BLE001 - the test reads self.errors
+            except Exception as exc:
                 self.errors.append(exc)
+
         self.thread = threading.Thread(target=call)
         self.thread.start()
         deadline = time.monotonic() + 20
-        while metric_value(srv.metrics_text(), "tensorops_requests_in_flight",
-                           operation="quantized_inner_product") < 1:
+        while metric_value(srv.metrics_text(), "tensorops_requests_in_flight", operation="quantized_inner_product") < 1:
             assert time.monotonic() < deadline, "the call never started"
             time.sleep(0.005)
 

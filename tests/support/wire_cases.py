@@ -12,6 +12,7 @@ which must give the same array or the same WireError. Any other exception propag
 Also here: a writer of raw wire format that can say what encoders never do (overlong and
 over-64-bit varints, groups, wrong wire types), and the hand-written cases.
 """
+
 from __future__ import annotations
 
 import google.protobuf
@@ -23,8 +24,9 @@ from tensorops.v1 import tensorops_pb2
 
 _SERVICE = tensorops_pb2.DESCRIPTOR.services_by_name["TensorOps"]
 # Every request and response message of the service, in the order of the methods.
-MESSAGE_CLASSES = list(dict.fromkeys(
-    getattr(tensorops_pb2, t.name) for m in _SERVICE.methods for t in (m.input_type, m.output_type)))
+MESSAGE_CLASSES = list(
+    dict.fromkeys(getattr(tensorops_pb2, t.name) for m in _SERVICE.methods for t in (m.input_type, m.output_type))
+)
 CODECS = {cls: MessageCodec(cls) for cls in MESSAGE_CLASSES}
 MAX_BYTES = 1 << 20
 
@@ -33,6 +35,7 @@ VARINT, I64, LEN, SGROUP, EGROUP, I32 = 0, 1, 2, 3, 4, 5
 
 # ---------------------------------------------------------------------------------------
 # Writing the wire format
+
 
 def varint(value: int, overlong: int = 0) -> bytes:
     """A varint of any non-negative value (past 64 bits it is longer than protobuf reads;
@@ -54,8 +57,9 @@ def key(number: int, wire_type: int, overlong: int = 0) -> bytes:
     return varint((number << 3) | wire_type, overlong)
 
 
-def field(number: int, wire_type: int, value: bytes | int = b"", *, key_overlong: int = 0,
-          len_overlong: int = 0) -> bytes:
+def field(
+    number: int, wire_type: int, value: bytes | int = b"", *, key_overlong: int = 0, len_overlong: int = 0
+) -> bytes:
     """One field: ints are varints, bytes are the value as is (LEN: the body; groups: the
     fields, the end key added)."""
     head = key(number, wire_type, key_overlong)
@@ -72,8 +76,11 @@ def tensor(*, shape=(), dtype=None, fmt=None, data=None, packed=True) -> bytes:
     """A Tensor body written the plain way."""
     parts = []
     if shape:
-        parts.append(field(1, LEN, b"".join(varint(d) for d in shape)) if packed
-                     else b"".join(field(1, VARINT, d) for d in shape))
+        parts.append(
+            field(1, LEN, b"".join(varint(d) for d in shape))
+            if packed
+            else b"".join(field(1, VARINT, d) for d in shape)
+        )
     if dtype is not None:
         parts.append(field(2, VARINT, dtype))
     if fmt is not None:
@@ -101,6 +108,7 @@ def groups(depth: int, number: int = 5) -> bytes:
 
 # ---------------------------------------------------------------------------------------
 # The check
+
 
 def _tensor(t) -> tuple:
     return list(t.shape), t.dtype, t.format, bytes(t.data)
@@ -146,7 +154,7 @@ def check(codec: MessageCodec, raw: bytes) -> bool:
             continue
         assert reference is not None, f"{path.__name__} accepted a {cls.__name__} protobuf refuses: {raw!r}"
         assert decoded.nbytes == len(raw)
-        for name, number in codec.numbers.items():
+        for name in codec.numbers:
             if name in codec.repeated:
                 got = [_tensor(t) for t in decoded.tensors[name]]
                 want = [_tensor(t) for t in getattr(reference, name)]
@@ -186,16 +194,31 @@ CASES = [
     ("dtype 2**32 + 1 is FP32", _P.SoftmaxRequest, _x(tensor(shape=[2], dtype=2**32 + 1, data=bytes(8))), True),
     ("dtype 2**31 is negative", _P.SoftmaxRequest, _x(tensor(shape=[2], dtype=2**31, data=bytes(8))), True),
     ("dtype -1 (10 bytes)", _P.SoftmaxRequest, _x(tensor(dtype=-1)), True),
-    ("dtype with bits past the 64th", _P.SoftmaxRequest, _x(tensor(shape=[2], dtype=1 | 0x7F << 63, data=bytes(8))), True),
+    (
+        "dtype with bits past the 64th",
+        _P.SoftmaxRequest,
+        _x(tensor(shape=[2], dtype=1 | 0x7F << 63, data=bytes(8))),
+        True,
+    ),
     ("format 2**32 + 2 is NHWC", _P.SoftmaxRequest, _x(tensor(**_FP32, fmt=2**32 + 2)), True),
     ("op of 10 bytes", _P.EltwiseRequest, field(2, VARINT, 2 | 1 << 66), True),
     ("axis past 64 bits", _P.SoftmaxRequest, field(2, VARINT, 1 << 69), True),
     # overlong varints, keys and lengths
-    ("overlong dtype", _P.SoftmaxRequest, _x(field(1, LEN, varint(2)) + key(2, VARINT) + varint(1, 3) + field(4, LEN, bytes(8))), True),
+    (
+        "overlong dtype",
+        _P.SoftmaxRequest,
+        _x(field(1, LEN, varint(2)) + key(2, VARINT) + varint(1, 3) + field(4, LEN, bytes(8))),
+        True,
+    ),
     ("11-byte dtype", _P.SoftmaxRequest, _x(key(2, VARINT) + varint(1, 10)), False),
     ("11-byte unknown varint in a tensor", _P.SoftmaxRequest, _x(key(9, VARINT) + varint(1, 10)), False),
     ("11-byte dimension, packed", _P.SoftmaxRequest, _x(field(1, LEN, varint(2, 10))), False),
-    ("overlong dimension, packed", _P.SoftmaxRequest, _x(field(1, LEN, varint(2, 9)) + field(2, VARINT, 1) + field(4, LEN, bytes(8))), True),
+    (
+        "overlong dimension, packed",
+        _P.SoftmaxRequest,
+        _x(field(1, LEN, varint(2, 9)) + field(2, VARINT, 1) + field(4, LEN, bytes(8))),
+        True,
+    ),
     ("5-byte key", _P.SoftmaxRequest, field(1, LEN, _X, key_overlong=4), True),
     ("6-byte key", _P.SoftmaxRequest, field(1, LEN, _X, key_overlong=5), False),
     ("6-byte key in a tensor", _P.SoftmaxRequest, _x(field(2, VARINT, 1, key_overlong=5)), False),
@@ -214,9 +237,18 @@ CASES = [
     ("unknown group", _P.SoftmaxRequest, field(5, SGROUP, field(1, VARINT, 7) + field(2, LEN, b"ab")) + _x(_X), True),
     ("unknown group in a tensor", _P.SoftmaxRequest, _x(field(9, SGROUP, field(4, LEN, b"zz")) + _X), True),
     ("field number 0 in a group", _P.SoftmaxRequest, field(5, SGROUP, field(0, VARINT, 1)), not _PROTOBUF_6),
-    ("field number 0 in a nested group in a tensor", _P.SoftmaxRequest,
-     _x(field(9, SGROUP, field(8, SGROUP, field(0, VARINT, 1))) + _X), not _PROTOBUF_6),
-    ("nested groups", _P.EltwiseRequest, field(9, SGROUP, field(8, SGROUP, field(1, I64, bytes(8))) + field(7, I32, bytes(4))), True),
+    (
+        "field number 0 in a nested group in a tensor",
+        _P.SoftmaxRequest,
+        _x(field(9, SGROUP, field(8, SGROUP, field(0, VARINT, 1))) + _X),
+        not _PROTOBUF_6,
+    ),
+    (
+        "nested groups",
+        _P.EltwiseRequest,
+        field(9, SGROUP, field(8, SGROUP, field(1, I64, bytes(8))) + field(7, I32, bytes(4))),
+        True,
+    ),
     ("group with the number of a Tensor field", _P.SoftmaxRequest, field(1, SGROUP, field(2, VARINT, 1)), True),
     ("group with the number of shape", _P.SoftmaxRequest, _x(field(1, SGROUP, field(1, VARINT, 3)) + _X), True),
     ("mismatched end of group", _P.SoftmaxRequest, key(5, SGROUP) + key(6, EGROUP), False),
@@ -229,29 +261,66 @@ CASES = [
     ("99 nested groups in a tensor", _P.SoftmaxRequest, _x(groups(99)), True),
     ("100 nested groups in a tensor", _P.SoftmaxRequest, _x(groups(100)), False),
     # a singular Tensor given in several chunks merges; repeated ones do not
-    ("tensor in chunks", _P.SoftmaxRequest,
-     _x(tensor(shape=[2])) + _x(tensor(shape=[3], dtype=5)) + _x(tensor(data=bytes(range(6)))), True),
-    ("tensor chunks around a wrong wire type", _P.SoftmaxRequest,
-     _x(tensor(shape=[2], dtype=5)) + field(1, VARINT, 9) + _x(tensor(data=b"ab")), True),
-    ("repeated tensors", _P.EltwiseRequest, field(1, LEN, _X) + field(1, LEN, tensor(shape=[1])) + field(1, LEN, b""), True),
+    (
+        "tensor in chunks",
+        _P.SoftmaxRequest,
+        _x(tensor(shape=[2])) + _x(tensor(shape=[3], dtype=5)) + _x(tensor(data=bytes(range(6)))),
+        True,
+    ),
+    (
+        "tensor chunks around a wrong wire type",
+        _P.SoftmaxRequest,
+        _x(tensor(shape=[2], dtype=5)) + field(1, VARINT, 9) + _x(tensor(data=b"ab")),
+        True,
+    ),
+    (
+        "repeated tensors",
+        _P.EltwiseRequest,
+        field(1, LEN, _X) + field(1, LEN, tensor(shape=[1])) + field(1, LEN, b""),
+        True,
+    ),
     ("empty tensor", _P.TiledScale2DRequest, field(2, LEN, b""), True),
     # shape: packed, unpacked, mixed, negative
     ("unpacked shape", _P.SoftmaxRequest, _x(tensor(shape=[2, 3], dtype=5, data=bytes(6), packed=False)), True),
-    ("packed and unpacked dimensions", _P.SoftmaxRequest,
-     _x(field(1, VARINT, 2) + field(1, LEN, varint(3) + varint(1)) + field(1, VARINT, 1) + field(2, VARINT, 4) + field(4, LEN, bytes(6))), True),
+    (
+        "packed and unpacked dimensions",
+        _P.SoftmaxRequest,
+        _x(
+            field(1, VARINT, 2)
+            + field(1, LEN, varint(3) + varint(1))
+            + field(1, VARINT, 1)
+            + field(2, VARINT, 4)
+            + field(4, LEN, bytes(6))
+        ),
+        True,
+    ),
     ("empty packed shape", _P.SoftmaxRequest, _x(field(1, LEN, b"") + field(2, VARINT, 4)), True),
     ("negative dimensions", _P.SoftmaxRequest, _x(tensor(shape=[-1, 3], dtype=1)) + _x(field(1, VARINT, -5)), True),
     ("most negative dimension", _P.SoftmaxRequest, _x(tensor(shape=[-(1 << 63)], dtype=1)), True),
     ("truncated packed shape", _P.SoftmaxRequest, _x(field(1, LEN, b"\x80")), False),
     # singular scalars repeated: the last wins
-    ("dtype twice", _P.SoftmaxRequest, _x(field(2, VARINT, 5) + field(1, LEN, varint(2)) + field(4, LEN, b"ab") + field(2, VARINT, 4)), True),
+    (
+        "dtype twice",
+        _P.SoftmaxRequest,
+        _x(field(2, VARINT, 5) + field(1, LEN, varint(2)) + field(4, LEN, b"ab") + field(2, VARINT, 4)),
+        True,
+    ),
     ("format set then zero", _P.SoftmaxRequest, _x(_X + field(3, VARINT, 2) + field(3, VARINT, 0)), True),
     ("axis twice", _P.SoftmaxRequest, field(2, VARINT, 3) + _x(_X) + field(2, VARINT, -2), True),
-    ("data twice", _P.SoftmaxRequest, _x(field(4, LEN, b"first") + tensor(shape=[2], dtype=1) + field(4, LEN, bytes(8))), True),
+    (
+        "data twice",
+        _P.SoftmaxRequest,
+        _x(field(4, LEN, b"first") + tensor(shape=[2], dtype=1) + field(4, LEN, bytes(8))),
+        True,
+    ),
     ("data in another chunk", _P.SoftmaxRequest, _x(_X) + _x(field(4, LEN, bytes(4))), True),
     # unknown fields in a Tensor
-    ("unknown fields in a tensor", _P.SoftmaxRequest,
-     _x(field(15, LEN, bytes(14)) + field(5, VARINT, 1) + field(6, I64, bytes(8)) + field(7, I32, bytes(4)) + _X), True),
+    (
+        "unknown fields in a tensor",
+        _P.SoftmaxRequest,
+        _x(field(15, LEN, bytes(14)) + field(5, VARINT, 1) + field(6, I64, bytes(8)) + field(7, I32, bytes(4)) + _X),
+        True,
+    ),
     # wire types other than the declared one: unknown fields
     ("Tensor field as varint", _P.SoftmaxRequest, field(1, VARINT, 1) + field(2, VARINT, 1), True),
     ("Tensor field as fixed32", _P.NormalizeL2Request, field(2, I32, bytes(4)) + _x(_X), True),
@@ -269,11 +338,26 @@ CASES = [
     ("truncated varint", _P.SoftmaxRequest, key(2, VARINT) + b"\x80", False),
     ("truncated key", _P.SoftmaxRequest, b"\x80", False),
     ("a tensor longer than the message", _P.SoftmaxRequest, key(1, LEN) + varint(100) + _X, False),
-    ("a field longer than its tensor", _P.SoftmaxRequest, _x(key(4, LEN) + varint(9) + bytes(8)) + field(9, LEN, bytes(2)), False),
+    (
+        "a field longer than its tensor",
+        _P.SoftmaxRequest,
+        _x(key(4, LEN) + varint(9) + bytes(8)) + field(9, LEN, bytes(2)),
+        False,
+    ),
     # the other fields go through protobuf on both paths
     ("strings", _P.QuantizedInnerProductForwardRequest, field(1, LEN, "séance".encode()) + field(2, LEN, _X), True),
     ("invalid UTF-8", _P.QuantizedInnerProductForwardRequest, field(1, LEN, b"\xff") + field(2, LEN, _X), False),
-    ("a message field", _P.NormalizeRequest, field(8, LEN, field(1, VARINT, 3) + field(2, LEN, bytes(16))) + _x(_X), True),
+    (
+        "a message field",
+        _P.NormalizeRequest,
+        field(8, LEN, field(1, VARINT, 3) + field(2, LEN, bytes(16))) + _x(_X),
+        True,
+    ),
     ("a broken message field", _P.NormalizeRequest, field(8, LEN, key(1, VARINT)) + _x(_X), False),
-    ("packed and unpacked int64s", _P.ShuffleRequest, field(4, LEN, varint(1) + varint(-2)) + field(4, VARINT, 3), True),
+    (
+        "packed and unpacked int64s",
+        _P.ShuffleRequest,
+        field(4, LEN, varint(1) + varint(-2)) + field(4, VARINT, 3),
+        True,
+    ),
 ]

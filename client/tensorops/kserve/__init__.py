@@ -2,6 +2,7 @@
 tensorops_server.kserve; messages: tensorops.kserve.v2, from proto/tensorops/kserve/v2).
 What both ends share: the service name clients call, the datatypes and the names of the
 shared-memory parameters."""
+
 from __future__ import annotations
 
 from ..protocol import dtypes

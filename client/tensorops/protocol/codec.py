@@ -19,6 +19,7 @@ The codec validates the wire form of every tensor (known dtype, non-negative dim
 payload length equal to shape x element size, size limits) and names the offending field
 ("x.data", "inputs[1].shape"). Checking what an operation accepts is not its business.
 """
+
 from __future__ import annotations
 
 import math
@@ -72,23 +73,26 @@ class TooManyFields(WireError):
 
 
 def wire_dtype_names() -> list[str]:
-    return [tensor_pb2.DataType.Name(code)[len("DATA_TYPE_"):].lower() for code in dtypes.BY_WIRE]
+    return [tensor_pb2.DataType.Name(code)[len("DATA_TYPE_") :].lower() for code in dtypes.BY_WIRE]
 
 
 # ---------------------------------------------------------------------------------------
 # Arrays
 
+
 @dataclass
 class WireTensor:
     """A Tensor as received: payload not yet interpreted."""
+
     shape: list[int] = field(default_factory=list)
     dtype: int = 0
     format: int = 0
     data: bytes | memoryview = b""
 
 
-def to_array(t: WireTensor, name: str, *, max_bytes: int | None = None,
-             reserve: Callable[[int, str], None] | None = None) -> np.ndarray:
+def to_array(
+    t: WireTensor, name: str, *, max_bytes: int | None = None, reserve: Callable[[int, str], None] | None = None
+) -> np.ndarray:
     """Validate a received tensor and view it as an array (read-only, no copy unless the
     payload is misaligned for its element type; `reserve(nbytes, name)` is told of such a
     copy before it is made)."""
@@ -104,11 +108,13 @@ def to_array(t: WireTensor, name: str, *, max_bytes: int | None = None,
         raise WireError(f"{name}.shape", f"dimensions must be non-negative, got {list(shape)}")
     nbytes = math.prod(shape) * dtype.itemsize
     if max_bytes is not None and nbytes > max_bytes:
-        raise WireError(name, f"{nbytes} bytes exceed the limit of {max_bytes} bytes per tensor",
-                        RESOURCE_EXHAUSTED)
+        raise WireError(name, f"{nbytes} bytes exceed the limit of {max_bytes} bytes per tensor", RESOURCE_EXHAUSTED)
     if len(t.data) != nbytes:
-        raise WireError(f"{name}.data", f"expected {nbytes} bytes for shape {list(t.shape)} of "
-                        f"{tensor_pb2.DataType.Name(t.dtype)}, got {len(t.data)}")
+        raise WireError(
+            f"{name}.data",
+            f"expected {nbytes} bytes for shape {list(t.shape)} of "
+            f"{tensor_pb2.DataType.Name(t.dtype)}, got {len(t.data)}",
+        )
     try:
         arr = np.frombuffer(t.data, dtype).reshape(shape)
     except ValueError as exc:  # dimensions numpy cannot represent
@@ -129,8 +135,11 @@ def wire_array(value: object, name: str) -> tuple[np.ndarray, int]:
         arr = arr.astype(dtype)
     code = dtypes.WIRE_OF_NUMPY.get(dtype)
     if code is None:
-        raise WireError(name, f"dtype {arr.dtype} cannot be sent; supported: {', '.join(wire_dtype_names())} "
-                        "(and uint16 holding BF16 bits)")
+        raise WireError(
+            name,
+            f"dtype {arr.dtype} cannot be sent; supported: {', '.join(wire_dtype_names())} "
+            "(and uint16 holding BF16 bits)",
+        )
     return (arr if arr.flags.c_contiguous else arr.copy(order="C")), code
 
 
@@ -138,8 +147,12 @@ def from_array(value: object, name: str = "tensor", *, format: int = 0) -> tenso
     """A protobuf Tensor holding a copy of the array (for callers that want messages; the
     RPC paths use MessageCodec, which avoids the intermediate copies)."""
     arr, code = wire_array(value, name)
-    return tensor_pb2.Tensor(shape=arr.shape, dtype=cast(tensor_pb2.DataType, code),
-                             format=cast(tensor_pb2.Format, format), data=_payload(arr).tobytes())
+    return tensor_pb2.Tensor(
+        shape=arr.shape,
+        dtype=cast(tensor_pb2.DataType, code),
+        format=cast(tensor_pb2.Format, format),
+        data=_payload(arr).tobytes(),
+    )
 
 
 def _payload(arr: np.ndarray) -> memoryview:
@@ -151,8 +164,9 @@ def _payload(arr: np.ndarray) -> memoryview:
 
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 _T_SHAPE, _T_DTYPE, _T_FORMAT, _T_DATA, _T_PAD = 1, 2, 3, 4, 15
-_SHAPE_KEY, _DTYPE_KEY, _FORMAT_KEY, _DATA_KEY = (bytes(((n << 3) | w,)) for n, w in (
-    (_T_SHAPE, _LEN), (_T_DTYPE, _VARINT), (_T_FORMAT, _VARINT), (_T_DATA, _LEN)))
+_SHAPE_KEY, _DTYPE_KEY, _FORMAT_KEY, _DATA_KEY = (
+    bytes(((n << 3) | w,)) for n, w in ((_T_SHAPE, _LEN), (_T_DTYPE, _VARINT), (_T_FORMAT, _VARINT), (_T_DATA, _LEN))
+)
 
 
 _SMALL_VARINTS = [bytes((i,)) for i in range(128)]
@@ -180,8 +194,11 @@ def _varint_size(value: int) -> int:
 
 
 # Padding fields of every size the alignment can need (none is 1 byte long).
-_PADS = {size: b"" if size == 0 else _tag(_T_PAD, _LEN) + _varint(size - 2) + bytes(size - 2)
-         for size in range(2 * ALIGNMENT + 2) if size != 1}
+_PADS = {
+    size: b"" if size == 0 else _tag(_T_PAD, _LEN) + _varint(size - 2) + bytes(size - 2)
+    for size in range(2 * ALIGNMENT + 2)
+    if size != 1
+}
 
 
 # What the protobuf runtime (upb) refuses, the in-place decoder refuses too, so that both
@@ -277,6 +294,7 @@ def _skip_value(buf: Buffer, pos: int, end: int, wire_type: int) -> tuple[int, i
 
 class _Budget:
     """What is left of MAX_FIELDS for one message."""
+
     __slots__ = ("left",)
 
     def __init__(self) -> None:
@@ -311,8 +329,9 @@ def _skip_group(buf: Buffer, pos: int, end: int, number: int, depth: int, budget
     return pos
 
 
-def _fields(buf: Buffer, pos: int, end: int, budget: _Budget, depth: int = _MAX_DEPTH
-            ) -> Iterator[tuple[int, int, int, int, int]]:
+def _fields(
+    buf: Buffer, pos: int, end: int, budget: _Budget, depth: int = _MAX_DEPTH
+) -> Iterator[tuple[int, int, int, int, int]]:
     """(number, wire type, start of the field, start of its value, end of the field) of
     each field of a message in which protobuf allows `depth` more levels of nesting; an
     unknown group is one field. Each field, and each field of a group, spends `budget`."""
@@ -345,8 +364,7 @@ def _fields(buf: Buffer, pos: int, end: int, budget: _Budget, depth: int = _MAX_
         yield number, wire_type, start, value, pos
 
 
-def _parse_tensor(view: memoryview, pos: int, end: int, budget: _Budget, into: WireTensor | None = None
-                  ) -> WireTensor:
+def _parse_tensor(view: memoryview, pos: int, end: int, budget: _Budget, into: WireTensor | None = None) -> WireTensor:
     t = into or WireTensor()  # a repeated occurrence of a singular field merges, as in protobuf
     # Fields of another wire type than their declared one are unknown fields to protobuf:
     # skipped here.
@@ -451,10 +469,12 @@ def array_bytes(arr: np.ndarray) -> memoryview:
 # ---------------------------------------------------------------------------------------
 # Messages
 
+
 @dataclass
 class Decoded:
     """A received message: `message` holds every field except the Tensor ones, which are
     in `tensors` by field name (a list for repeated fields)."""
+
     message: Any  # an instance of the codec's message class
     tensors: dict[str, Any]  # a WireTensor, or a list of them for a repeated field
     nbytes: int = 0
@@ -537,8 +557,7 @@ class MessageCodec:
         or lists of them for repeated fields."""
         if not tensors:
             return message.SerializeToString() if message is not None else b""
-        triples = [(name, t) for name, value in tensors.items()
-                   for t in (value if name in self.repeated else (value,))]
+        triples = [(name, t) for name, value in tensors.items() for t in (value if name in self.repeated else (value,))]
         if sum(t[0].nbytes for _, t in triples) <= SMALL_MESSAGE:
             message = message if message is not None else self.message_class()
             for name, (arr, code, fmt) in triples:

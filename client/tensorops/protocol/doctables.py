@@ -6,6 +6,7 @@
 Each table sits in its file between the marker lines of its name; a test fails when a file
 holds anything other than the rendering of the current table.
 """
+
 from __future__ import annotations
 
 import pathlib
@@ -33,20 +34,27 @@ def functions() -> str:
     rows = ["| function | RPC | kernels | notes |", "| --- | --- | --- | --- |"]
     for op in OPERATIONS.values():
         rows.append(f"| {_code(_call(op))} | {op.rpc} | {op.kernel} | {op.summary} |")
-    rows.append(f"| {_code(_call(CREATE_SESSION, 'QuantizedInnerProduct'))}: `.forward(a)`, `.info`, "
-                "`.internal_buffer_size`, `.external_buffer_size_for(m)`, `.close()` | "
-                "CreateQuantizedInnerProduct, QuantizedInnerProductForward, DescribeSession, ReleaseSession, "
-                "ListSessions | SimdSynetQuantizedInnerProduct* | a session on the server: B sent and packed once |")
-    rows.append("| `info()` | GetServerInfo | | version, ISA level, CPU features, kernels, limits, operations, "
-                "instance (which server answered) |")
+    rows.append(
+        f"| {_code(_call(CREATE_SESSION, 'QuantizedInnerProduct'))}: `.forward(a)`, `.info`, "
+        "`.internal_buffer_size`, `.external_buffer_size_for(m)`, `.close()` | "
+        "CreateQuantizedInnerProduct, QuantizedInnerProductForward, DescribeSession, ReleaseSession, "
+        "ListSessions | SimdSynetQuantizedInnerProduct* | a session on the server: B sent and packed once |"
+    )
+    rows.append(
+        "| `info()` | GetServerInfo | | version, ISA level, CPU features, kernels, limits, operations, "
+        "instance (which server answered) |"
+    )
     return "\n".join(rows)
 
 
 # The calls of the Python API that the RPCs outside the table serve.
 _SESSION_CALLS = {
-    "CreateQuantizedInnerProduct": "`QuantizedInnerProduct(...)`", "QuantizedInnerProductForward": "`.forward(a)`",
-    "DescribeSession": "`.info`, `.external_buffer_size_for(m)`", "ReleaseSession": "`.close()`",
-    "ListSessions": "", "GetServerInfo": "`info()`",
+    "CreateQuantizedInnerProduct": "`QuantizedInnerProduct(...)`",
+    "QuantizedInnerProductForward": "`.forward(a)`",
+    "DescribeSession": "`.info`, `.external_buffer_size_for(m)`",
+    "ReleaseSession": "`.close()`",
+    "ListSessions": "",
+    "GetServerInfo": "`info()`",
 }
 
 

@@ -4,6 +4,7 @@ Each row ties a tensorops.v1 DataType to its KServe V2 name and its NumPy dtype;
 view (wire code -> dtype, KServe name -> wire code, element sizes) is derived from it here.
 A uint16 array is sent as BF16: it holds BF16 bits (see docs/protocol.md).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,8 +17,8 @@ from ..v1 import tensor_pb2
 
 @dataclass(frozen=True)
 class DType:
-    wire: int          # tensorops.v1 DataType
-    kserve: str        # the KServe V2 / Triton datatype name
+    wire: int  # tensorops.v1 DataType
+    kserve: str  # the KServe V2 / Triton datatype name
     numpy: np.dtype
 
     @property
@@ -45,8 +46,10 @@ BY_WIRE: dict[int, DType] = {d.wire: d for d in DTYPES}
 BY_KSERVE: dict[str, DType] = {d.kserve: d for d in DTYPES}
 BY_NUMPY: dict[np.dtype, DType] = {d.numpy: d for d in DTYPES}
 # What an array of each NumPy dtype is sent as: its own row, and uint16 as BF16 bits.
-WIRE_OF_NUMPY: dict[np.dtype, int] = {**{d.numpy: d.wire for d in DTYPES},
-                                      np.dtype(np.uint16): tensor_pb2.DATA_TYPE_BF16}
+WIRE_OF_NUMPY: dict[np.dtype, int] = {
+    **{d.numpy: d.wire for d in DTYPES},
+    np.dtype(np.uint16): tensor_pb2.DATA_TYPE_BF16,
+}
 
 # Image layouts: the tensorops.v1 Format of each `format` argument of the Python API.
 FORMATS: dict[str, int] = {"nchw": tensor_pb2.FORMAT_NCHW, "nhwc": tensor_pb2.FORMAT_NHWC}

@@ -15,6 +15,7 @@ the Python API, under the same name: that is what makes the rest generic. Its fi
 classified once here (`Field`, `Kind`). Adding an operation means a row here, a native
 function and its tests, and its messages in the .proto.
 """
+
 from __future__ import annotations
 
 import ast
@@ -46,23 +47,25 @@ def message_class(descriptor: Descriptor) -> type[Message]:
 
 class Kind(enum.Enum):
     """How a request field carries its argument."""
-    TENSOR = "tensor"        # one array
-    TENSORS = "tensors"      # a list of arrays (eltwise's operands)
-    ENUM = "enum"            # a name of the Python API ("exp"), a proto enum on the wire
-    MESSAGE = "message"      # a structured value (normalize's activation)
-    REPEATED = "repeated"    # a list of numbers
-    SCALAR = "scalar"        # one number, bool or string
+
+    TENSOR = "tensor"  # one array
+    TENSORS = "tensors"  # a list of arrays (eltwise's operands)
+    ENUM = "enum"  # a name of the Python API ("exp"), a proto enum on the wire
+    MESSAGE = "message"  # a structured value (normalize's activation)
+    REPEATED = "repeated"  # a list of numbers
+    SCALAR = "scalar"  # one number, bool or string
 
 
 @dataclass(frozen=True)
 class Field:
     """One argument of an operation as its request carries it."""
+
     name: str
     kind: Kind
-    descriptor: Any                   # the protobuf FieldDescriptor
-    image: bool = False               # an image tensor: its Format is the `format` argument
-    default: Any = None               # the Python API's default (None: none, or None itself)
-    required: bool = True             # no default: leaving it out is an error
+    descriptor: Any  # the protobuf FieldDescriptor
+    image: bool = False  # an image tensor: its Format is the `format` argument
+    default: Any = None  # the Python API's default (None: none, or None itself)
+    required: bool = True  # no default: leaving it out is an error
 
     @property
     def enum(self) -> EnumDescriptor:
@@ -84,6 +87,7 @@ class TensorSpec:
     are tensorops_native's): the datatypes accepted, in KServe's names (the first one
     is the result's for the first datatype of the inputs), and the dimensions (-1: any
     size; None: any number of dimensions)."""
+
     datatypes: tuple[str, ...] = ("FP32",)
     dims: tuple[int, ...] | None = None
 
@@ -95,9 +99,13 @@ REAL_VECTOR = TensorSpec(("FP32", "FP64", "FP16", "BF16", "INT32", "INT64", "INT
 MATRIX = TensorSpec(("FP32",), (-1, -1))
 BF16_IMAGE = TensorSpec(("FP32", "BF16"))
 NORM_TENSORS = {"scale": REAL_VECTOR, "shift": REAL_VECTOR}
-QIP_TENSORS = {"a": TensorSpec(("UINT8",), (-1, -1)), "b": TensorSpec(("INT8",), (-1, -1)),
-               "b_scale": REAL_VECTOR, "bias": TensorSpec(("INT32", "INT64", "INT8", "UINT8"), (-1,)),
-               "c": TensorSpec(("UINT8",), (-1, -1))}
+QIP_TENSORS = {
+    "a": TensorSpec(("UINT8",), (-1, -1)),
+    "b": TensorSpec(("INT8",), (-1, -1)),
+    "b_scale": REAL_VECTOR,
+    "bias": TensorSpec(("INT32", "INT64", "INT8", "UINT8"), (-1,)),
+    "c": TensorSpec(("UINT8",), (-1, -1)),
+}
 
 # ---------------------------------------------------------------------------------------
 # Result shapes, from the native keyword arguments and before anything runs. A shape the
@@ -118,11 +126,13 @@ def _array(kwargs: Arguments, name: str) -> np.ndarray | None:
 
 def like(*names: str) -> Callable[[Arguments], Shapes | None]:
     """One result per named argument, of its shape and dtype."""
+
     def shapes(kwargs: Arguments) -> Shapes | None:
         arrays = [_array(kwargs, name) for name in names]
         if any(a is None for a in arrays):
             return None
         return [(a.shape, a.dtype) for a in arrays if a is not None]
+
     return shapes
 
 
@@ -185,28 +195,29 @@ class _Required:
 
 REQUIRED = _Required()
 
+
 @dataclass(frozen=True)
 class Operation:
     """One operation of tensorops_native as an RPC of tensorops.v1.TensorOps."""
 
-    name: str                                   # the Python API's name
-    rpc: str                                    # the method of the service
+    name: str  # the Python API's name
+    rpc: str  # the method of the service
     # The Python API's parameters, as written in its signature: their order, which are
     # keyword-only, and every default. The native function and the clients' methods have
     # exactly these (plus out=, timeout=, metadata=); a test holds them to it.
     signature: str
-    native: str = ""                            # tensorops_native's callable (default: name)
-    layout: tuple[str, ...] = ()                # image tensors whose Format is the `format` argument
-    image_outputs: bool = True                  # outputs carry the input layout (else no format)
+    native: str = ""  # tensorops_native's callable (default: name)
+    layout: tuple[str, ...] = ()  # image tensors whose Format is the `format` argument
+    image_outputs: bool = True  # outputs carry the input layout (else no format)
     tensors: Mapping[str, TensorSpec] = field(default_factory=dict)  # those not IMAGE
     result_shapes: Callable[[Arguments], Shapes | None] = field(default=like("x"), compare=False)
-    offload: bool = False                       # never on the event loop: costs more than its bytes
-    row_split: str = ""                         # result rows depend on the same rows of this input
+    offload: bool = False  # never on the event loop: costs more than its bytes
+    row_split: str = ""  # result rows depend on the same rows of this input
     # Attributes whose API values need more than their field type's rules, before encoding.
     canonical: Mapping[str, Callable[[Any], Any]] = field(default_factory=dict, compare=False)
-    notes: Mapping[str, str] = field(default_factory=dict)      # extra words in self-descriptions
-    kernel: str = ""                            # the C kernels it runs (for the docs)
-    summary: str = ""                           # what a reader of the docs' table must know
+    notes: Mapping[str, str] = field(default_factory=dict)  # extra words in self-descriptions
+    kernel: str = ""  # the C kernels it runs (for the docs)
+    summary: str = ""  # what a reader of the docs' table must know
 
     @cached_property
     def parameters(self) -> tuple[tuple[str, bool, Any], ...]:
@@ -271,8 +282,16 @@ class Operation:
                 kind = Kind.MESSAGE
             else:
                 kind = Kind.REPEATED if f.is_repeated else Kind.SCALAR
-            out.append(Field(f.name, kind, f, image=f.name in self.layout,
-                             default=self.defaults.get(f.name), required=f.name not in self.defaults))
+            out.append(
+                Field(
+                    f.name,
+                    kind,
+                    f,
+                    image=f.name in self.layout,
+                    default=self.defaults.get(f.name),
+                    required=f.name not in self.defaults,
+                )
+            )
         return tuple(out)
 
     @cached_property
@@ -309,52 +328,144 @@ _NORM = 'scale, shift, *, eps=1e-5, format="nchw"'
 _PRODUCT = "b_scale, a_scale, a_zero, c_scale, c_zero, bias=None, trans_b=False"
 
 # The stateless operations, in the order of the docs' tables.
-OPERATIONS: dict[str, Operation] = {op.name: op for op in (
-    Operation("normalize_l2", "NormalizeL2", 'x, scale, *, eps=1e-10, across_spatial=False, format="nchw"',
-              layout=("x",), tensors={"scale": REAL_VECTOR},
-              kernel="SimdSynetNormalizeLayerForward", summary="x fp32, scale (channels,)"),
-    Operation("layer_norm_channels", "LayerNormChannels", f"x, {_NORM}", layout=("x",),
-              tensors={"x": BF16_IMAGE, "y": BF16_IMAGE, **NORM_TENSORS},
-              kernel="SimdSynetNormalizeLayerForwardV2, ...Forward16bV2 for BF16 x", summary="BF16 result for BF16 x"),
-    Operation("layer_norm_spatial", "LayerNormSpatial", f"x, {_NORM}", layout=("x",), tensors=NORM_TENSORS,
-              kernel="SimdSynetNormalizeLayerForwardV3"),
-    Operation("channel_norm", "ChannelNorm", f"x, {_NORM}", layout=("x",), tensors=NORM_TENSORS,
-              kernel="SimdSynetNormalizeLayerForwardV4"),
-    Operation("channel_sum", "ChannelSum", 'x, *, format="nchw"', layout=("x",), image_outputs=False,
-              tensors={"x": TensorSpec(("BF16",)), "y": MATRIX}, result_shapes=_channel_sum_shapes,
-              kernel="SimdSynetChannelSum16b", summary="x BF16; fp32 `(batch, channels)`"),
-    Operation("eltwise", "Eltwise", "inputs, op, weights=None", tensors={"weights": REAL_VECTOR},
-              result_shapes=like("inputs"),
-              kernel="SimdSynetEltwiseLayerForward", summary=">= 2 fp32 arrays; `product`, `sum`, `max`, `min`"),
-    Operation("lrn_cross_channels", "LrnCrossChannels", 'x, half, k, *, format="nchw"', layout=("x",),
-              tensors={"k": TensorSpec(REAL_VECTOR.datatypes, (3,))},
-              kernel="SimdSynetLrnLayerCrossChannels", summary="k = (k0, k1, k2)"),
-    Operation("shuffle", "Shuffle", 'x0, x1, *, type, format="nchw", channels=None', layout=("x0", "x1"),
-              result_shapes=like("x0", "x1"), kernel="SimdSynetShuffleLayerForward", summary="returns (y0, y1)"),
-    Operation("softmax", "Softmax", "x, axis=-1", tensors={"x": BF16_IMAGE, "y": BF16_IMAGE},
-              kernel="SimdSynetSoftmax32f / Softmax16b", summary="fp32 or BF16"),
-    Operation("tiled_scale_2d", "TiledScale2D", 'x, ver, hor, *, format="nchw"', layout=("x",),
-              tensors={"x": TensorSpec(dims=(-1, -1, -1, -1)), "ver": MATRIX, "hor": MATRIX},
-              kernel="SimdSynetTiledScale2D32f", summary="x 4-D"),
-    Operation("unary", "Unary", "x, op", kernel="SimdSynetUnaryOperation32f",
-              summary='17 ops by name (`"exp"`, `"rsqrt"`, ...) or value'),
-    Operation("normalize", "Normalize",
-              "x, scale=None, bias=None, *, axes, num_groups=1, eps=1e-5, normalize_variance=True, "
-              "activation=None, compute_dtype=None",
-              tensors={"x": TensorSpec(("FP32", "FP16", "BF16")), "y": TensorSpec(("FP32", "FP16", "BF16")),
-                       "scale": TensorSpec(REAL_VECTOR.datatypes), "bias": TensorSpec(REAL_VECTOR.datatypes)},
-              canonical={"axes": _axes, "compute_dtype": _dtype_name},
-              notes={"axes": "or an int64 bitmask of the axes"},
-              kernel="TensorRT INormalization, DirectML MVN1",
-              summary="any axes (list or TensorRT bitmask), group norm, optional broadcast scale/bias, "
-                      "DirectML fused activations; fp32, fp16, BF16"),
-    Operation("quantized_inner_product", "QuantizedInnerProduct", f"a, b, *, {_PRODUCT}, algorithm=None",
-              tensors=QIP_TENSORS, result_shapes=_product_shapes, offload=True, row_split="a",
-              kernel="SimdSynetQuantizedInnerProduct*", summary="UINT8 x INT8 -> UINT8, one shot"),
-)}
+OPERATIONS: dict[str, Operation] = {
+    op.name: op
+    for op in (
+        Operation(
+            "normalize_l2",
+            "NormalizeL2",
+            'x, scale, *, eps=1e-10, across_spatial=False, format="nchw"',
+            layout=("x",),
+            tensors={"scale": REAL_VECTOR},
+            kernel="SimdSynetNormalizeLayerForward",
+            summary="x fp32, scale (channels,)",
+        ),
+        Operation(
+            "layer_norm_channels",
+            "LayerNormChannels",
+            f"x, {_NORM}",
+            layout=("x",),
+            tensors={"x": BF16_IMAGE, "y": BF16_IMAGE, **NORM_TENSORS},
+            kernel="SimdSynetNormalizeLayerForwardV2, ...Forward16bV2 for BF16 x",
+            summary="BF16 result for BF16 x",
+        ),
+        Operation(
+            "layer_norm_spatial",
+            "LayerNormSpatial",
+            f"x, {_NORM}",
+            layout=("x",),
+            tensors=NORM_TENSORS,
+            kernel="SimdSynetNormalizeLayerForwardV3",
+        ),
+        Operation(
+            "channel_norm",
+            "ChannelNorm",
+            f"x, {_NORM}",
+            layout=("x",),
+            tensors=NORM_TENSORS,
+            kernel="SimdSynetNormalizeLayerForwardV4",
+        ),
+        Operation(
+            "channel_sum",
+            "ChannelSum",
+            'x, *, format="nchw"',
+            layout=("x",),
+            image_outputs=False,
+            tensors={"x": TensorSpec(("BF16",)), "y": MATRIX},
+            result_shapes=_channel_sum_shapes,
+            kernel="SimdSynetChannelSum16b",
+            summary="x BF16; fp32 `(batch, channels)`",
+        ),
+        Operation(
+            "eltwise",
+            "Eltwise",
+            "inputs, op, weights=None",
+            tensors={"weights": REAL_VECTOR},
+            result_shapes=like("inputs"),
+            kernel="SimdSynetEltwiseLayerForward",
+            summary=">= 2 fp32 arrays; `product`, `sum`, `max`, `min`",
+        ),
+        Operation(
+            "lrn_cross_channels",
+            "LrnCrossChannels",
+            'x, half, k, *, format="nchw"',
+            layout=("x",),
+            tensors={"k": TensorSpec(REAL_VECTOR.datatypes, (3,))},
+            kernel="SimdSynetLrnLayerCrossChannels",
+            summary="k = (k0, k1, k2)",
+        ),
+        Operation(
+            "shuffle",
+            "Shuffle",
+            'x0, x1, *, type, format="nchw", channels=None',
+            layout=("x0", "x1"),
+            result_shapes=like("x0", "x1"),
+            kernel="SimdSynetShuffleLayerForward",
+            summary="returns (y0, y1)",
+        ),
+        Operation(
+            "softmax",
+            "Softmax",
+            "x, axis=-1",
+            tensors={"x": BF16_IMAGE, "y": BF16_IMAGE},
+            kernel="SimdSynetSoftmax32f / Softmax16b",
+            summary="fp32 or BF16",
+        ),
+        Operation(
+            "tiled_scale_2d",
+            "TiledScale2D",
+            'x, ver, hor, *, format="nchw"',
+            layout=("x",),
+            tensors={"x": TensorSpec(dims=(-1, -1, -1, -1)), "ver": MATRIX, "hor": MATRIX},
+            kernel="SimdSynetTiledScale2D32f",
+            summary="x 4-D",
+        ),
+        Operation(
+            "unary",
+            "Unary",
+            "x, op",
+            kernel="SimdSynetUnaryOperation32f",
+            summary='17 ops by name (`"exp"`, `"rsqrt"`, ...) or value',
+        ),
+        Operation(
+            "normalize",
+            "Normalize",
+            "x, scale=None, bias=None, *, axes, num_groups=1, eps=1e-5, normalize_variance=True, "
+            "activation=None, compute_dtype=None",
+            tensors={
+                "x": TensorSpec(("FP32", "FP16", "BF16")),
+                "y": TensorSpec(("FP32", "FP16", "BF16")),
+                "scale": TensorSpec(REAL_VECTOR.datatypes),
+                "bias": TensorSpec(REAL_VECTOR.datatypes),
+            },
+            canonical={"axes": _axes, "compute_dtype": _dtype_name},
+            notes={"axes": "or an int64 bitmask of the axes"},
+            kernel="TensorRT INormalization, DirectML MVN1",
+            summary="any axes (list or TensorRT bitmask), group norm, optional broadcast scale/bias, "
+            "DirectML fused activations; fp32, fp16, BF16",
+        ),
+        Operation(
+            "quantized_inner_product",
+            "QuantizedInnerProduct",
+            f"a, b, *, {_PRODUCT}, algorithm=None",
+            tensors=QIP_TENSORS,
+            result_shapes=_product_shapes,
+            offload=True,
+            row_split="a",
+            kernel="SimdSynetQuantizedInnerProduct*",
+            summary="UINT8 x INT8 -> UINT8, one shot",
+        ),
+    )
+}
 
 # The quantized inner-product session RPCs take the arguments of its constructor and forward().
-CREATE_SESSION = Operation("QuantizedInnerProduct", "CreateQuantizedInnerProduct",
-                           f"b, *, {_PRODUCT}, max_m=1, algorithm=None", tensors=QIP_TENSORS, offload=True)
-FORWARD_SESSION = Operation("QuantizedInnerProduct.forward", "QuantizedInnerProductForward", "a",
-                            native="forward", tensors=QIP_TENSORS)
+CREATE_SESSION = Operation(
+    "QuantizedInnerProduct",
+    "CreateQuantizedInnerProduct",
+    f"b, *, {_PRODUCT}, max_m=1, algorithm=None",
+    tensors=QIP_TENSORS,
+    offload=True,
+)
+FORWARD_SESSION = Operation(
+    "QuantizedInnerProduct.forward", "QuantizedInnerProductForward", "a", native="forward", tensors=QIP_TENSORS
+)

@@ -8,6 +8,7 @@ argument travels as the Format of the operation's image tensors. `attribute_valu
 one place that checks and canonicalizes a non-tensor argument, for the client's encoder and
 for the KServe endpoint's parameters alike.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -45,6 +46,7 @@ MAX_NAME_CHARS = 256
 # ---------------------------------------------------------------------------------------
 # Enumerations: proto enum <-> the names (and Simd integer values) of the Python API
 
+
 def _enum_prefix(enum_descriptor: EnumDescriptor) -> str:
     unspecified: str = enum_descriptor.values_by_number[0].name
     return unspecified[: -len("UNSPECIFIED")]
@@ -59,7 +61,8 @@ def enum_names(enum_descriptor: EnumDescriptor) -> dict[int, str]:
     if names is None:
         prefix = _enum_prefix(enum_descriptor)
         names = _ENUM_NAMES[enum_descriptor.full_name] = {
-            v.number: v.name[len(prefix):].lower() for v in enum_descriptor.values if v.number}
+            v.number: v.name[len(prefix) :].lower() for v in enum_descriptor.values if v.number
+        }
     return names
 
 
@@ -108,6 +111,7 @@ def encode_format(value: object) -> int:
 
 # ---------------------------------------------------------------------------------------
 # Client side: arguments -> request bytes, response bytes -> result
+
 
 @dataclass
 class Request:
@@ -196,8 +200,7 @@ def build_request(op: Operation, arguments: dict[str, Any]) -> Request:
             items = _sequence(value, name)
             if len(items) > codec.MAX_OPERANDS:  # the server would refuse them: said before encoding
                 raise codec.too_many_operands(name, len(items))
-            tensors[name] = [codec.encode_tensor(v, f"{name}[{i}]", fmt if f.image else 0)
-                             for i, v in enumerate(items)]
+            tensors[name] = [codec.encode_tensor(v, f"{name}[{i}]", fmt if f.image else 0) for i, v in enumerate(items)]
             bits = bits or any(_is_bits(v) for v in items)
         else:
             set_attribute(message, op, name, value)
@@ -213,8 +216,12 @@ def _is_bits(value: object) -> bool:
 
 
 def _type_name(f: FieldDescriptor) -> str:
-    names = {f.TYPE_DOUBLE: "a real number", f.TYPE_INT64: "an integer", f.TYPE_BOOL: "a bool",
-             f.TYPE_STRING: "a string"}
+    names = {
+        f.TYPE_DOUBLE: "a real number",
+        f.TYPE_INT64: "an integer",
+        f.TYPE_BOOL: "a bool",
+        f.TYPE_STRING: "a string",
+    }
     kind = names.get(f.type, "a value")
     return f"a sequence of {kind.split(' ', 1)[1]}s" if f.is_repeated else kind
 

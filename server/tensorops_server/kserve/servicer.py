@@ -107,8 +107,7 @@ class KServe:
         # The behaviors of the operations, taking converted requests and returning the
         # result arrays (not a message).
         self._compute = {
-            name: service.operation(entry, encode=lambda result, fmt: result)
-            for name, entry in service.table.items()
+            name: service.operation(entry, encode=lambda result, fmt: result) for name, entry in service.table.items()
         }
         self.ready = True
 
