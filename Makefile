@@ -24,12 +24,13 @@ $(VENV)/.installed: $(VENV)/bin/python $(SOURCES)
 	$(PY) -m pip install -q .
 	touch $@
 
+# The lint extra too: tests/client/test_typing.py runs mypy on the client's API.
 $(VENV)/.test-installed: $(VENV)/bin/python $(SOURCES)
-	$(PY) -m pip install -q '.[test]'
+	$(PY) -m pip install -q '.[test,lint]'
 	touch $@ $(VENV)/.installed
 
 $(VENV)/.deploy-installed: $(VENV)/bin/python $(SOURCES)
-	$(PY) -m pip install -q '.[test,deploy]'
+	$(PY) -m pip install -q '.[test,lint,deploy]'
 	touch $@ $(VENV)/.test-installed $(VENV)/.installed
 
 $(VENV)/.bench-installed: $(VENV)/bin/python $(SOURCES)
@@ -139,14 +140,19 @@ $(SANITIZE_VENV)/bin/python:
 	echo '*' > $(SANITIZE_VENV)/.gitignore
 	$(SANITIZE_VENV)/bin/python -m pip install -q --upgrade pip
 
-# Built from a fresh copy of the sources, so that no object or wheel of the normal build
-# (build/, native/build/, pip's cache) can stand in for the sanitized one. The native suite
-# needs pytest and nothing else of the test extras (Envoy, TLS, hypothesis).
+# Built from a fresh copy of the sources, without pip's cache or build isolation, so that no
+# object or wheel of the normal build (build/, native/build/, a cached wheel) can stand in
+# for the sanitized one. What the native suite imports (NumPy, ml_dtypes, cffi, pytest) and
+# the build requirements of pyproject.toml are ordinary installs from pip's cache; the
+# suite needs nothing else of the project's dependencies.
+BUILD_REQUIRES = import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires']))
 $(SANITIZE_VENV)/.installed: $(SANITIZE_VENV)/bin/python $(SOURCES)
 	rm -rf $(SANITIZE_VENV)/src && mkdir -p $(SANITIZE_VENV)/src
 	tar -cf - --exclude=build --exclude='*.egg-info' --exclude=__pycache__ --exclude='*.so' \
 		pyproject.toml setup.py README.md native client server proto | tar -xf - -C $(SANITIZE_VENV)/src
-	TENSOROPS_SANITIZE=1 $(SANITIZE_VENV)/bin/python -m pip install -q --no-cache-dir '$(SANITIZE_VENV)/src' 'pytest>=8'
+	$(SANITIZE_VENV)/bin/python -m pip install -q pytest numpy ml_dtypes $$($(PYTHON) -c "$(BUILD_REQUIRES)")
+	TENSOROPS_SANITIZE=1 $(SANITIZE_VENV)/bin/python -m pip install -q --no-cache-dir --no-deps \
+		--no-build-isolation '$(SANITIZE_VENV)/src'
 	touch $@
 
 test-sanitize: $(SANITIZE_VENV)/.installed
