@@ -15,11 +15,20 @@ class ParallelBuildExt(build_ext):
     def build_extensions(self) -> None:
         compiler = self.compiler
 
-        def compile_all(sources, output_dir=None, macros=None, include_dirs=None, debug=0, extra_preargs=None,
-                        extra_postargs=None, depends=None):
+        def compile_all(
+            sources,
+            output_dir=None,
+            macros=None,
+            include_dirs=None,
+            debug=0,
+            extra_preargs=None,
+            extra_postargs=None,
+            depends=None,
+        ):
             # what CCompiler.compile does, with its loop over the files run by a pool
             macros, objects, extra_postargs, pp_opts, build = compiler._setup_compile(
-                output_dir, macros, include_dirs, sources, depends, extra_postargs)
+                output_dir, macros, include_dirs, sources, depends, extra_postargs
+            )
             cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)
             jobs = [(obj, *build[obj]) for obj in objects if obj in build]
             with ThreadPoolExecutor(len(os.sched_getaffinity(0))) as pool:
