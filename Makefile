@@ -55,14 +55,16 @@ NATIVE_C = $(shell find native/src native/include -name '*.[ch]')
 
 # Python: ruff's lint rules and formatting ([tool.ruff]), mypy ([tool.mypy]); C: clang-format
 # (.clang-format); protobuf: buf's style rules and the breaking-change check against the
-# last release's descriptor (proto/buf.yaml). Every check runs and reports, then any failure
+# last release's descriptor (proto/buf.yaml), and a proof that this check refuses a
+# renumbered field (.ci/proto-breaking-selftest). Every check runs and reports, then any failure
 # fails the target. `make format` fixes what can be fixed by tool.
 LINT_CHECKS = "$(VENV)/bin/ruff check ." \
 	"$(VENV)/bin/ruff format --check ." \
 	"$(PY) -m mypy" \
 	"$(VENV)/bin/clang-format --dry-run --Werror $(NATIVE_C)" \
 	"$(BUF) lint proto" \
-	"$(BUF) breaking proto --against proto/descriptor/release.binpb"
+	"$(BUF) breaking proto --against proto/descriptor/release.binpb" \
+	"env BUF=$(BUF) .ci/proto-breaking-selftest"
 lint: $(VENV)/.lint-installed $(BUF)
 	@failed=""; for check in $(LINT_CHECKS); do \
 		echo "== $$check" | cut -c1-100; \
