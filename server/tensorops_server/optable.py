@@ -36,12 +36,10 @@ from typing import Any
 
 import tensorops_native
 from tensorops.protocol import codec, dtypes, table, wire
-from tensorops.protocol.table import Kind, TensorSpec
+from tensorops.protocol.table import Kind
 from tensorops.v1 import tensor_pb2
 
 from . import errors
-
-QIP_TENSORS = table.QIP_TENSORS
 
 
 @dataclass(frozen=True)
@@ -51,23 +49,13 @@ class Entry:
     op: table.Operation
     native: Callable[..., Any]
 
-    def spec(self, name: str) -> TensorSpec:
-        return self.op.spec(name)
-
     @property
     def name(self) -> str:
         return self.op.name
 
     @cached_property
-    def defaults(self) -> frozenset[str]:
-        return frozenset(self.op.defaults)
-
-    @cached_property
     def parameters(self) -> frozenset[str]:
         return frozenset(inspect.signature(self.native).parameters)
-
-    def result(self, kwargs: dict) -> tuple[str, int]:
-        return self.op.result_bytes(kwargs)
 
     def arguments(
         self, decoded: codec.Decoded, max_tensor_bytes: int | None, reserve: Callable[[int, str], None] | None = None
@@ -83,7 +71,6 @@ class Entry:
 
 _DTYPE_ENUM = tensor_pb2.DataType.DESCRIPTOR
 _FORMAT_ENUM = tensor_pb2.Format.DESCRIPTOR
-ITEMSIZE = {d.wire: d.itemsize for d in dtypes.DTYPES}  # bytes per element of each wire dtype
 # The largest array NumPy can describe: the product of its non-zero dimensions times the
 # element size fits in a signed 64-bit integer (even when another dimension is 0).
 MAX_DESCRIBED_BYTES = 2**63 - 1
@@ -128,8 +115,8 @@ def tensor_argument(
         else:
             reason = f"{op.rpc} has no layout"
         raise errors.invalid(f"{name}.format", f"{reason}: leave it unset (FORMAT_UNSPECIFIED), got {fmt}")
-    itemsize = ITEMSIZE.get(tensor.dtype)
-    if itemsize is None:
+    row = dtypes.BY_WIRE.get(tensor.dtype)
+    if row is None:
         raise errors.invalid(
             f"{name}.dtype",
             f"expected one of {wire.wire_choices(_DTYPE_ENUM)}, got {wire.wire_value(_DTYPE_ENUM, tensor.dtype)}",
@@ -138,7 +125,7 @@ def tensor_argument(
     # Without a 0 dimension the payload's length bounds the size; negative dimensions and
     # too many of them are the codec's to name.
     described = 0 in shape and len(shape) <= codec.MAX_NDIM and min(shape) >= 0
-    if described and math.prod(filter(None, shape)) * itemsize > MAX_DESCRIBED_BYTES:
+    if described and math.prod(filter(None, shape)) * row.itemsize > MAX_DESCRIBED_BYTES:
         raise errors.invalid(
             f"{name}.shape",
             f"the tensor has too many elements: {list(shape)} of "

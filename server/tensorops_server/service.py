@@ -120,7 +120,7 @@ class Service:
             kwargs, fmt = entry.arguments(decoded, self.config.max_tensor_bytes, call.reserve)
             if extra:
                 kwargs.update(extra)
-            field, result_bytes = entry.result(kwargs)
+            field, result_bytes = entry.op.result_bytes(kwargs)
             reserve_result(call, field, result_bytes, self.result_limit)
             return kwargs, fmt, result_bytes
 

@@ -52,7 +52,7 @@ from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_a
 import tensorops_native as tn
 from rpc_server import ServerProcess, metric_value, resident_bytes
 from tensorops import _errors
-from tensorops.protocol import codec, wire
+from tensorops.protocol import codec, dtypes, wire
 from tensorops.v1 import tensor_pb2
 from tensorops.v1 import tensorops_pb2 as pb
 
@@ -470,7 +470,7 @@ SPECIAL_DOUBLES = [
 SPECIAL_INTS = [0, 1, 2, 3, 7, -1, -2, 255, 256, 2**31 - 1, 2**31, 2**40, 2**62, 2**63 - 1, -(2**63)]
 # Dimensions of malformed shapes (an empty tensor may have huge dimensions)
 WILD_DIMS = [0, 1, 2, 3, 4, 5, 7, 8, 16, -1, -7, -(2**63), 2**20, 2**24, 2**31, 2**32 + 1, 2**40, 2**62, 2**63 - 1]
-ITEMSIZE = {1: 4, 2: 2, 3: 2, 4: 1, 5: 1, 6: 4, 7: 8, 8: 8}
+ITEMSIZE = {d.wire: d.itemsize for d in dtypes.DTYPES}
 
 
 def mostly(good, bad, one_in: int = 10):

@@ -12,7 +12,7 @@ import pytest
 import tensorops
 from rpc_server import LongCall, metric_value
 from tensorops import _errors
-from tensorops.protocol import wire
+from tensorops.protocol import dtypes, wire
 from tensorops.v1 import tensor_pb2
 from tensorops.v1 import tensorops_pb2 as pb
 
@@ -27,7 +27,7 @@ def raw_call(target, rpc, payload: bytes, timeout=30):
     raise AssertionError("the call succeeded")
 
 
-ITEMSIZE = {tensor_pb2.DATA_TYPE_UINT8: 1, tensor_pb2.DATA_TYPE_INT8: 1, tensor_pb2.DATA_TYPE_BF16: 2}
+ITEMSIZE = {d.wire: d.itemsize for d in dtypes.DTYPES}
 
 
 def tensor(shape, dtype=tensor_pb2.DATA_TYPE_FP32, data=None, fmt=0):

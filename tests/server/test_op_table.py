@@ -104,12 +104,12 @@ def _required_fields():
         (name, f.name)
         for name, entry in sorted(TABLE.items())
         for f in entry.op.request_class.DESCRIPTOR.fields
-        if f.name not in entry.defaults and not (f.is_repeated and f.message_type)
+        if f.name not in entry.op.defaults and not (f.is_repeated and f.message_type)
     ]  # eltwise's inputs: []
     if hasattr(tn, "QuantizedInnerProduct"):
         create = optable.Entry(wire.CREATE_SESSION, tn.QuantizedInnerProduct)
         cases += [
-            ("session", f.name) for f in create.op.request_class.DESCRIPTOR.fields if f.name not in create.defaults
+            ("session", f.name) for f in create.op.request_class.DESCRIPTOR.fields if f.name not in create.op.defaults
         ]
     return cases
 

@@ -145,15 +145,12 @@ def _channel_sum_shapes(kwargs: Arguments) -> Shapes | None:
     return [((x.shape[0], channels), _F32)]
 
 
-def product_shapes(a: Any, b: Any, trans_b: bool) -> Shapes | None:
+def _product_shapes(kwargs: Arguments) -> Shapes | None:
     """The quantized inner product's (M, N) uint8 result: M rows of a, N columns of b."""
+    a, b = kwargs.get("a"), kwargs.get("b")
     if not (isinstance(a, np.ndarray) and a.ndim == 2 and isinstance(b, np.ndarray) and b.ndim == 2):
         return None
-    return [((a.shape[0], b.shape[0] if trans_b else b.shape[1]), np.dtype(np.uint8))]
-
-
-def _product_shapes(kwargs: Arguments) -> Shapes | None:
-    return product_shapes(kwargs.get("a"), kwargs.get("b"), bool(kwargs.get("trans_b")))
+    return [((a.shape[0], b.shape[0] if kwargs.get("trans_b") else b.shape[1]), np.dtype(np.uint8))]
 
 
 # ---------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from google.protobuf.descriptor import EnumDescriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 from ..v1 import tensor_pb2
-from . import codec
+from . import codec, dtypes
 from .codec import WireError
 from .table import (  # noqa: F401
     CREATE_SESSION,
@@ -102,11 +102,15 @@ def wire_value(enum_descriptor: EnumDescriptor, number: int) -> str:
 
 
 def encode_format(value: object) -> int:
-    if isinstance(value, str) and value.lower() in codec.FORMATS:
-        return codec.FORMATS[value.lower()]
-    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)) and int(value) in (0, 1):
-        return (tensor_pb2.FORMAT_NCHW, tensor_pb2.FORMAT_NHWC)[int(value)]
-    raise WireError("format", f"expected one of 'nchw' (0), 'nhwc' (1), got {value!r}")
+    """A `format` of the Python API (a name, case-insensitive, or its position in the
+    format table) as the wire's Format."""
+    codes = list(dtypes.FORMATS.values())
+    if isinstance(value, str) and value.lower() in dtypes.FORMATS:
+        return dtypes.FORMATS[value.lower()]
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)) and 0 <= int(value) < len(codes):
+        return codes[int(value)]
+    allowed = ", ".join(f"'{name}' ({i})" for i, name in enumerate(dtypes.FORMATS))
+    raise WireError("format", f"expected one of {allowed}, got {value!r}")
 
 
 # ---------------------------------------------------------------------------------------
