@@ -42,9 +42,9 @@ import numpy.typing as npt
 
 from . import _operations
 from ._operations import Pairs
-from .kserve import BYTE_SIZE, DATATYPES, OFFSET, REGION, method_path
+from .kserve import BYTE_SIZE, OFFSET, REGION, method_path
 from .kserve.v2 import inference_pb2 as pb
-from .protocol import wire
+from .protocol import dtypes, wire
 from .protocol.codec import WireError, array_bytes, bytes_field, wire_array
 
 MIN_BYTES = 64 << 10
@@ -161,8 +161,8 @@ class SharedMemoryTransport:
     ) -> npt.NDArray[Any]:
         dtype = np.dtype(dtype)
         dims = (int(shape),) if isinstance(shape, (int, numbers.Integral)) else tuple(int(n) for n in shape)
-        if dtype not in _DATATYPE_NAMES and dtype != np.uint16:
-            raise TypeError(f"dtype: expected one of {', '.join(str(d) for d in _DATATYPE_NAMES)}, got {dtype}")
+        if dtype not in dtypes.WIRE_OF_NUMPY:
+            raise TypeError(f"dtype: expected one of {', '.join(str(d) for d in dtypes.BY_NUMPY)}, got {dtype}")
         if any(n < 0 for n in dims):
             raise ValueError(f"shape: dimensions must be non-negative, got {dims}")
         nbytes = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
@@ -321,8 +321,8 @@ class SharedMemoryTransport:
                         raise _Unsupported from None
                 if arr.dtype == np.uint16:  # BF16 bits
                     bits = True
-                    arr = arr.view(DATATYPES["BF16"][1])
-                if arr.dtype not in _DATATYPE_NAMES:
+                    arr = arr.view(dtypes.BY_KSERVE["BF16"].numpy)
+                if arr.dtype not in dtypes.BY_NUMPY:
                     raise _Unsupported
                 tensors[key] = arr
             else:
@@ -352,14 +352,14 @@ class SharedMemoryTransport:
             where = placed[key]
             if where is _IN_MESSAGE:
                 in_message.append(arr)
-                inputs.append((key, _DATATYPE_NAMES[arr.dtype], arr.shape, None))
+                inputs.append((key, dtypes.BY_NUMPY[arr.dtype].kserve, arr.shape, None))
                 continue
             if where is None:  # copied into the call's region (acquired for what is copied)
                 assert region is not None and view is not None
                 view[offset : offset + arr.nbytes] = arr.reshape(-1).view(np.uint8)
                 where = (region.name, offset)
                 offset += _aligned(arr.nbytes)
-            inputs.append((key, _DATATYPE_NAMES[arr.dtype], arr.shape, (where[0], arr.nbytes, where[1])))
+            inputs.append((key, dtypes.BY_NUMPY[arr.dtype].kserve, arr.shape, (where[0], arr.nbytes, where[1])))
         if out is not None and out_placed is not None:  # the kernel writes into the caller's array
             output = (out_placed[0], out.nbytes, out_placed[1])
         else:
@@ -382,7 +382,7 @@ class SharedMemoryTransport:
                 return NotImplemented  # no room for the result, or the region went: over the wire
             raise
         described = pb.ModelInferResponse.FromString(raw).outputs[0]
-        dtype = DATATYPES[described.datatype][1]
+        dtype = dtypes.BY_KSERVE[described.datatype].numpy
         if bits and described.datatype == "BF16":
             dtype = np.dtype(np.uint16)
         shape = tuple(described.shape)
@@ -399,7 +399,6 @@ class SharedMemoryTransport:
         return result.copy()
 
 
-_DATATYPE_NAMES = {dtype: name for name, (_, dtype) in DATATYPES.items()}
 _RAW_INPUTS = pb.ModelInferRequest.DESCRIPTOR.fields_by_name["raw_input_contents"].number
 
 

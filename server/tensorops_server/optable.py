@@ -65,7 +65,7 @@ class Entry:
         kwargs = native_arguments(self.op, decoded, max_tensor_bytes, reserve=reserve)
         fmt = request_format(self.op, decoded)
         if fmt:
-            kwargs["format"] = codec.FORMAT_NAMES[fmt]
+            kwargs["format"] = dtypes.FORMAT_NAMES[fmt]
         return kwargs, fmt
 
 
@@ -205,7 +205,7 @@ def request_format(op: table.Operation, decoded: codec.Decoded) -> int:
         tensor = decoded.tensors.get(name)
         if tensor is None or not tensor.format:
             continue
-        if tensor.format not in codec.FORMAT_NAMES:
+        if tensor.format not in dtypes.FORMAT_NAMES:
             choices = wire.wire_choices(_FORMAT_ENUM, unspecified=True)
             raise errors.invalid(
                 f"{name}.format", f"expected one of {choices}, got {wire.wire_value(_FORMAT_ENUM, tensor.format)}"

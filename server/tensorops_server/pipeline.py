@@ -90,12 +90,13 @@ class Incoming:
 Decode = Callable[[bytes], Incoming]
 
 
-def deferred(decode: Decode, inline_bytes: int) -> Decode:
-    """A request deserializer that decodes at once (on the event loop) only requests of up
-    to `inline_bytes`; larger ones are decoded by the pipeline on a worker, once admitted."""
+def deferred(decode: Decode, inline: Callable[[int], bool]) -> Decode:
+    """A request deserializer that decodes at once (on the event loop) only requests small
+    enough to run there (`inline(nbytes)`, the executor's rule); larger ones are decoded by
+    the pipeline on a worker, once admitted."""
 
     def deserialize(raw: bytes) -> Incoming:
-        if len(raw) <= inline_bytes:
+        if inline(len(raw)):
             return decode(raw)
         return Incoming(None, None, len(raw), functools.partial(decode, raw))
 
@@ -153,7 +154,7 @@ class CallPipeline:
         """The handler of a unary RPC. It is registered as client-streaming so that the
         request is read by the call, under the admission limits; on the wire it is unary."""
         return grpc.stream_unary_rpc_method_handler(
-            self.rpc(label, behavior).handle, request_deserializer=deferred(decode, self.config.inline_bytes)
+            self.rpc(label, behavior).handle, request_deserializer=deferred(decode, self.executor.inline)
         )
 
     def stream_handler(
@@ -166,7 +167,7 @@ class CallPipeline:
             await self._serve_stream(rpc, context, failed)
 
         return grpc.stream_stream_rpc_method_handler(
-            stream, request_deserializer=deferred(decode, self.config.inline_bytes)
+            stream, request_deserializer=deferred(decode, self.executor.inline)
         )
 
     async def _serve_stream(

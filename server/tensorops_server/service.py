@@ -179,6 +179,7 @@ class Service:
             raise errors.Failure(grpc.StatusCode.UNIMPLEMENTED, "this build has no quantized inner product")
         entry = optable.Entry(wire.CREATE_SESSION, self._qip_class)
         kwargs, _ = entry.arguments(decoded, self.config.max_tensor_bytes, call.reserve)
+        # packing B costs far more than its bytes: always on a worker
         qip = await self.executor.offload(
             call,
             functools.partial(
@@ -254,6 +255,10 @@ class Service:
         behaviors: dict[str, tuple[str, Callable]] = {
             entry.op.rpc: (entry.name, self.operation(entry)) for entry in self.table.values()
         }
+        # the rows' request codecs; a codec of its own for each RPC outside the table
+        codecs = {
+            op.rpc: op.request_codec for op in (*wire.OPERATIONS.values(), wire.CREATE_SESSION, wire.FORWARD_SESSION)
+        }
         behaviors.update(
             {
                 "CreateQuantizedInnerProduct": ("create_quantized_inner_product", self.create_session),
@@ -266,6 +271,8 @@ class Service:
         )
         handlers = {}
         for rpc, (label, behavior) in behaviors.items():
-            request_class = wire.message_class(wire.SERVICE.methods_by_name[rpc].input_type)
-            handlers[rpc] = self.pipeline.handler(label, behavior, message_decoder(codec.MessageCodec(request_class)))
+            request_codec = codecs.get(rpc) or codec.MessageCodec(
+                wire.message_class(wire.SERVICE.methods_by_name[rpc].input_type)
+            )
+            handlers[rpc] = self.pipeline.handler(label, behavior, message_decoder(request_codec))
         return handlers

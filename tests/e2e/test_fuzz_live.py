@@ -344,11 +344,11 @@ def decode_arguments(
         tensor = decoded.tensors.get(name)
         if tensor is None or not tensor.format:
             continue
-        if tensor.format not in codec.FORMAT_NAMES or (fmt and tensor.format != fmt):
+        if tensor.format not in dtypes.FORMAT_NAMES or (fmt and tensor.format != fmt):
             raise Refused(Expect(INVALID, f"{name}.format"))
         fmt = tensor.format
     if fmt:
-        kwargs["format"] = codec.FORMAT_NAMES[fmt]
+        kwargs["format"] = dtypes.FORMAT_NAMES[fmt]
     activation = kwargs.get("activation")
     if activation is not None:  # normalize(): (name, *parameters); the type is required
         name = wire.decode_enum(pb.Activation.DESCRIPTOR, activation.type)

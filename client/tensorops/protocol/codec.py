@@ -47,8 +47,6 @@ ALIGNMENT = 16
 # above it, its copies of the payload cost more.
 SMALL_MESSAGE = 32 * 1024
 
-FORMATS, FORMAT_NAMES = dtypes.FORMATS, dtypes.FORMAT_NAMES
-
 INVALID_ARGUMENT = "INVALID_ARGUMENT"
 RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
 
@@ -73,7 +71,7 @@ class TooManyFields(WireError):
 
 
 def wire_dtype_names() -> list[str]:
-    return [tensor_pb2.DataType.Name(code)[len("DATA_TYPE_") :].lower() for code in dtypes.BY_WIRE]
+    return [d.name for d in dtypes.DTYPES]
 
 
 # ---------------------------------------------------------------------------------------
@@ -132,7 +130,7 @@ def wire_array(value: object, name: str) -> tuple[np.ndarray, int]:
     dtype = arr.dtype
     if dtype.byteorder == ">":
         dtype = dtype.newbyteorder("<")
-        arr = arr.astype(dtype)
+        arr = arr.astype(dtype, order="C")  # one copy makes it little-endian and contiguous
     code = dtypes.WIRE_OF_NUMPY.get(dtype)
     if code is None:
         raise WireError(
@@ -300,9 +298,6 @@ class _Budget:
     def __init__(self) -> None:
         self.left = MAX_FIELDS
 
-    def exceeded(self) -> WireError:
-        return TooManyFields()
-
 
 def _skip_group(buf: Buffer, pos: int, end: int, number: int, depth: int, budget: _Budget) -> int:
     """The end of the group `number` whose fields start at pos (groups nest: at most
@@ -315,7 +310,7 @@ def _skip_group(buf: Buffer, pos: int, end: int, number: int, depth: int, budget
             raise WireError("message", "truncated message")
         budget.left -= 1
         if budget.left < 0:
-            raise budget.exceeded()
+            raise TooManyFields()
         number, wire_type, pos = _read_key(buf, pos, end)
         if not number and not _ZERO_IN_GROUPS:
             raise WireError("message", "field number 0")
@@ -338,7 +333,7 @@ def _fields(
     while pos < end:
         budget.left -= 1
         if budget.left < 0:
-            raise budget.exceeded()
+            raise TooManyFields()
         start = pos
         key = buf[pos]
         if 8 <= key < 0x80:  # the common case: a one-byte key
@@ -377,7 +372,7 @@ def _parse_tensor(view: memoryview, pos: int, end: int, budget: _Budget, into: W
                 while value < stop:
                     budget.left -= 1
                     if budget.left < 0:
-                        raise budget.exceeded()
+                        raise TooManyFields()
                     dim, value = _read_varint(view, value, stop)
                     shape.append(dim if dim < 1 << 63 else dim - (1 << 64))
             elif wire_type == _VARINT:

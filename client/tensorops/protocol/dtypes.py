@@ -44,8 +44,8 @@ DTYPES: tuple[DType, ...] = (
 
 BY_WIRE: dict[int, DType] = {d.wire: d for d in DTYPES}
 BY_KSERVE: dict[str, DType] = {d.kserve: d for d in DTYPES}
-BY_NUMPY: dict[np.dtype, DType] = {d.numpy: d for d in DTYPES}
 # What an array of each NumPy dtype is sent as: its own row, and uint16 as BF16 bits.
+BY_NUMPY: dict[np.dtype, DType] = {d.numpy: d for d in DTYPES}
 WIRE_OF_NUMPY: dict[np.dtype, int] = {
     **{d.numpy: d.wire for d in DTYPES},
     np.dtype(np.uint16): tensor_pb2.DATA_TYPE_BF16,

@@ -461,7 +461,6 @@ CREATE_SESSION = Operation(
     "CreateQuantizedInnerProduct",
     f"b, *, {_PRODUCT}, max_m=1, algorithm=None",
     tensors=QIP_TENSORS,
-    offload=True,
 )
 FORWARD_SESSION = Operation(
     "QuantizedInnerProduct.forward", "QuantizedInnerProductForward", "a", native="forward", tensors=QIP_TENSORS

@@ -149,10 +149,7 @@ def converted_attributes(model_name: str, op: table.Operation, values: dict[str,
         f = op.fields_by_name.get(name)
         if f is None or f.is_tensor:
             raise unknown_parameter(model_name, name, [a.name for a in op.attributes])
-        try:
-            converted[name] = wire.attribute_value(op, name, _api_value(f, value))
-        except WireError as exc:
-            raise errors.from_wire(exc) from None
+        converted[name] = attribute(op, name, value)
     return converted
 
 
@@ -232,7 +229,7 @@ def input_tensors(model: Model, request, raws: list, fmt: int, regions: Regions 
         )
     j = 0  # the next raw buffer
     layout = model.op.layout
-    stacked = {t.name for t in model.inputs if t.stacked}
+    stacked = model.stacked_names
     tensors: dict[str, Any] = {name: [] for name in stacked}  # as the tensorops.v1 codec leaves them
     for tensor, where in zip(inputs, placed, strict=True):
         name = tensor.name

@@ -46,6 +46,11 @@ class Model:
         return frozenset(t.name for t in self.inputs)
 
     @cached_property
+    def stacked_names(self) -> frozenset[str]:
+        """The inputs that hold several operands stacked (eltwise's `inputs`)."""
+        return frozenset(t.name for t in self.inputs if t.stacked)
+
+    @cached_property
     def output_names(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.outputs)
 
