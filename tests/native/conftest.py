@@ -30,7 +30,8 @@ from tn_testing import LEVELS, kernel_levels
 
 HERE = pathlib.Path(__file__).resolve().parent
 # The level in a test id: "[isa-avx2]" alone, "isa-avx2-" before other parameters.
-_LEVEL_ID = re.compile(r"\[isa-(?:scalar|avx2|avx512)\]|isa-(?:scalar|avx2|avx512)-")
+_LEVELS_RE = "|".join(LEVELS)
+_LEVEL_ID = re.compile(rf"\[isa-(?:{_LEVELS_RE})\]|isa-(?:{_LEVELS_RE})-")
 
 
 def pytest_generate_tests(metafunc):

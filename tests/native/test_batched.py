@@ -11,7 +11,7 @@ import pytest
 
 import reference as ref
 import tensorops_native as tn
-from tn_testing import FMT_CODE, FORMATS, assert_close, assert_same_bits, c_call, image_shape, require
+from tn_testing import FMT_CODE, FORMATS, assert_close, assert_same_bits, c_call, image_shape, random_bits, require
 
 # batch.c calls the dispatched per-item entry points, which the kernel tests cover at each
 # level: run once, at the process's level.
@@ -76,11 +76,6 @@ def test_lrn_batch_equals_per_item(rng, batch, channels, spatial, fmt):
     for b in range(batch):
         c_call("SynetLrnLayerCrossChannels", x[b], half, channels, spatial, k, want[b], FMT_CODE[fmt])
     assert_same_bits(tn.lrn_cross_channels(x, half, k, format=fmt), want, what=f"lrn batch {batch} half {half}")
-
-
-def random_bits(rng, shape):
-    """Random fp32 bit patterns: every exponent, denormals, infinities and NaN payloads."""
-    return rng.integers(0, 2**32, size=shape, dtype=np.uint64).astype(np.uint32).view(np.float32)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

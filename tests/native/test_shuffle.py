@@ -9,15 +9,10 @@ import pytest
 
 import reference as ref
 import tensorops_native as tn
-from tn_testing import FORMATS, SPATIALS, assert_same_bits, call_preserving, image_shape, require
+from tn_testing import FORMATS, SPATIALS, assert_same_bits, call_preserving, image_shape, random_bits, require
 
 TYPE0_PAIRS = [(2, 2), (2, 4), (8, 8), (16, 16), (16, 18), (30, 34), (64, 66), (0, 2), (6, 0)]
 TYPE1_HALVES = (1, 2, 3, 7, 8, 15, 16, 17, 31, 33, 64, 67)
-
-
-def random_bits(rng, shape):
-    """Random fp32 bit patterns: every exponent, denormals, infinities and NaN payloads."""
-    return rng.integers(0, 2**32, size=shape, dtype=np.uint64).astype(np.uint32).view(np.float32)
 
 
 def from_api(a, fmt):

@@ -18,6 +18,7 @@ from tensorops_native._native import ffi, lib
 
 import reference as ref
 import tensorops_native as tn
+from tensorops_native._info import ISA_NAMES
 
 U = 2.0**-24  # fp32 unit roundoff
 F32_TINY = 2.0**-149  # the smallest fp32 denormal: spacing of the denormal range
@@ -31,7 +32,12 @@ BATCHES = (1, 3)
 SPATIAL_DIMS = {1: (1, 1), 5: (5,), 16: (4, 4), 49: (7, 7), 3136: (56, 56)}
 FORMATS = ("nchw", "nhwc")
 FMT_CODE = {"nchw": 0, "nhwc": 1}
-LEVELS = ("scalar", "avx2", "avx512")
+LEVELS = ISA_NAMES  # scalar, avx2, avx512
+
+
+def random_bits(rng, shape):
+    """Random fp32 bit patterns: every exponent, denormals, infinities and NaN payloads."""
+    return rng.integers(0, 2**32, size=shape, dtype=np.uint64).astype(np.uint32).view(np.float32)
 
 
 def kernel_levels() -> list[str]:
