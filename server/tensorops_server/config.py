@@ -309,6 +309,27 @@ def help_of(f) -> str:
     return f.metadata["help"].replace("`", "")
 
 
+_UNITS = ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
+
+
+def shown_default(f) -> str:
+    """A field's default as a reader takes it in: 1 GiB, 30 (seconds), true, (none)."""
+    value = f.default
+    if f.metadata["shown"] is not None:
+        return f.metadata["shown"]
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value == "":
+        return "(none)"
+    if parse_of(f).unit == "bytes":
+        for size, unit in _UNITS:
+            if value % size == 0:
+                return f"{value // size} {unit}"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tensorops-server",
@@ -319,7 +340,7 @@ def parser() -> argparse.ArgumentParser:
     for f in fields(Config):
         # A boolean also takes the bare form: `--allow-shared-memory` is `--allow-shared-memory true`.
         bare = {"nargs": "?", "const": True} if parse_of(f) is _bool else {}
-        described = f"{help_of(f)} [{env_name(f.name)}, default {f.default!r}]"
+        described = f"{help_of(f)} [{env_name(f.name)}, default {shown_default(f)}]"
         p.add_argument(
             flag_name(f.name),
             dest=f.name,

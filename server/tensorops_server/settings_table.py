@@ -8,27 +8,7 @@ import re
 import sys
 from dataclasses import fields
 
-from .config import Config, env_name, flag_name, parse_of
-
-_UNITS = ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
-
-
-def shown_default(f) -> str:
-    """A field's default as a reader takes it in: 1 GiB, 30 (seconds), true, (none)."""
-    value = f.default
-    if f.metadata["shown"] is not None:
-        return f.metadata["shown"]
-    if isinstance(value, bool):
-        return str(value).lower()
-    if value == "":
-        return "(none)"
-    if parse_of(f).unit == "bytes":
-        for size, unit in _UNITS:
-            if value % size == 0:
-                return f"{value // size} {unit}"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
+from .config import Config, env_name, flag_name, parse_of, shown_default
 
 
 def _cell(text: str) -> str:
