@@ -208,7 +208,8 @@ void * TnSynetQuantizedInnerProductInitAlgorithm(size_t M, size_t N, size_t K, T
                                                  TnTensorDataType typeB, TnTensorDataType typeC, int transB, int constB,
                                                  int bias, int algorithm);
 
-/* Bytes held by the context: packed B, bias', scales. */
+/* Bytes held by the context: its own part, plus its state block (packed B, bias', scales)
+ * unless that block is the caller's (PlaceState, Attach). */
 size_t TnSynetQuantizedInnerProductInternalBufferSize(const void * context);
 
 /* Bytes of buf a Forward of the initialized M needs (0: buf is not used). */
@@ -227,6 +228,49 @@ const char * TnSynetQuantizedInnerProductInfo(const void * context);
 void TnSynetQuantizedInnerProductSetParams(void * context, const float * aScale, const uint8_t * aZero,
                                            const int8_t * b, const float * bScale, const int32_t * bias,
                                            const float * cScale, const uint8_t * cZero);
+
+/* N, K and transB of the context (0 for NULL). */
+void TnSynetQuantizedInnerProductShape(const void * context, size_t * N, size_t * K, int * transB);
+
+/*
+ * State in the caller's memory (constB contexts). The state block holds everything
+ * SetParams computes (scales, zero points, bias', packed B) behind a small header that
+ * describes it (magic, layout version, N, K, transB, bias, algorithm, a ready flag stored
+ * last). One context fills it in memory the caller provides, for example a shared mapping
+ * of a file; other contexts, in the same process or in any process mapping the same memory,
+ * attach to it without packing B again and compute bit-identical results.
+ */
+
+/* Bytes of the context's state block. */
+size_t TnSynetQuantizedInnerProductStateSize(const void * context);
+
+/* Moves the context's state block, before SetParams, to `state`: 64-byte aligned, `size` ==
+ * StateSize bytes, kept alive by the caller until the context is released (TnRelease does
+ * not free it). SetParams then fills it. Returns 0, or -1 (nothing changed) for a NULL or
+ * misaligned state, a wrong size, a context without constB, already filled or attached. */
+int TnSynetQuantizedInnerProductPlaceState(void * context, void * state, size_t size);
+
+/* What TnSynetQuantizedInnerProductCheckState finds in a state block. */
+typedef enum {
+    TnQipStateOk = 0,
+    TnQipStateMisaligned = 1, /* NULL, or not 64-byte aligned */
+    TnQipStateBadSize = 2,    /* size is not the block's size (truncated, or more) */
+    TnQipStateBadMagic = 3,   /* not a state block */
+    TnQipStateBadVersion = 4, /* made by a build with another layout */
+    TnQipStateNotReady = 5,   /* SetParams has not filled it (yet) */
+    TnQipStateCorrupt = 6,    /* header fields out of range or inconsistent */
+    TnQipStateUnavailable = 7 /* its algorithm is not allowed here: CPU, OS or the TENSOROPS_ISA cap */
+} TnQipStateStatus;
+
+/* Whether `size` bytes at `state` are a filled state block this process can attach to
+ * (TnQipStateStatus). Reads only. */
+int TnSynetQuantizedInnerProductCheckState(const void * state, size_t size);
+
+/* A new context for Forward of M rows over a filled state block (CheckState == Ok, else
+ * NULL; NULL also for M == 0 or a failed allocation). It reads the block and never writes
+ * it (SetParams does nothing); the block must outlive the context and not change.
+ * TnRelease frees the context only. */
+void * TnSynetQuantizedInnerProductAttach(const void * state, size_t size, size_t M);
 
 /* C (M x N) from A (M x K) for the initialized M. B: the INT8 matrix when constB is false
  * (ignored, may be NULL, otherwise). buf: ExternalBufferSize bytes, or NULL to let the

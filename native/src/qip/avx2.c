@@ -357,7 +357,7 @@ static void panel_tiles(const TnQip * q, size_t mb, const uint8_t * A, const int
     const size_t base = mb / tiles, extra = mb % tiles;
     const size_t width = wide ? 8 : 16; /* columns per tile */
     Tile t;
-    t.czero = q->cZero;
+    t.czero = q->state->cZero;
     t.ldc = q->N;
     t.lda = wide ? 4 * q->kqp : K;
     /* K blocks keep a slice of the panel in L1 for the next row tiles: with one tile

@@ -189,7 +189,7 @@ static void vnni_panel(const TnQip * q, size_t mb, const uint8_t * A, const int8
     t.lda = K;
     t.biasq = biasq;
     t.norm = norm;
-    t.czero = q->cZero;
+    t.czero = q->state->cZero;
     t.ldc = q->N;
     t.m0 = cols_mask(ncols);
     t.m1 = ncols > 16 ? cols_mask(ncols - 16) : 0;
@@ -302,7 +302,7 @@ static void pending_set(Pending * e, const TnQip * q, const int32_t * part, size
     e->ldc = q->N;
     e->m0 = cols_mask(ncols);
     e->m1 = ncols > 16 ? cols_mask(ncols - 16) : 0;
-    e->czero = q->cZero;
+    e->czero = q->state->cZero;
 }
 
 /* Up to n of the pending rows. */

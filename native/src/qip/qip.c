@@ -19,6 +19,7 @@
 #include "qip.h"
 
 #define TN_QIP_ALIGN 64
+#define TN_QIP_DIM_MAX ((size_t)1 << 40) /* bound of M and N */
 
 static size_t align_up(size_t n) { return (n + TN_QIP_ALIGN - 1) & ~(size_t)(TN_QIP_ALIGN - 1); }
 static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
@@ -172,28 +173,16 @@ static void describe(TnQip * q)
     }
 }
 
-void * TnSynetQuantizedInnerProductInitAlgorithm(size_t M, size_t N, size_t K, TnTensorDataType typeA,
-                                                 TnTensorDataType typeB, TnTensorDataType typeC, int transB, int constB,
-                                                 int bias, int algorithm)
+/* The sizes and blocking of a context for these arguments (everything but its state). */
+static void set_layout(TnQip * q, size_t M, size_t N, size_t K, int transB, int constB, int hasBias, int algo)
 {
-    if (typeA != TnTensorData8u || typeB != TnTensorData8i || typeC != TnTensorData8u)
-        return NULL;
-    if (M == 0 || N == 0 || K == 0 || K > TN_QIP_K_MAX || N > ((size_t)1 << 40) || M > ((size_t)1 << 40))
-        return NULL;
-    int algo = algorithm == TnQipAlgorithmAuto ? best_algorithm() : algorithm;
-    if (!algorithm_allowed(algo))
-        return NULL;
-
-    TnQip * q = (TnQip *)calloc(1, sizeof(TnQip));
-    if (q == NULL)
-        return NULL;
     q->release = qip_release;
     q->M = M;
     q->N = N;
     q->K = K;
     q->transB = transB != 0;
     q->constB = constB != 0;
-    q->hasBias = bias != 0;
+    q->hasBias = hasBias != 0;
     q->algo = algo;
     q->kq = (K + 3) / 4;
     q->kqp = algo == TN_QIP_AMX ? (q->kq + 15) & ~(size_t)15 : q->kq;
@@ -224,23 +213,71 @@ void * TnSynetQuantizedInnerProductInitAlgorithm(size_t M, size_t N, size_t K, T
          * keep a panel's slice (128 KB) in L2 for the next row blocks. */
         q->amx_kc = q->kqp <= 1024 ? q->kqp : 1024;
     }
+}
 
+static size_t state_vector_bytes(const TnQip * q) { return align_up(q->npad * sizeof(int32_t)); }
+
+/* Bytes of the state block (qip.h): header, norm, bias, bias', packed B. */
+static size_t state_size(const TnQip * q)
+{
     size_t packed = 0;
-    if (constB)
-        packed = algo == TN_QIP_SCALAR ? N * K : q->panels * q->kqp * TN_QIP_ROW_BYTES;
-    size_t vec = q->npad * sizeof(int32_t);
-    size_t total = 3 * align_up(vec) + align_up(packed);
-    uint8_t * mem = (uint8_t *)aligned_alloc(TN_QIP_ALIGN, total);
-    if (mem == NULL) {
+    if (q->constB)
+        packed = q->algo == TN_QIP_SCALAR ? q->N * q->K : q->panels * q->kqp * TN_QIP_ROW_BYTES;
+    return align_up(sizeof(TnQipState)) + 3 * state_vector_bytes(q) + align_up(packed);
+}
+
+/* Points the context's arrays into the state block at `base`. */
+static void bind_state(TnQip * q, uint8_t * base)
+{
+    const size_t vec = state_vector_bytes(q), at = align_up(sizeof(TnQipState));
+    q->state = (TnQipState *)base;
+    q->norm = (float *)(base + at);
+    q->bias = (int32_t *)(base + at + vec);
+    q->biasq = (int32_t *)(base + at + 2 * vec);
+    q->packed = q->constB ? (int8_t *)(base + at + 3 * vec) : NULL;
+}
+
+/* A new state block at `base`: the header describing the context, not ready, and the
+ * vectors zero (norm and bias' stay zero beyond N, where the drivers read whole panels). */
+static void init_state(TnQip * q, uint8_t * base)
+{
+    memset(base, 0, align_up(sizeof(TnQipState)) + 3 * state_vector_bytes(q));
+    bind_state(q, base);
+    TnQipState * s = q->state;
+    s->magic = TN_QIP_STATE_MAGIC;
+    s->version = TN_QIP_STATE_VERSION;
+    s->size = state_size(q);
+    s->N = q->N;
+    s->K = q->K;
+    s->transB = (uint32_t)q->transB;
+    s->hasBias = (uint32_t)q->hasBias;
+    s->algo = (uint32_t)q->algo;
+    s->kqp = (uint32_t)q->kqp;
+}
+
+void * TnSynetQuantizedInnerProductInitAlgorithm(size_t M, size_t N, size_t K, TnTensorDataType typeA,
+                                                 TnTensorDataType typeB, TnTensorDataType typeC, int transB, int constB,
+                                                 int bias, int algorithm)
+{
+    if (typeA != TnTensorData8u || typeB != TnTensorData8i || typeC != TnTensorData8u)
+        return NULL;
+    if (M == 0 || N == 0 || K == 0 || K > TN_QIP_K_MAX || N > TN_QIP_DIM_MAX || M > TN_QIP_DIM_MAX)
+        return NULL;
+    int algo = algorithm == TnQipAlgorithmAuto ? best_algorithm() : algorithm;
+    if (!algorithm_allowed(algo))
+        return NULL;
+
+    TnQip * q = (TnQip *)calloc(1, sizeof(TnQip));
+    if (q == NULL)
+        return NULL;
+    set_layout(q, M, N, K, transB, constB, bias, algo);
+    const size_t total = state_size(q);
+    q->mem = aligned_alloc(TN_QIP_ALIGN, total);
+    if (q->mem == NULL) {
         free(q);
         return NULL;
     }
-    memset(mem, 0, 3 * align_up(vec));
-    q->mem = mem;
-    q->norm = (float *)mem;
-    q->bias = (int32_t *)(mem + align_up(vec));
-    q->biasq = (int32_t *)(mem + 2 * align_up(vec));
-    q->packed = constB ? (int8_t *)(mem + 3 * align_up(vec)) : NULL;
+    init_state(q, (uint8_t *)q->mem);
     q->internal = sizeof(TnQip) + total;
     describe(q);
     return q;
@@ -277,23 +314,101 @@ const char * TnSynetQuantizedInnerProductInfo(const void * context)
     return context ? ((const TnQip *)context)->info : "";
 }
 
+void TnSynetQuantizedInnerProductShape(const void * context, size_t * N, size_t * K, int * transB)
+{
+    const TnQip * q = (const TnQip *)context;
+    *N = q ? q->N : 0;
+    *K = q ? q->K : 0;
+    *transB = q ? q->transB : 0;
+}
+
+size_t TnSynetQuantizedInnerProductStateSize(const void * context)
+{
+    return context ? state_size((const TnQip *)context) : 0;
+}
+
+static int is_aligned(const void * p) { return ((uintptr_t)p & (TN_QIP_ALIGN - 1)) == 0; }
+
+int TnSynetQuantizedInnerProductPlaceState(void * context, void * state, size_t size)
+{
+    TnQip * q = (TnQip *)context;
+    if (q == NULL || state == NULL || !is_aligned(state) || !q->constB || q->attached ||
+        __atomic_load_n(&q->state->ready, __ATOMIC_ACQUIRE) || size != state_size(q))
+        return -1;
+    free(q->mem);
+    q->mem = NULL;
+    init_state(q, (uint8_t *)state);
+    q->internal = sizeof(TnQip);
+    return 0;
+}
+
+int TnSynetQuantizedInnerProductCheckState(const void * state, size_t size)
+{
+    if (state == NULL || !is_aligned(state))
+        return TnQipStateMisaligned;
+    const TnQipState * s = (const TnQipState *)state;
+    if (size < sizeof(TnQipState))
+        return TnQipStateBadSize;
+    if (s->magic != TN_QIP_STATE_MAGIC)
+        return TnQipStateBadMagic;
+    if (s->version != TN_QIP_STATE_VERSION)
+        return TnQipStateBadVersion;
+    /* Acquire: what SetParams wrote before `ready` is visible from here on. */
+    if (__atomic_load_n(&s->ready, __ATOMIC_ACQUIRE) != 1)
+        return TnQipStateNotReady;
+    if (s->size != size)
+        return TnQipStateBadSize;
+    if (s->N == 0 || s->N > TN_QIP_DIM_MAX || s->K == 0 || s->K > TN_QIP_K_MAX || s->transB > 1 || s->hasBias > 1 ||
+        s->algo > TN_QIP_AMX)
+        return TnQipStateCorrupt;
+    /* The layout fields must be the ones this build derives from N, K and the algorithm. */
+    TnQip layout;
+    memset(&layout, 0, sizeof(layout));
+    set_layout(&layout, 1, (size_t)s->N, (size_t)s->K, (int)s->transB, 1, (int)s->hasBias, (int)s->algo);
+    if (layout.kqp != s->kqp || state_size(&layout) != size)
+        return TnQipStateCorrupt;
+    if (!algorithm_allowed((int)s->algo))
+        return TnQipStateUnavailable;
+    return TnQipStateOk;
+}
+
+void * TnSynetQuantizedInnerProductAttach(const void * state, size_t size, size_t M)
+{
+    if (M == 0 || M > TN_QIP_DIM_MAX || TnSynetQuantizedInnerProductCheckState(state, size) != TnQipStateOk)
+        return NULL;
+    const TnQipState * s = (const TnQipState *)state;
+    TnQip * q = (TnQip *)calloc(1, sizeof(TnQip));
+    if (q == NULL)
+        return NULL;
+    set_layout(q, M, (size_t)s->N, (size_t)s->K, (int)s->transB, 1, (int)s->hasBias, (int)s->algo);
+    /* Never written through: SetParams returns at once on an attached context. */
+    bind_state(q, (uint8_t *)(uintptr_t)state);
+    q->attached = 1;
+    q->internal = sizeof(TnQip);
+    describe(q);
+    return q;
+}
+
 void TnSynetQuantizedInnerProductSetParams(void * context, const float * aScale, const uint8_t * aZero,
                                            const int8_t * b, const float * bScale, const int32_t * bias,
                                            const float * cScale, const uint8_t * cZero)
 {
     TnQip * q = (TnQip *)context;
-    if (q == NULL)
+    if (q == NULL || q->attached)
         return;
-    q->aScale = *aScale;
-    q->aZero = *aZero;
-    q->cScale = *cScale;
-    q->cZero = *cZero;
+    TnQipState * s = q->state;
+    s->aScale = *aScale;
+    s->aZero = *aZero;
+    s->cScale = *cScale;
+    s->cZero = *cZero;
     for (size_t j = 0; j < q->N; ++j) {
-        float ab = q->aScale * bScale[j];
-        q->norm[j] = ab / q->cScale;
+        float ab = s->aScale * bScale[j];
+        q->norm[j] = ab / s->cScale;
         q->bias[j] = (q->hasBias && bias != NULL) ? bias[j] : 0;
     }
-    if (q->constB && b != NULL) {
+    if (q->constB && b == NULL)
+        return; /* not ready: Forward gives zeros */
+    if (q->constB) {
         int32_t colsum[TN_QIP_PANEL];
         if (q->algo == TN_QIP_SCALAR) {
             /* Transposed (N x K) so each column is contiguous. */
@@ -304,7 +419,7 @@ void TnSynetQuantizedInnerProductSetParams(void * context, const float * aScale,
                     dst[k] = q->transB ? b[j * q->K + k] : b[k * q->N + j];
                     sum += dst[k];
                 }
-                q->biasq[j] = (int32_t)((int64_t)q->bias[j] - (int64_t)q->aZero * sum);
+                q->biasq[j] = (int32_t)((int64_t)q->bias[j] - (int64_t)s->aZero * sum);
             }
         } else {
             for (size_t p = 0; p < q->panels; ++p) {
@@ -314,10 +429,9 @@ void TnSynetQuantizedInnerProductSetParams(void * context, const float * aScale,
                 tn_qip_panel_bias(q, j0, colsum, q->biasq + j0);
             }
         }
-        q->ready = 1;
-    } else if (!q->constB) {
-        q->ready = 1;
     }
+    /* Last: a context attaching to the block (CheckState) reads it only after this. */
+    __atomic_store_n(&s->ready, 1, __ATOMIC_RELEASE);
 }
 
 void TnSynetQuantizedInnerProductForwardRows(void * context, size_t M, const uint8_t * A, const uint8_t * B,
@@ -326,7 +440,7 @@ void TnSynetQuantizedInnerProductForwardRows(void * context, size_t M, const uin
     const TnQip * q = (const TnQip *)context;
     if (q == NULL || M == 0)
         return;
-    if (!q->ready || (!q->constB && B == NULL)) {
+    if (!__atomic_load_n(&q->state->ready, __ATOMIC_ACQUIRE) || (!q->constB && B == NULL)) {
         memset(C, 0, M * q->N);
         return;
     }

@@ -47,12 +47,37 @@ typedef enum {
     TN_QIP_AMX = 4          /* AMX-INT8 tdpbusd, with AVX-512 VNNI for small M */
 } TnQipAlgo;
 
+/* The state block of a context: this header, then norm, bias and bias' (npad values each)
+ * and, with constant B, packed B, each at a 64-byte boundary. One allocation of the
+ * context, or with constant B memory the caller placed (PlaceState). Init writes the layout
+ * fields, SetParams the scalars and the arrays, then `ready`, last. A context attached to
+ * the block (possibly in another process mapping the same memory) only reads it: hence
+ * fixed-size fields and no pointers. Bump TN_QIP_STATE_VERSION with any change to this
+ * header, to the order of the arrays or to the packed layout. */
+#define TN_QIP_STATE_MAGIC 0x50514e54u /* "TNQP" in memory */
+#define TN_QIP_STATE_VERSION 1u
+
+typedef struct {
+    uint32_t magic;
+    uint32_t version;
+    uint64_t size; /* bytes of the whole block */
+    uint64_t N, K;
+    uint32_t transB, hasBias;
+    uint32_t algo; /* TnQipAlgo */
+    uint32_t kqp;  /* rows of a packed panel */
+    float aScale, cScale;
+    uint8_t aZero, cZero;
+    uint8_t unused[2];
+    uint32_t ready; /* 1 once SetParams filled the block: stored with release, read with acquire */
+} TnQipState;
+_Static_assert(sizeof(TnQipState) == 64, "the state header fills one 64-byte line");
+
 typedef struct TnQip {
     void (*release)(void *); /* first member: TnRelease calls it */
     size_t M, N, K;
     int transB, constB, hasBias;
     int algo;               /* TnQipAlgo */
-    int ready;              /* SetParams was called */
+    int attached;           /* the state block is another context's: read only */
     size_t kq;              /* ceil(K / 4): quads of k */
     size_t kqp;             /* rows of a packed panel (kq, or kq rounded up to 16 for AMX) */
     size_t panels;          /* ceil(N / 32) */
@@ -61,14 +86,13 @@ typedef struct TnQip {
     size_t mc;              /* M block, in rows */
     size_t amx_kc;          /* AMX: K block, in quads (a multiple of 16) */
     size_t amx_min_m;       /* AMX: Forward with M >= this uses tiles, below it VNNI */
-    uint8_t aZero, cZero;
-    float aScale, cScale;
+    TnQipState * state;     /* start of the state block: header, scalars, ready */
     float * norm;           /* npad, zero beyond N */
     int32_t * bias;         /* npad: bias or 0 (needed again when B arrives per Forward) */
     int32_t * biasq;        /* npad: bias' = bias - aZero * colsum (constB only) */
     int8_t * packed;        /* constB: packed panels (SIMD) or B transposed, N x K (scalar) */
-    void * mem;             /* the one allocation behind norm, bias, biasq, packed */
-    size_t internal;        /* bytes held by the context */
+    void * mem;             /* the state block when the context allocated it, else NULL */
+    size_t internal;        /* bytes held by the context (the state block only when in mem) */
     char info[320];
 } TnQip;
 
@@ -94,7 +118,7 @@ void tn_qip_pack_panel(const int8_t * B, size_t N, size_t K, int transB, size_t 
 static inline void tn_qip_panel_bias(const TnQip * q, size_t j0, const int32_t * colsum, int32_t * dst)
 {
     for (size_t c = 0; c < TN_QIP_PANEL; ++c)
-        dst[c] = (int32_t)((int64_t)q->bias[j0 + c] - (int64_t)q->aZero * colsum[c]);
+        dst[c] = (int32_t)((int64_t)q->bias[j0 + c] - (int64_t)q->state->aZero * colsum[c]);
 }
 
 /* The scalar requantization every path reproduces. */

@@ -18,7 +18,7 @@ static int32_t dot_u8s8(const uint8_t * a, const int8_t * b, size_t K)
 void tn_qip_scalar_forward(const TnQip * q, size_t M, const uint8_t * A, const int8_t * B, uint8_t * buf, uint8_t * C)
 {
     const size_t N = q->N, K = q->K;
-    const int32_t cZero = q->cZero;
+    const int32_t cZero = q->state->cZero;
     TnQipScratch s;
     tn_qip_scratch_layout(q, M, &s);
     for (size_t j = 0; j < N; ++j) {
@@ -39,7 +39,7 @@ void tn_qip_scalar_forward(const TnQip * q, size_t M, const uint8_t * A, const i
             int32_t sum = 0;
             for (size_t k = 0; k < K; ++k)
                 sum += col[k];
-            biasq = (int32_t)((int64_t)q->bias[j] - (int64_t)q->aZero * sum);
+            biasq = (int32_t)((int64_t)q->bias[j] - (int64_t)q->state->aZero * sum);
         }
         const float norm = q->norm[j];
         for (size_t i = 0; i < M; ++i)
