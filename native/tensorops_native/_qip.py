@@ -17,6 +17,11 @@ finite in float32, a_scale and c_scale > 0, b_scale >= 0, norm finite.
 Threads: ``forward`` may run from several threads at once on one object (cffi releases
 the GIL around the C call); ``close`` waits for running forwards and then frees the
 context. Objects not closed are freed when garbage-collected.
+
+State in the caller's memory: a context's state (scales, bias', packed B, behind a header
+that describes them) can be packed straight into a buffer the caller allocates
+(``state=``), for example a shared mapping of a file, and other contexts, in this or any
+process mapping the same file, ``attach`` to it without packing B again.
 """
 
 from __future__ import annotations
@@ -61,6 +66,42 @@ def _scale(value, name: str) -> np.float32:
     if not scale > 0:
         raise ck.ArgumentError(name, f"must be > 0 in float32, got {value!r}")
     return scale
+
+
+# What TnSynetQuantizedInnerProductCheckState finds wrong with a state buffer.
+_STATE_PROBLEMS = {
+    lib.TnQipStateMisaligned: "the buffer must start at a 64-byte boundary (a memory mapping does)",
+    lib.TnQipStateBadSize: "the buffer's size is not the size of the state it holds (truncated or extended)",
+    lib.TnQipStateBadMagic: "the buffer does not hold a quantized inner product state (wrong magic number)",
+    lib.TnQipStateBadVersion: "the state was made by a build with another state layout",
+    lib.TnQipStateNotReady: "the state was never completely filled (its creator did not finish)",
+    lib.TnQipStateCorrupt: "the state's header is inconsistent (sizes or algorithm out of range)",
+}
+
+
+def _state_problem(status: int) -> str:
+    if status == lib.TnQipStateUnavailable:
+        return (
+            "the state was packed for an algorithm not available here: this CPU lacks it, or it is above "
+            f"the ISA level in effect ({ISA_NAMES[lib.TnActiveIsa()]}, see TENSOROPS_ISA)"
+        )
+    return _STATE_PROBLEMS[status]
+
+
+def _state_pointer(buffer, size: int | None, writable: bool):
+    """A C pointer to `buffer` (the argument `state`), which must be `size` bytes when
+    given. The pointer keeps the buffer exported (a mapping cannot be closed under it)
+    until ffi.release: every path that refuses the buffer releases it first, so that the
+    caller can close it at once (and no traceback keeps it exported)."""
+    kind = "a writable buffer" if writable else "a buffer"
+    try:
+        ptr = ffi.from_buffer("uint8_t[]", buffer, require_writable=writable)
+    except (TypeError, BufferError):  # BufferError: a read-only buffer where writable is required
+        raise ck.ArgumentTypeError("state", f"expected {kind}, got {type(buffer).__name__}") from None
+    if size is not None and len(ptr) != size:
+        ffi.release(ptr)
+        raise ck.ArgumentError("state", f"expected a buffer of {size} bytes (state_size), got {len(ptr)}")
+    return ptr
 
 
 def _algorithm(value) -> int:
@@ -126,11 +167,12 @@ class _Params:
             ffi.new("uint8_t *", self.c_zero),
         )
 
-    def check_a(self, a) -> np.ndarray:
-        a = _typed_matrix(a, "a", np.uint8)
-        if a.shape[1] != self.k:
-            raise ck.ArgumentError("a", f"expected shape (M, {self.k}) to match K of b, got {a.shape}")
-        return a
+
+def _check_a(a, k: int) -> np.ndarray:
+    a = _typed_matrix(a, "a", np.uint8)
+    if a.shape[1] != k:
+        raise ck.ArgumentError("a", f"expected shape (M, {k}) to match K of b, got {a.shape}")
+    return a
 
 
 def _init(m: int, p: _Params, const_b: bool, algorithm: int):
@@ -165,22 +207,86 @@ class QuantizedInnerProduct:
     ``ALGORITHMS`` ('scalar', 'avx2', 'avx2-vnni', 'avx512-vnni', 'amx'), for testing and
     benchmarking; ValueError if this CPU or ISA level cannot run it. ``info`` names the
     implementation selected.
+
+    ``state`` (None: the context allocates its own) is a callable ``allocate(nbytes)``
+    returning a writable buffer of exactly nbytes (``state_size``), 64-byte aligned (a
+    memory mapping is): called once, and the state (scales, bias', packed B) is packed
+    straight into it. The object keeps the buffer exported (an mmap cannot be closed under
+    it) until ``close``. ``attach`` makes further objects over the filled buffer.
+
+    ``internal_buffer_size`` is the memory the object's context holds: its state included
+    when it allocated it, only its own small part when the state is the caller's
+    (``state=``, ``attach``). ``state_size`` is the size of the state either way.
     """
 
     def __init__(
-        self, b, *, b_scale, a_scale, a_zero, c_scale, c_zero, bias=None, trans_b=False, max_m=1, algorithm=None
+        self,
+        b,
+        *,
+        b_scale,
+        a_scale,
+        a_zero,
+        c_scale,
+        c_zero,
+        bias=None,
+        trans_b=False,
+        max_m=1,
+        algorithm=None,
+        state=None,
     ):
         self._ctx = None
         p = _Params(b, b_scale, a_scale, a_zero, c_scale, c_zero, bias, trans_b)
-        self.max_m = ck.integer(max_m, "max_m", minimum=1, maximum=2**40)
-        ctx = ffi.gc(_init(self.max_m, p, True, _algorithm(algorithm)), lib.TnRelease)
-        p.set_params(ctx, with_b=True)
-        self._p = p
-        self.n, self.k, self.trans_b = p.n, p.k, p.trans_b
-        p.b = None  # packed into the context; the caller's array is not kept
+        max_m = ck.integer(max_m, "max_m", minimum=1, maximum=2**40)
+        if state is not None and not callable(state):
+            raise ck.ArgumentTypeError(
+                "state", f"expected None or a callable allocate(nbytes) -> buffer, got {type(state).__name__}"
+            )
+        ctx = ffi.gc(_init(max_m, p, True, _algorithm(algorithm)), lib.TnRelease)
+        state_ptr = None
+        if state is not None:
+            size = int(lib.TnSynetQuantizedInnerProductStateSize(ctx))
+            state_ptr = _state_pointer(state(size), size, writable=True)
+            if lib.TnSynetQuantizedInnerProductPlaceState(ctx, state_ptr, size) != 0:
+                # A new constant-B context and the size checked: only the alignment is left.
+                ffi.release(state_ptr)
+                raise ck.ArgumentError("state", _STATE_PROBLEMS[lib.TnQipStateMisaligned])
+        p.set_params(ctx, with_b=True)  # packs B: the caller's array is not kept
+        self._setup(ctx, max_m, state_ptr)
+
+    @classmethod
+    def attach(cls, state, *, max_m=1) -> QuantizedInnerProduct:
+        """A new object over a state another object filled (``state=``), possibly in another
+        process mapping the same file: nothing is packed again, results are bit-identical.
+        ``state`` is a buffer (read-only accepted) of exactly the state's size, 64-byte
+        aligned, and must not change while attached; the object keeps it exported until
+        ``close``. ValueError (naming ``state``) when it is not a filled state this process
+        can use: truncated, not a state, made by another build, its algorithm unavailable
+        under this CPU or ISA level."""
+        max_m = ck.integer(max_m, "max_m", minimum=1, maximum=2**40)
+        ptr = _state_pointer(state, None, writable=False)
+        status = lib.TnSynetQuantizedInnerProductCheckState(ptr, len(ptr))
+        if status != lib.TnQipStateOk:
+            ffi.release(ptr)
+            raise ck.ArgumentError("state", _state_problem(status))
+        ctx = lib.TnSynetQuantizedInnerProductAttach(ptr, len(ptr), max_m)
+        if ctx == ffi.NULL:
+            ffi.release(ptr)
+            raise MemoryError("quantized inner product: context allocation failed")
+        attached = cls.__new__(cls)
+        attached._setup(ffi.gc(ctx, lib.TnRelease), max_m, ptr)
+        return attached
+
+    def _setup(self, ctx, max_m: int, state_ptr) -> None:
+        """What every object holds beside its context, read from the context."""
+        self.max_m = max_m
+        self._state = state_ptr  # the caller's state buffer, or None
+        n, k, trans_b = ffi.new("size_t *"), ffi.new("size_t *"), ffi.new("int *")
+        lib.TnSynetQuantizedInnerProductShape(ctx, n, k, trans_b)
+        self.n, self.k, self.trans_b = int(n[0]), int(k[0]), bool(trans_b[0])
         self.info = ffi.string(lib.TnSynetQuantizedInnerProductInfo(ctx)).decode()
         self.internal_buffer_size = int(lib.TnSynetQuantizedInnerProductInternalBufferSize(ctx))
         self.external_buffer_size = int(lib.TnSynetQuantizedInnerProductExternalBufferSize(ctx))
+        self.state_size = int(lib.TnSynetQuantizedInnerProductStateSize(ctx))
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._active = 0
@@ -223,7 +329,7 @@ class QuantizedInnerProduct:
     def forward(self, a, *, out=None) -> np.ndarray:
         """C (M, N) uint8 from a (M, K) uint8, for any M (0 included); written into `out`
         (uint8 (M, N)) when given."""
-        a = self._p.check_a(a)
+        a = _check_a(a, self.k)
         m = a.shape[0]
         c = ck.output(out, (m, self.n), np.dtype(np.uint8), (a,))
         if m == 0:
@@ -258,13 +364,17 @@ class QuantizedInnerProduct:
         return self._ctx is None
 
     def close(self) -> None:
-        """Free the context, after the forwards running now have finished. Idempotent."""
+        """Free the context, after the forwards running now have finished, then let go of
+        the caller's state buffer. Idempotent."""
         with self._lock:
             ctx, self._ctx = self._ctx, None
             while self._active:
                 self._idle.wait()
         if ctx is not None:
             ffi.release(ctx)
+            if self._state is not None:
+                ffi.release(self._state)
+                self._state = None
 
     def __enter__(self):
         return self
@@ -283,7 +393,7 @@ def quantized_inner_product(
     """One-shot C = A x B requantized (the context takes B with the call: constB = false).
     Arguments as for QuantizedInnerProduct; a: uint8 (M, K)."""
     p = _Params(b, b_scale, a_scale, a_zero, c_scale, c_zero, bias, trans_b)
-    a = p.check_a(a)
+    a = _check_a(a, p.k)
     algo = _algorithm(algorithm)
     m = a.shape[0]
     c = np.empty((m, p.n), np.uint8)
