@@ -1,8 +1,10 @@
 /*
  * Quantized inner product (seed 004): the context. Init picks the algorithm once (from
  * TnActiveIsa() and the CPU feature bits), SetParams precomputes norm and bias' and packs
- * a constant B, Forward runs the selected driver. See qip.h for the math and the packed
- * layout, tensorops.h for the contract.
+ * a constant B into the context's state block, Forward runs the selected driver. The state
+ * block is the context's own allocation, memory the caller placed (PlaceState), or another
+ * context's filled block it attached to (Attach). See qip.h for the math, the packed layout
+ * and the state block, tensorops.h for the contract.
  */
 #include <cpuid.h>
 #include <pthread.h>
