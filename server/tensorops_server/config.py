@@ -9,15 +9,17 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import os
+import pathlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from tensorops.protocol.wire import DEFAULT_MAX_MESSAGE_BYTES
-
 ENV_PREFIX = "TENSOROPS_"
 HEALTH_WATCHES_PER_CONNECTION = 8  # a client watches a few services, one stream each
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# The client's default too (tensorops.protocol.wire.DEFAULT_MAX_MESSAGE_BYTES, held equal by a
+# test): importing the client's package here would bring grpc into the workers' supervisor.
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
 class Parser:
@@ -98,8 +100,68 @@ def setting(default, parse: Parser, help_text: str, *, shown: str | None = None)
     return field(default=default, metadata={"parse": parse, "help": help_text, "shown": shown})
 
 
-def _default_workers() -> int:
+def _default_threads() -> int:
     return max(4, min(64, 2 * (os.cpu_count() or 1)))
+
+
+CGROUP_ROOT = pathlib.Path("/sys/fs/cgroup")
+
+
+def cgroup_cpu_limit(root: pathlib.Path, proc_cgroup: str) -> float | None:
+    """The CPUs a cgroup quota grants this process (1.5: 150 ms of CPU time per 100 ms), the
+    tightest of its cgroup and every parent's, or None without a quota. `proc_cgroup` is the
+    text of /proc/self/cgroup; `root` where the hierarchies are mounted. cgroup v2 writes
+    `cpu.max` ("max 100000" or "200000 100000"); v1 `cpu.cfs_quota_us` (-1: none) and
+    `cpu.cfs_period_us` in the cpu controller's hierarchy."""
+    limits = []
+    for line in proc_cgroup.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2: one hierarchy at the root
+            bases = [root]
+        elif "cpu" in controllers.split(","):  # v1: the cpu controller's own hierarchy
+            bases = [root / name for name in ("cpu", "cpu,cpuacct", "cpuacct,cpu")]
+        else:
+            continue
+        for base in bases:
+            # Inside a container the hierarchy is often mounted at the container's own cgroup
+            # while the path names the host's: the directories that exist are the ones that count.
+            directory = base / path.lstrip("/")
+            while True:
+                limits.append(_quota_of(directory))
+                if directory == base or base not in directory.parents:
+                    break
+                directory = directory.parent
+    found = [limit for limit in limits if limit is not None]
+    return min(found) if found else None
+
+
+def _quota_of(directory: pathlib.Path) -> float | None:
+    try:
+        if (directory / "cpu.max").exists():
+            quota, period = (directory / "cpu.max").read_text().split()[:2]
+        else:
+            quota = (directory / "cpu.cfs_quota_us").read_text().strip()
+            period = (directory / "cpu.cfs_period_us").read_text().strip()
+        if quota in ("max", "-1") or int(period) <= 0:
+            return None
+        return int(quota) / int(period)
+    except (OSError, ValueError):
+        return None
+
+
+def usable_cpus(affinity: int, cgroup_limit: float | None) -> int:
+    """CPUs this process may keep busy: those it may run on, capped by the cgroup quota,
+    rounded down (a quota of 1.5 CPUs keeps one worker busy without throttling), at least 1."""
+    cpus = affinity if cgroup_limit is None else min(affinity, int(cgroup_limit))
+    return max(1, cpus)
+
+
+def _default_workers() -> int:
+    try:
+        proc_cgroup = pathlib.Path("/proc/self/cgroup").read_text()
+    except OSError:
+        proc_cgroup = ""
+    return usable_cpus(len(os.sched_getaffinity(0)), cgroup_cpu_limit(CGROUP_ROOT, proc_cgroup))
 
 
 @dataclass(frozen=True)
@@ -116,7 +178,15 @@ class Config:
     workers: int = setting(
         _default_workers(),
         _positive(int),
-        "threads running large calls, session creation and forwards (kernels release the GIL)",
+        "server processes accepting calls on the same port, started and restarted by a supervisor (1: one "
+        "process, no supervisor); the per-process caps below (calls, bytes in flight, connections, health "
+        "watches, pending requests) are the server's totals, shared out among the workers",
+        shown="usable CPUs (affinity, cgroup quota)",
+    )
+    threads: int = setting(
+        _default_threads(),
+        _positive(int),
+        "threads of each worker running large calls, session creation and forwards (kernels release the GIL)",
         shown="2 x CPUs (4 to 64)",
     )
     max_concurrent_rpcs: int = setting(

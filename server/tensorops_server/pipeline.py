@@ -138,7 +138,7 @@ class CallPipeline:
     def __init__(self, config: Config, metrics: Metrics):
         self.config = config
         self.metrics = metrics
-        self.executor = Executor(config.workers, config.inline_bytes)
+        self.executor = Executor(config.threads, config.inline_bytes)
         self.auth = Authenticator(config.auth_tokens, config.auth_token_file, certificates=bool(config.tls_client_ca))
         self.admission = Admission(
             max_pending=config.max_pending_requests,

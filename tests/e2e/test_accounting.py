@@ -192,7 +192,7 @@ def test_unread_responses_count_and_a_stalled_connection_is_cut_off(start_server
         str(age),
         "--max-connection-age-grace",
         str(grace),
-        "--workers",
+        "--threads",
         "2",
     )
     args, expected = layer_norm_case()

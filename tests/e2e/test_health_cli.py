@@ -63,7 +63,7 @@ def test_usage_errors():
 def test_draining_server_is_not_healthy(start_server):
     """After SIGTERM, while a call still runs, health checks fail (the balancer and the
     orchestrator stop sending traffic) and the call in flight completes."""
-    srv = start_server("--grace", "30", "--workers", "2")
+    srv = start_server("--grace", "30", "--threads", "2")
     assert health("--address", srv.target).returncode == 0
     long_call = LongCall(srv, rows=6144)  # a second or more: still running after the health check
     srv.signal()

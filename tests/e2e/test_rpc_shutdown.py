@@ -14,7 +14,7 @@ from rpc_server import LongCall
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_call_in_flight_completes_and_exit_is_clean(start_server, signum):
-    srv = start_server("--grace", "30", "--workers", "2")
+    srv = start_server("--grace", "30", "--threads", "2")
     long_call = LongCall(srv)
     signalled = time.monotonic()
     srv.signal(signum)

@@ -111,7 +111,7 @@ class StalledStreams:
 
 def test_stalled_streams_hold_no_worker_and_time_out(start_server):
     srv = start_server(
-        "--workers", "2", "--max-concurrent-rpcs", "4", "--read-timeout", "2", "--max-pending-requests", "16"
+        "--threads", "2", "--max-concurrent-rpcs", "4", "--read-timeout", "2", "--max-pending-requests", "16"
     )
     stalled = StalledStreams(srv.port, streams=12)  # more than workers and the concurrency limit
     try:
@@ -219,7 +219,7 @@ def test_failed_calls_free_their_requests_at_once(start_server):
 
 
 def test_a_long_product_stops_at_its_deadline(start_server):
-    srv = start_server("--workers", "1", env=SLOW_KERNELS)
+    srv = start_server("--threads", "1", env=SLOW_KERNELS)
     rng = np.random.default_rng(1)
     a = rng.integers(0, 256, (8192, 2048), dtype=np.uint8)  # 16 MiB in, 8192 x 2048 x 2048 multiply-adds:
     b = rng.integers(-128, 128, (2048, 2048), dtype=np.int8)  # seconds of work
@@ -263,7 +263,7 @@ def test_floods_past_the_inflight_cap_are_shed_and_memory_stays_bounded(start_se
     """Six client processes send 16 MiB softmax calls (each charges 48 MiB: request,
     result and response) against a 64 MiB in-flight cap, while this process probes the
     health service."""
-    srv = start_server("--max-inflight-bytes", str(64 << 20), "--workers", "2")
+    srv = start_server("--max-inflight-bytes", str(64 << 20), "--threads", "2")
     peak = [resident_bytes(srv.proc.pid)]
     stop = threading.Event()
 
@@ -468,7 +468,7 @@ def test_a_port_in_use_is_a_clean_startup_failure(tmp_path):
 
 
 def test_sigterm_exits_within_the_grace_period_whatever_runs(start_server):
-    srv = start_server("--grace", "1", "--drain-delay", "0", "--workers", "1", env=SLOW_KERNELS)
+    srv = start_server("--grace", "1", "--drain-delay", "0", "--threads", "1", env=SLOW_KERNELS)
     rng = np.random.default_rng(6)
     a = rng.integers(0, 256, (8192, 2048), dtype=np.uint8)
     b = rng.integers(-128, 128, (2048, 2048), dtype=np.int8)

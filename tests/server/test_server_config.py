@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import pathlib
 import re
 import socket
@@ -26,6 +27,69 @@ def test_defaults_suit_localhost():
     assert (c.host, c.port, c.metrics_port) == ("127.0.0.1", 50051, 9100)
     assert c.max_message_bytes == DEFAULT_MAX_MESSAGE_BYTES  # the client's default too
     assert c.workers >= 1 and c.log_level == "info" and c.session_ttl > 0
+
+
+def write_files(directory: pathlib.Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (directory / name).parent.mkdir(parents=True, exist_ok=True)
+        (directory / name).write_text(text)
+
+
+@pytest.mark.parametrize(
+    ("files", "proc_cgroup", "limit"),
+    [
+        # cgroup v2: one hierarchy; the tightest quota of the cgroup and its parents counts
+        ({"cpu.max": "max 100000\n"}, "0::/\n", None),
+        ({"cpu.max": "200000 100000\n"}, "0::/\n", 2.0),
+        ({"cpu.max": "150000 100000\n"}, "0::/\n", 1.5),
+        (
+            {"kubepods/cpu.max": "400000 100000\n", "kubepods/pod1/cpu.max": "max 100000\n"},
+            "0::/kubepods/pod1\n",
+            4.0,
+        ),
+        (
+            {"a/cpu.max": "300000 100000\n", "a/b/cpu.max": "50000 100000\n"},
+            "0::/a/b\n",
+            0.5,
+        ),
+        # cgroup v1: the cpu controller's hierarchy, under either of its usual names
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, "4:cpu,cpuacct:/\n", None),
+        (
+            {"cpu,cpuacct/cpu.cfs_quota_us": "300000\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"},
+            "5:memory:/x\n4:cpu,cpuacct:/\n",
+            3.0,
+        ),
+        # a container whose hierarchy is mounted at its own cgroup while the path names the host's
+        (
+            {"cpu/cpu.cfs_quota_us": "250000\n", "cpu/cpu.cfs_period_us": "100000\n"},
+            "4:cpu:/docker/0123abcd\n",
+            2.5,
+        ),
+        # hybrid: a v2 line without cpu.max and a v1 cpu hierarchy without a quota
+        ({"unified/cgroup.procs": ""}, "1:cpu:/\n0::/\n", None),
+        ({}, "", None),
+    ],
+)
+def test_cgroup_cpu_limit_of_v1_and_v2_files(tmp_path, files, proc_cgroup, limit):
+    write_files(tmp_path, files)
+    assert config.cgroup_cpu_limit(tmp_path, proc_cgroup) == limit
+
+
+@pytest.mark.parametrize(
+    ("affinity", "limit", "cpus"),
+    [(16, None, 16), (16, 2.0, 2), (16, 1.5, 1), (16, 0.5, 1), (2, 8.0, 2), (1, None, 1), (4, 3.99, 3)],
+)
+def test_usable_cpus_are_the_affinity_capped_by_the_quota_rounded_down_at_least_one(affinity, limit, cpus):
+    assert config.usable_cpus(affinity, limit) == cpus
+
+
+def test_default_workers_are_this_process_usable_cpus():
+    proc_cgroup = pathlib.Path("/proc/self/cgroup").read_text()
+    expected = config.usable_cpus(
+        len(os.sched_getaffinity(0)), config.cgroup_cpu_limit(pathlib.Path("/sys/fs/cgroup"), proc_cgroup)
+    )
+    assert config.Config().workers == config.load([], environ={}).workers == expected
+    assert 1 <= expected <= (os.cpu_count() or 1)
 
 
 def test_environment_then_flags():
@@ -123,7 +187,8 @@ def test_settings_table_rows():
         "--allow-shared-memory": ("TENSOROPS_ALLOW_SHARED_MEMORY", "true or false", "false"),
         "--log-level": ("TENSOROPS_LOG_LEVEL", "one of debug, info, warning, error", "info"),
         "--tls-cert": ("TENSOROPS_TLS_CERT", "file path", "(none)"),
-        "--workers": ("TENSOROPS_WORKERS", "integer > 0", "2 x CPUs (4 to 64)"),
+        "--workers": ("TENSOROPS_WORKERS", "integer > 0", "usable CPUs (affinity, cgroup quota)"),
+        "--threads": ("TENSOROPS_THREADS", "integer > 0", "2 x CPUs (4 to 64)"),
         "--instance-name": ("TENSOROPS_INSTANCE_NAME", "name", "host name"),
     }
     cells = {row.split(" | ")[0][3:-1]: row.split(" | ")[1:4] for row in rows}
@@ -264,17 +329,22 @@ def test_bad_values_are_explained(argv, message):
     assert message in done.stderr and "invalid" not in done.stderr
 
 
-def test_a_port_in_use_is_named_in_a_json_line_and_grpc_lines_are_json_too():
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_port_in_use_is_named_in_a_json_line_and_grpc_lines_are_json_too(workers):
+    """One process: gRPC's bind fails; several: the supervisor's, before any worker starts."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = server_cli("--port", str(port), "--metrics-port", "-1")
+        done = server_cli("--port", str(port), "--metrics-port", "-1", "--workers", str(workers))
     assert done.returncode == 1
     lines = [json.loads(line) for line in done.stderr.splitlines() if line.strip()]  # every line is JSON
     failure = next(line for line in lines if line["event"] == "cannot start")
     assert failure["level"] == "error"
     assert failure["error"] == f"cannot listen on 127.0.0.1:{port}: address already in use"
+    if workers > 1:
+        assert not [line for line in lines if line.get("worker")], "no worker started"
+        return
     # gRPC core's own line about it, which it writes to the descriptor itself, came through the logger
     from_grpc = [line for line in lines if line["logger"] == "tensorops_server.grpc"]
     assert from_grpc and "Address already in use" in from_grpc[0]["event"] and from_grpc[0]["level"] == "error"

@@ -25,8 +25,9 @@ from tensorops_server import Config, TensorOpsServer
 
 ROWS = {**table.OPERATIONS, "QuantizedInnerProduct": table.CREATE_SESSION}
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-# Arguments of a call rather than of the operation (the clients' own, and native `out=`).
-CALL_ONLY = {"self", "out", "timeout", "metadata"}
+# Arguments of a call rather than of the operation (the clients' own, native `out=`, and the
+# session memory the server gives a session's context: `state=`).
+CALL_ONLY = {"self", "out", "timeout", "metadata", "state"}
 
 
 def _parameters(fn, drop=()) -> tuple:
@@ -79,7 +80,7 @@ def server(monkeypatch):
     started = []
 
     def start() -> str:
-        s = TensorOpsServer(Config(port=0, metrics_port=-1, workers=2, grace=0.5))
+        s = TensorOpsServer(Config(port=0, metrics_port=-1, threads=2, grace=0.5))
         s.start()
         started.append(s)
         return f"127.0.0.1:{s.port}"

@@ -53,7 +53,7 @@ class ServerProcess:
             str(port),
             "--metrics-port",
             "0",
-            "--workers",
+            "--threads",
             "4",
             *self.flags,
         ]
@@ -114,7 +114,9 @@ class ServerProcess:
 
 
 def metric_value(text: str, name: str, **labels) -> float:
-    """The value of one sample of the Prometheus text format (0 if absent)."""
+    """The sum of the samples of the Prometheus text format with these labels (and maybe
+    others, such as the `worker` of a server of several processes); 0 if absent."""
+    total = 0.0
     for line in text.splitlines():
         if line.startswith("#") or not line.startswith(name):
             continue
@@ -126,8 +128,8 @@ def metric_value(text: str, name: str, **labels) -> float:
         else:
             metric, found = series, {}
         if metric == name and all(found.get(k) == str(v) for k, v in labels.items()):
-            return float(value)
-    return 0.0
+            total += float(value)
+    return total
 
 
 # A ServerReflectionRequest, encoded by hand: list_services is field 7 (the same numbers in
