@@ -589,6 +589,8 @@ class ServerInfo(TypedDict):
     kernels: dict[str, str]
     operations: list[str]
     workers: int
+    worker: int
+    threads: int
     instance: str
     limits: ServerLimits
 
@@ -618,6 +620,8 @@ def server_info(msg: tensorops_pb2.ServerInfo) -> ServerInfo:
         "kernels": dict(msg.kernels),
         "operations": list(msg.operations),
         "workers": msg.workers,
+        "worker": msg.worker,
+        "threads": msg.threads,
         "instance": msg.instance,
         "limits": {
             "max_message_bytes": limits.max_message_bytes,

@@ -42,7 +42,7 @@ def functions() -> str:
     )
     rows.append(
         "| `info()` | GetServerInfo | | version, ISA level, CPU features, kernels, limits, operations, "
-        "instance (which server answered) |"
+        "instance (which server answered), workers (its processes), worker (which answered), threads |"
     )
     return "\n".join(rows)
 

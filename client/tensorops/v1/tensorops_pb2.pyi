@@ -401,7 +401,7 @@ class ServerLimits(_message.Message):
     def __init__(self, max_message_bytes: _Optional[int] = ..., max_tensor_bytes: _Optional[int] = ..., max_ndim: _Optional[int] = ..., max_sessions: _Optional[int] = ..., max_session_bytes: _Optional[int] = ..., session_ttl_seconds: _Optional[float] = ...) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("version", "isa", "cpu_features", "kernels", "limits", "operations", "workers", "instance")
+    __slots__ = ("version", "isa", "cpu_features", "kernels", "limits", "operations", "workers", "instance", "worker", "threads")
     class KernelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -417,6 +417,8 @@ class ServerInfo(_message.Message):
     OPERATIONS_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
     version: str
     isa: str
     cpu_features: _containers.RepeatedScalarFieldContainer[str]
@@ -425,4 +427,6 @@ class ServerInfo(_message.Message):
     operations: _containers.RepeatedScalarFieldContainer[str]
     workers: int
     instance: str
-    def __init__(self, version: _Optional[str] = ..., isa: _Optional[str] = ..., cpu_features: _Optional[_Iterable[str]] = ..., kernels: _Optional[_Mapping[str, str]] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ..., operations: _Optional[_Iterable[str]] = ..., workers: _Optional[int] = ..., instance: _Optional[str] = ...) -> None: ...
+    worker: int
+    threads: int
+    def __init__(self, version: _Optional[str] = ..., isa: _Optional[str] = ..., cpu_features: _Optional[_Iterable[str]] = ..., kernels: _Optional[_Mapping[str, str]] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ..., operations: _Optional[_Iterable[str]] = ..., workers: _Optional[int] = ..., instance: _Optional[str] = ..., worker: _Optional[int] = ..., threads: _Optional[int] = ...) -> None: ...
