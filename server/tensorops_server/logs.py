@@ -20,6 +20,17 @@ import threading
 import time
 
 LOGGER = "tensorops_server"
+# Fields every record of this process carries: a worker's id among the supervisor's workers.
+_PROCESS_FIELDS: dict = {}
+
+
+def set_process_fields(**values) -> None:
+    """Add `values` to every record this process logs from now on (a worker's `worker`)."""
+    _PROCESS_FIELDS.update(values)
+
+
+def _fields_of(record: logging.LogRecord) -> dict:
+    return {**_PROCESS_FIELDS, **getattr(record, "fields", {})}
 
 
 def fields(**values) -> dict:
@@ -34,7 +45,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "event": record.getMessage(),
         }
-        entry.update(getattr(record, "fields", {}))
+        entry.update(_fields_of(record))
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
@@ -42,7 +53,7 @@ class JsonFormatter(logging.Formatter):
 
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        extra = " ".join(f"{k}={v}" for k, v in getattr(record, "fields", {}).items())
+        extra = " ".join(f"{k}={v}" for k, v in _fields_of(record).items())
         line = f"{self.formatTime(record)} {record.levelname.lower():7} {record.getMessage()} {extra}".rstrip()
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
