@@ -7,9 +7,11 @@ The server, at most (the bound stated in server/tensorops_server/admission.py): 
 in flight (--max-inflight-bytes: requests, responses and what they allocate, until the
 response is sent) + the requests still arriving (--max-pending-requests messages of
 --max-message-bytes in gRPC's buffers, and one more being copied out) + the sessions
-(--max-session-bytes) + the shared-memory regions when they are served
-(--max-shared-memory-bytes) + memory-backed volumes (/tmp) + SERVER_OVERHEAD, the
-server's own.
+(--max-session-bytes, held in /dev/shm, whose size must hold them) + the shared-memory
+regions when they are served (--max-shared-memory-bytes) + memory-backed volumes (/tmp) +
+SERVER_OVERHEAD for each worker process, the server's own (one per CPU of the container's
+limit unless TENSOROPS_WORKERS says otherwise) + IDLE_PROCESS for the supervisor and the
+reserve worker of a server of several.
 
 Envoy, at most: the smaller of what its buffers may hold (streams x (retry buffer + a
 flow-control window each way)) and its heap cap (the overload manager sheds streams and
@@ -37,6 +39,9 @@ MiB = 1 << 20
 # what the allocator keeps after large calls. Measured: 71 MiB idle, 320 MiB after 4
 # threads made 10 softmax and 10 abs calls of 8 MiB each (nothing in flight by then).
 SERVER_OVERHEAD = 352 * MiB
+# A process that serves no call: the supervisor (about 45 MiB) and the reserve worker (as
+# an idle server, 71 MiB).
+IDLE_PROCESS = 72 * MiB
 # Envoy without traffic: 65 MiB with 2 worker threads (each container sets --concurrency:
 # by default Envoy runs a worker per CPU of the node).
 ENVOY_OVERHEAD = 128 * MiB
@@ -60,7 +65,9 @@ def quantity(text: str | int, docker: bool = False) -> int:
 class Container:
     where: str
     limit: int
-    memory_volumes: int  # bytes of memory-backed volumes (tmpfs) it mounts
+    memory_volumes: int  # bytes of memory-backed volumes (tmpfs) it mounts, /dev/shm aside
+    cpus: float | None = None  # its CPU limit
+    shm: int = 0  # bytes of its /dev/shm (the state the workers share: the sessions)
 
 
 def image_environment() -> dict[str, str]:
@@ -76,7 +83,24 @@ def server_config(environment: dict[str, str], args: list[str]):
     return config.load(args, {**image_environment(), **environment})
 
 
-def server_worst_case(cfg, memory_volumes: int) -> dict[str, int]:
+def workers_of(container: Container, environment: dict[str, str], cfg) -> int:
+    """The worker processes of the server in `container`: TENSOROPS_WORKERS, else one per CPU
+    of its limit (the server's default, from its cgroup quota)."""
+    from tensorops_server import config
+
+    if "TENSOROPS_WORKERS" in environment:
+        return cfg.workers
+    assert container.cpus is not None, f"{container.where}: no CPU limit, so a worker per CPU of the host"
+    return config.usable_cpus(1 << 16, container.cpus)
+
+
+def check_server(container: Container, environment: dict[str, str], args: list[str]) -> None:
+    cfg = server_config(environment, args)
+    assert container.shm >= cfg.max_session_bytes, f"{container.where}: /dev/shm cannot hold the sessions"
+    check(container, server_worst_case(cfg, container.memory_volumes, workers_of(container, environment, cfg)))
+
+
+def server_worst_case(cfg, memory_volumes: int, workers: int = 1) -> dict[str, int]:
     return {
         "calls in flight": cfg.max_inflight_bytes,
         "requests arriving": (cfg.max_pending_requests + 1) * cfg.max_message_bytes,
@@ -84,7 +108,7 @@ def server_worst_case(cfg, memory_volumes: int) -> dict[str, int]:
         "connections": cfg.max_connections * CONNECTION_BYTES,
         "shared memory": cfg.max_shared_memory_bytes if cfg.allow_shared_memory else 0,
         "memory volumes": memory_volumes,
-        "overhead": SERVER_OVERHEAD,
+        "overhead": SERVER_OVERHEAD * workers + (2 * IDLE_PROCESS if workers > 1 else 0),
     }
 
 
@@ -164,21 +188,30 @@ def k8s_containers(image: str):
             for source in c.get("envFrom", []):
                 environment.update(config_maps[source["configMapRef"]["name"]])
             environment.update({e["name"]: e["value"] for e in c.get("env", []) if "value" in e})
-            memory_volumes = sum(
-                quantity(volumes[m["name"]]["emptyDir"]["sizeLimit"])
+            in_memory = {
+                m["mountPath"]: quantity(volumes[m["name"]]["emptyDir"]["sizeLimit"])
                 for m in c.get("volumeMounts", [])
                 if volumes[m["name"]].get("emptyDir", {}).get("medium") == "Memory"
-            )
-            limit = quantity(c["resources"]["limits"]["memory"])
+            }
+            shm = in_memory.pop("/dev/shm", 0)
+            limits = c["resources"]["limits"]
+            cpus = cpu_quantity(limits["cpu"]) if "cpu" in limits else None
+            where = f"deploy/k8s {dep['metadata']['name']}/{c['name']}"
             found.append(
                 (
-                    Container(f"deploy/k8s {dep['metadata']['name']}/{c['name']}", limit, memory_volumes),
+                    Container(where, quantity(limits["memory"]), sum(in_memory.values()), cpus, shm),
                     environment,
                     c.get("args", []),
                 )
             )
     assert found, f"no container runs {image}"
     return found
+
+
+def cpu_quantity(text: str | int) -> float:
+    """CPUs of a Kubernetes CPU quantity ("4", "2500m")."""
+    text = str(text)
+    return int(text[:-1]) / 1000 if text.endswith("m") else float(text)
 
 
 def test_every_k8s_container_has_a_memory_limit():
@@ -193,7 +226,6 @@ def test_every_k8s_container_has_a_memory_limit():
 
 def test_k8s_server_limit_holds_its_caps():
     for container, environment, args in k8s_containers("tensorops"):
-        cfg = server_config(environment, args)
         # the caps are the manifests' own choice, not defaults that may change
         for name in (
             "TENSOROPS_MAX_INFLIGHT_BYTES",
@@ -203,7 +235,7 @@ def test_k8s_server_limit_holds_its_caps():
             "TENSOROPS_ALLOW_SHARED_MEMORY",
         ):
             assert name in environment, f"{container.where}: {name} is not set"
-        check(container, server_worst_case(cfg, container.memory_volumes))
+        check_server(container, environment, args)
 
 
 def test_k8s_balancer_limit_holds_its_buffers():
@@ -219,13 +251,16 @@ def compose_services() -> dict[str, dict]:
 
 
 def compose_container(name: str, service: dict) -> Container:
+    """The container of a service; /dev/shm is its shm_size (Docker's default: 64 MiB)."""
     tmpfs = 0
     for mount in service.get("tmpfs", []):
         size = re.search(r"(?:^|[:,])size=(\w+)", mount)
         assert size, f"compose {name}: tmpfs {mount} has no size (it would count up to half the host's memory)"
         tmpfs += quantity(size.group(1), docker=True)
     assert "mem_limit" in service, f"compose {name}: no mem_limit"
-    return Container(f"deploy/compose.yaml {name}", quantity(service["mem_limit"], docker=True), tmpfs)
+    cpus = float(service["cpus"]) if "cpus" in service else None
+    shm = quantity(service.get("shm_size", "64m"), docker=True)
+    return Container(f"deploy/compose.yaml {name}", quantity(service["mem_limit"], docker=True), tmpfs, cpus, shm)
 
 
 @pytest.mark.parametrize("name", [n for n in compose_services() if n.startswith("tensorops-")])
@@ -235,9 +270,7 @@ def test_compose_server_limit_holds_its_caps(name):
     environment = {k: str(v) for k, v in service["environment"].items()}
     for setting in ("TENSOROPS_MAX_INFLIGHT_BYTES", "TENSOROPS_MAX_PENDING_REQUESTS", "TENSOROPS_MAX_SESSION_BYTES"):
         assert setting in environment, f"{container.where}: {setting} is not set"
-    check(
-        container, server_worst_case(server_config(environment, service.get("command", [])), container.memory_volumes)
-    )
+    check_server(container, environment, service.get("command", []))
 
 
 def test_compose_balancer_limit_holds_its_buffers():
@@ -281,3 +314,17 @@ def test_metrics_are_reachable_by_prometheus():
         if name.startswith("tensorops-"):
             cfg = server_config({k: str(v) for k, v in service["environment"].items()}, service.get("command", []))
             assert cfg.metrics_host == "0.0.0.0" and str(cfg.metrics_port) in scraped, name
+
+
+def test_each_worker_process_counts_its_own_overhead():
+    """A worker per CPU of the limit unless TENSOROPS_WORKERS says; each has the server's
+    own size, and a server of several has a supervisor and a reserve worker besides."""
+    cfg = server_config({}, [])
+    assert workers_of(Container("2.5 CPUs", 0, 0, cpus=2.5), {}, cfg) == 2
+    assert workers_of(Container("half a CPU", 0, 0, cpus=0.5), {}, cfg) == 1
+    three = server_config({"TENSOROPS_WORKERS": "3"}, [])
+    assert workers_of(Container("set", 0, 0, cpus=8.0), {"TENSOROPS_WORKERS": "3"}, three) == 3
+    with pytest.raises(AssertionError, match="no CPU limit"):
+        workers_of(Container("unbounded", 0, 0), {}, cfg)
+    assert server_worst_case(cfg, 0, 1)["overhead"] == SERVER_OVERHEAD
+    assert server_worst_case(cfg, 0, 4)["overhead"] == 4 * SERVER_OVERHEAD + 2 * IDLE_PROCESS
