@@ -54,10 +54,17 @@ def tree_cpu_seconds(root: int) -> float:
     return cpu_seconds(root) + sum(t for t in map(cpu_seconds, tree[1:]) if t == t)
 
 
-def serving_processes(root: int) -> list[int]:
-    """The processes that serve calls: a supervisor's children (its workers), else `root`."""
-    children = process_tree(root)[1:]
-    return children or [root]
+def tree_context_switches(root: int) -> int:
+    """Context switches (voluntary and forced) of every thread of `root` and its descendants
+    so far; threads that ended meanwhile are not counted."""
+    total = 0
+    for pid in process_tree(root):
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/status") as f:
+                    # voluntary_ctxt_switches and nonvoluntary_ctxt_switches
+                    total += sum(int(line.split()[1]) for line in f if "ctxt_switches:" in line)
+    return total
 
 
 def pss_bytes(pid: int) -> int:

@@ -152,6 +152,25 @@ def start_echo(procs: list, threads: int, aio: bool = False):
     return proc, int(line)
 
 
+@dataclass
+class Server:
+    """A tensorops-server: its (first) process, port, metrics port and the processes that
+    serve calls (its workers; the process itself when it runs alone)."""
+
+    proc: subprocess.Popen
+    port: int
+    metrics_port: int | None
+    serving: list[int]
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
 def start_tensorops_server(
     procs: list,
     threads: int,
@@ -161,9 +180,10 @@ def start_tensorops_server(
     cpus: set[int] | None = None,
     env: dict | None = None,
 ):
-    """(process, port, metrics port or None) of a tensorops-server of `workers` processes
-    with `threads` threads each, run on `cpus` (None: all) with the environment `env`;
-    added to `procs` at once. Returns once every worker serves."""
+    """A tensorops-server of `workers` processes with `threads` threads each, run on `cpus`
+    (None: all) with the environment `env`; its process is added to `procs` at once.
+    Returns once every worker serves: when it says so in its "serving" log line (with
+    several workers, the supervisor's, which lists their pids)."""
     command = [
         sys.executable,
         "-m",
@@ -186,21 +206,16 @@ def start_tensorops_server(
         command = ["taskset", "-c", ",".join(map(str, sorted(cpus))), *command]
     proc = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     procs.append(proc)
-    seen, serving = [], set()
-    port = metrics_port = None
+    seen = []
     for line in proc.stderr:
         seen.append(line)
         try:
             event = json.loads(line)
         except ValueError:
             continue
-        if event.get("event") == "serving":
-            serving.add(event.get("worker", 1))
-            port = port or event.get("port")
-            metrics_port = metrics_port or event.get("metrics_port")
-            if len(serving) >= workers and port and (metrics_port or not metrics):
-                threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep draining the logs
-                return proc, port, metrics_port
+        if event.get("event") == "serving" and (workers == 1 or "pids" in event):
+            threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep draining the logs
+            return Server(proc, event["port"], event.get("metrics_port"), event.get("pids", [proc.pid]))
     raise RuntimeError("tensorops-server did not start:\n" + "".join(seen[-20:]))
 
 
@@ -540,12 +555,30 @@ class Cell:
     p99: float
     batch: float = float("nan")  # forwards per kernel call (batching servers only)
     client_cpu_per_call: float = float("nan")  # the client's CPU seconds per call
+    switches_per_call: float = float("nan")  # context switches of the server's threads per call
 
 
-def _cell(calls: int, elapsed: float, cpu: float, latencies, batch=float("nan"), client_cpu=float("nan")) -> Cell:
+def _cell(
+    calls: int,
+    elapsed: float,
+    cpu: float,
+    latencies,
+    batch=float("nan"),
+    client_cpu=float("nan"),
+    switches=float("nan"),
+) -> Cell:
     p50, p99 = np.percentile(latencies, [50, 99]) if len(latencies) else (float("nan"),) * 2
-    per_call = (lambda seconds: seconds / calls) if calls else (lambda seconds: float("nan"))
-    return Cell(calls / elapsed, per_call(cpu), cpu / elapsed, float(p50), float(p99), batch, per_call(client_cpu))
+    per_call = (lambda total: total / calls) if calls else (lambda total: float("nan"))
+    return Cell(
+        calls / elapsed,
+        per_call(cpu),
+        cpu / elapsed,
+        float(p50),
+        float(p99),
+        batch,
+        per_call(client_cpu),
+        per_call(switches),
+    )
 
 
 def throughput(make_call, clients: int, duration: float, pid: int, metrics_port: int | None = None) -> Cell:
@@ -587,6 +620,7 @@ def throughput(make_call, clients: int, duration: float, pid: int, metrics_port:
         except threading.BrokenBarrierError:
             pass
         batch0 = batch_histogram(metrics_port) if metrics_port and not errors else None
+        switches0 = procfs.tree_context_switches(pid)
         cpu0, client0 = procfs.tree_cpu_seconds(pid), own_cpu_seconds()
         begin = time.perf_counter()
         go.set()
@@ -596,6 +630,7 @@ def throughput(make_call, clients: int, duration: float, pid: int, metrics_port:
             t.join()
         elapsed = time.perf_counter() - begin
         cpu, client = procfs.tree_cpu_seconds(pid) - cpu0, own_cpu_seconds() - client0
+        switches = procfs.tree_context_switches(pid) - switches0
         if errors:
             raise errors[0]
         batch = float("nan")
@@ -603,7 +638,7 @@ def throughput(make_call, clients: int, duration: float, pid: int, metrics_port:
             s, n = batch_histogram(metrics_port)
             batch = (s - batch0[0]) / (n - batch0[1]) if n > batch0[1] else float("nan")
         all_times = [x for t in latencies for x in t]
-        return _cell(len(all_times), elapsed, cpu, all_times, batch, client)
+        return _cell(len(all_times), elapsed, cpu, all_times, batch, client, switches)
     finally:  # also on an error or Ctrl-C here: let the threads end before closing their channels
         stop_event.set()
         ready.abort()
@@ -882,21 +917,6 @@ SESSION_MEMORY_K = SESSION_MEMORY_N = 8192  # a 64 MiB B
 UVLOOP_POLICY = "import asyncio\nimport uvloop\n\nasyncio.set_event_loop_policy(uvloop.EventLoopPolicy())\n"
 
 
-@dataclass
-class Server:
-    proc: subprocess.Popen
-    port: int
-    metrics_port: int | None
-
-    @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-
 class Servers:
     """The tensorops servers of the worker parts, each started at its first use and kept up
     for every run: one per (workers, pinned to `server_cpus` or not, event loop)."""
@@ -921,7 +941,7 @@ class Servers:
             env = dict(
                 os.environ, PYTHONPATH=os.pathsep.join(filter(None, [self.scratch, os.environ.get("PYTHONPATH")]))
             )
-        proc, port, metrics_port = start_tensorops_server(
+        server = start_tensorops_server(
             self.procs,
             self.threads,
             *flags,
@@ -930,12 +950,10 @@ class Servers:
             cpus=self.server_cpus if pinned else None,
             env=env,
         )
-        server = Server(proc, port, metrics_port)
-        serving = procfs.serving_processes(server.pid)
-        if len(serving) != workers:
-            raise RuntimeError(f"asked for {workers} workers, the server runs {len(serving)} processes that serve")
+        if len(server.serving) != workers:
+            raise RuntimeError(f"asked for {workers} workers, the server says it runs {len(server.serving)}")
         if loop == "uvloop":
-            for pid in serving:
+            for pid in server.serving:
                 if not any("uvloop" in path for path in procfs.mapped_paths(pid)):
                     raise RuntimeError(f"uvloop is not loaded in the server process {pid}")
         return server
@@ -955,9 +973,11 @@ def h2load_throughput(server: Server, body: str, path: str, clients: int, durati
     if cpus is not None:
         command = ["taskset", "-c", ",".join(map(str, sorted(cpus))), *command]
     ok0 = metric_total(scrape(server.metrics_port), "tensorops_request_duration_seconds_count", code="OK")
+    switches0 = procfs.tree_context_switches(server.pid)
     cpu0, client0 = procfs.tree_cpu_seconds(server.pid), own_cpu_seconds(resource.RUSAGE_CHILDREN)
     out = subprocess.run(command, capture_output=True, text=True, check=False)
     cpu, client = procfs.tree_cpu_seconds(server.pid) - cpu0, own_cpu_seconds(resource.RUSAGE_CHILDREN) - client0
+    switches = procfs.tree_context_switches(server.pid) - switches0
     ok = metric_total(scrape(server.metrics_port), "tensorops_request_duration_seconds_count", code="OK") - ok0
     found = re.search(r"requests: .* (\d+) succeeded, (\d+) failed", out.stdout)
     if out.returncode != 0 or not found:
@@ -965,7 +985,7 @@ def h2load_throughput(server: Server, body: str, path: str, clients: int, durati
     succeeded, failed = int(found.group(1)), int(found.group(2))
     if failed or ok < succeeded:
         raise RuntimeError(f"h2load: {succeeded} responses ({failed} failed), but the server ended {ok:.0f} calls OK")
-    return _cell(succeeded, duration, cpu, [], client_cpu=client)
+    return _cell(succeeded, duration, cpu, [], client_cpu=client, switches=switches)
 
 
 class LoadClients:
@@ -1034,7 +1054,8 @@ def print_workers(op_name: str, runs: list[dict], worker_counts, concurrency, du
         "(one thread, one call in flight per connection) posting the same encoded request, to show what "
         "the server does when the client costs little. Server CPU: utime + stime of the server's processes "
         "(supervisor and workers) over the cell, per call and in cores; client CPU: the benchmark process's "
-        f"or h2load's, per call. Ratios are {last} / {first} workers within a run. "
+        "or h2load's, per call; context switches: voluntary and forced, of every thread of the server's "
+        f"processes. Ratios are {last} / {first} workers within a run. "
         + (
             f"Pinned: the client on CPU {min(cpus[0])}, every server process on CPU {min(cpus[1])}.\n"
             if cpus
@@ -1046,9 +1067,9 @@ def print_workers(op_name: str, runs: list[dict], worker_counts, concurrency, du
         "| client | pinned | calls in flight | "
         + " | ".join(f"calls/s, {w} worker{'s' if w > 1 else ''}" for w in worker_counts)
         + f" | calls/s {last} / {first} | server CPU µs/call ({cols}) | CPU/call {last} / {first} "
-        f"| server cores ({cols}) | client CPU µs/call ({cols}) |"
+        f"| server cores ({cols}) | client CPU µs/call ({cols}) | server context switches/call ({cols}) |"
     )
-    print("| --- | --- | ---: " + "| ---: " * (len(worker_counts) + 5) + "|")
+    print("| --- | --- | ---: " + "| ---: " * (len(worker_counts) + 6) + "|")
     kinds = list(dict.fromkeys(key[0] for key in runs[0]))
     for kind in kinds:
         for pinned in pins:
@@ -1063,7 +1084,7 @@ def print_workers(op_name: str, runs: list[dict], worker_counts, concurrency, du
                     + " | ".join(f"{_med(runs, key, 'rate'):.0f}" for key in keys)
                     + f" | {_ratio(runs, keys[-1], keys[0], 'rate'):.2f}x | {per_worker('cpu_per_call', 1e6, 0)} "
                     f"| {_ratio(runs, keys[-1], keys[0], 'cpu_per_call'):.2f} | {per_worker('cpu_cores', 1, 2)} "
-                    f"| {per_worker('client_cpu_per_call', 1e6, 0)} |"
+                    f"| {per_worker('client_cpu_per_call', 1e6, 0)} | {per_worker('switches_per_call', 1, 1)} |"
                 )
     n = 16 if 16 in concurrency else concurrency[len(concurrency) // 2]
     print(f"\nTargets at {n} calls in flight, {last} workers against {first}:\n")
@@ -1231,11 +1252,9 @@ def session_memory(servers: Servers, workers: int) -> dict:
             time.sleep(1.0)
 
             def measure():
-                tree = procfs.process_tree(server.pid)
-                serving = procfs.serving_processes(server.pid)
-                supervisor = procfs.pss_bytes(server.pid) if len(tree) > 1 else 0
-                state = sum(procfs.dir_bytes(d) for d in procfs.state_dirs(tree))
-                return sum(map(procfs.pss_bytes, serving)), supervisor, state
+                supervisor = procfs.pss_bytes(server.pid) if server.pid not in server.serving else 0
+                state = sum(procfs.dir_bytes(d) for d in procfs.state_dirs(procfs.process_tree(server.pid)))
+                return sum(map(procfs.pss_bytes, server.serving)), supervisor, state
 
             before = measure()
             b, params = qip_session_parameters(k, n)
@@ -1394,7 +1413,7 @@ def main() -> None:
             for kind in ("sync", "aio"):
                 proc, echo_ports[kind] = start_echo(procs, args.threads, aio=kind == "aio")
                 pids[kind] = proc.pid
-            proc, port, _ = start_tensorops_server(
+            server = start_tensorops_server(
                 procs,
                 args.threads,
                 "--allow-shared-memory",
@@ -1403,17 +1422,15 @@ def main() -> None:
                 "tensorops_bench_",
                 workers=args.workers,
             )
-            pids["tensorops"] = proc.pid
-            target = f"127.0.0.1:{port}"
+            pids["tensorops"] = server.pid
+            target = server.target
         batching_servers = {}
         if "batching" in parts:
             for mode, flags in (("off", ("--max-batch-rows", "1")), ("on", ())):
-                proc, port, metrics_port = start_tensorops_server(
-                    procs, args.threads, *flags, workers=args.workers, metrics=True
-                )
-                shared = SharedSession(f"127.0.0.1:{port}")
+                server = start_tensorops_server(procs, args.threads, *flags, workers=args.workers, metrics=True)
+                shared = SharedSession(server.target)
                 sessions.append(shared)
-                batching_servers[mode] = (shared, proc.pid, metrics_port)
+                batching_servers[mode] = (shared, server.pid, server.metrics_port)
         load = LoadClients(args.op, cpus[0] if cpus else None, scratch)
         session_servers = {}
         if "session-workers" in parts:
