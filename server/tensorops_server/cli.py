@@ -1,5 +1,9 @@
 """`tensorops-server`: run the service until SIGTERM or SIGINT, then drain and exit 0.
-SIGHUP re-reads the TLS files at the next connection."""
+SIGHUP re-reads the TLS files at the next connection.
+
+With `--workers 1` this process is the server. With more, it is their supervisor
+(supervisor.py), which imports neither grpc nor the server: each worker is a fresh
+interpreter (worker.py) that runs `serve()` as a server of one process would."""
 
 from __future__ import annotations
 
@@ -9,15 +13,16 @@ import signal
 import sys
 import threading
 
-from tensorops import retain_freed_buffers
-
 from . import config as config_module
 from . import logs
-from .server import TensorOpsServer
 
 
 def main(argv=None) -> int:
     config = config_module.load(argv)
+    if config.workers > 1:
+        from . import supervisor
+
+        return supervisor.main(config)
     stderr = logs.StderrCapture(logging.getLogger(logs.LOGGER))  # gRPC core's own lines become JSON too
     log = logs.setup(config.log_level, config.log_format, stream=stderr.stream)
     try:
@@ -26,17 +31,26 @@ def main(argv=None) -> int:
         stderr.close()
 
 
-def serve(config, log, stderr) -> int:
+def serve(config, log, stderr, *, on_serving=None, **server_options) -> int:
+    """Serve until SIGTERM or SIGINT, drain, and leave the process. `on_serving()`: called
+    once the server serves (a worker tells its supervisor); `server_options`: the
+    TensorOpsServer keywords of a worker (its id, the shared state)."""
+    from tensorops import retain_freed_buffers
+
+    from .server import TensorOpsServer
+
     retained = retain_freed_buffers(config.max_message_bytes)
     log.debug("malloc tuned", extra=logs.fields(retain_freed_buffers=retained))
     try:
-        server = TensorOpsServer(config)
+        server = TensorOpsServer(config, **server_options)
         if hasattr(signal, "SIGHUP"):  # before "serving"; only counts a request, served at the next TLS handshake
             signal.signal(signal.SIGHUP, lambda _signum, _frame: server.tls and server.tls.request_reload())
         server.start()
     except OSError as exc:
         log.error("cannot start", extra=logs.fields(error=str(exc)))
         return 1
+    if on_serving is not None:
+        on_serving()
     stop = threading.Event()
     received = []
 

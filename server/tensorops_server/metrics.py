@@ -2,6 +2,12 @@
 Python name, or the RPC name for the session and info calls), the status code and a few
 fixed words: never shapes, sizes or ids.
 
+A server of several worker processes counts in prometheus_client's multiprocess mode: each
+worker writes its values to files in PROMETHEUS_MULTIPROC_DIR (set by the supervisor before
+the worker starts), and the supervisor serves them all, summed, from one endpoint
+(`SupervisorMetrics`), with its own: restarts and running workers, and the shared store's
+totals. Only the in-flight gauge and the restarts carry a `worker` label.
+
 /metrics is served over HTTP/1.1 by an event loop on a thread of its own (`Endpoint`):
 connections cost no thread, a request must arrive within the read timeout, and at most
 MAX_CONNECTIONS are open (a new one closes the one that has waited longest for its
@@ -13,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+from collections.abc import Callable
 
 from prometheus_client import (
     CollectorRegistry,
@@ -23,7 +30,9 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
     disable_created_metrics,
+    multiprocess,
 )
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
 
 disable_created_metrics()  # the *_created series only add noise to every scrape
@@ -49,16 +58,75 @@ _LATENCY_BUCKETS = (
 )
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 MAX_CONNECTIONS = 32  # open connections to /metrics (a scraper needs one)
+EVICTION_REASONS = ("capacity", "ttl")  # why the server removes a session
 _MAX_REQUEST_HEAD = 8192  # bytes of request line and headers
 
 
-class Metrics:
-    def __init__(self, *, version: str, isa: str, workers: int):
+def _server_info(registry: CollectorRegistry, **labels: object) -> None:
+    info = Info(
+        "tensorops_server",
+        "Version and ISA level of the kernels in use, worker processes and threads",
+        registry=registry,
+    )
+    info.info({name: str(value) for name, value in labels.items()})
+
+
+class StoreTotals:
+    """tensorops_sessions_active and tensorops_session_bytes, read at each scrape from
+    `totals()` (a dict with `sessions` and `session_bytes`): the process's own store, or in
+    the supervisor the store all workers share."""
+
+    def __init__(self, totals: Callable[[], dict]):
+        self._totals = totals
+
+    def collect(self):
+        totals = self._totals()
+        yield GaugeMetricFamily(
+            "tensorops_sessions_active", "Quantized inner-product sessions held", value=totals["sessions"]
+        )
+        yield GaugeMetricFamily("tensorops_session_bytes", "Bytes held by the sessions", value=totals["session_bytes"])
+
+
+class _OfWorker:
+    """A metric with a `worker` label that its users label as if it had none."""
+
+    def __init__(self, metric, worker: int):
+        self._metric, self._worker = metric, str(worker)
+
+    def labels(self, *values: str):
+        return self._metric.labels(*values, self._worker)
+
+
+class _Served:
+    """A registry that can be served at /metrics."""
+
+    registry: CollectorRegistry
+    _endpoint: Endpoint | None = None
+
+    def serve(self, host: str, port: int, timeout: float) -> int:
+        """Expose /metrics over HTTP; returns the port (useful with port 0). OSError if the
+        address cannot be used."""
+        self._endpoint = Endpoint(self.registry, timeout)
+        return self._endpoint.start(host, port)
+
+    def stop(self) -> None:
+        if self._endpoint is not None:
+            self._endpoint.stop()
+            self._endpoint = None
+
+
+class Metrics(_Served):
+    """The metrics of one server process. `worker`: its id among a supervisor's workers,
+    whose values go to the multiprocess directory for the supervisor to serve; None for a
+    server of one process, which serves its own registry."""
+
+    def __init__(self, *, version: str, isa: str, workers: int, threads: int, worker: int | None = None):
         r = self.registry = CollectorRegistry()
-        ProcessCollector(registry=r)
-        PlatformCollector(registry=r)
-        self.info = Info("tensorops_server", "Version and ISA level of the kernels in use", registry=r)
-        self.info.info({"version": version, "isa": isa, "workers": str(workers)})
+        self.worker = worker
+        if worker is None:  # the supervisor reports these for a server of several workers
+            ProcessCollector(registry=r)
+            PlatformCollector(registry=r)
+            _server_info(r, version=version, isa=isa, workers=workers, threads=threads)
         self.request_duration = Histogram(
             "tensorops_request_duration_seconds",
             "Time from the start of the handler to its result",
@@ -73,7 +141,17 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.in_flight = Gauge("tensorops_requests_in_flight", "Calls being handled", ["operation"], registry=r)
+        if worker is None:
+            self.in_flight = Gauge("tensorops_requests_in_flight", "Calls being handled", ["operation"], registry=r)
+        else:  # the live workers' values, each under its id (a dead worker's are dropped)
+            in_flight = Gauge(
+                "tensorops_requests_in_flight",
+                "Calls being handled",
+                ["operation", "worker"],
+                registry=r,
+                multiprocess_mode="livesum",
+            )
+            self.in_flight = _OfWorker(in_flight, worker)
         self.request_bytes = Counter(
             "tensorops_request_bytes", "Bytes of request messages received", ["operation"], registry=r
         )
@@ -83,11 +161,11 @@ class Metrics:
         self.errors = Counter(
             "tensorops_errors", "Calls that ended with a status other than OK", ["operation", "code"], registry=r
         )
-        self.sessions = Gauge("tensorops_sessions_active", "Quantized inner-product sessions held", registry=r)
-        self.session_bytes = Gauge("tensorops_session_bytes", "Bytes held by the sessions", registry=r)
         self.evictions = Counter(
             "tensorops_session_evictions", "Sessions removed by the server", ["reason"], registry=r
         )
+        for reason in EVICTION_REASONS:  # at 0 from the start (a worker's series exist once set)
+            self.evictions.labels(reason)
         self.batch_requests = Histogram(
             "tensorops_forward_batch_requests",
             "Session forwards merged into one kernel call",
@@ -100,26 +178,42 @@ class Metrics:
             buckets=_BATCH_BUCKETS,
             registry=r,
         )
-        self._endpoint: Endpoint | None = None
 
     def observe_batch(self, requests: int, rows: int) -> None:
         self.batch_requests.observe(requests)
         self.batch_rows.observe(rows)
 
     def watch_sessions(self, store) -> None:
-        self.sessions.set_function(lambda: len(store))
-        self.session_bytes.set_function(lambda: store.nbytes)
+        """Report the sessions `store` holds (a server of one process; a supervisor reports
+        the shared store's for its workers)."""
+        if self.worker is None:
+            self.registry.register(StoreTotals(lambda: {"sessions": len(store), "session_bytes": store.nbytes}))
 
-    def serve(self, host: str, port: int, timeout: float) -> int:
-        """Expose /metrics over HTTP; returns the port (useful with port 0). OSError if the
-        address cannot be used."""
-        self._endpoint = Endpoint(self.registry, timeout)
-        return self._endpoint.start(host, port)
 
-    def stop(self) -> None:
-        if self._endpoint is not None:
-            self._endpoint.stop()
-            self._endpoint = None
+class SupervisorMetrics(_Served):
+    """The one endpoint of a server of several workers: their values summed from the
+    multiprocess directory (each call counted once, by the worker that handled it), the
+    supervisor's own restarts and running workers, and the shared store's `totals()`."""
+
+    def __init__(
+        self, *, version: str, isa: str, workers: int, threads: int, directory: str, totals: Callable[[], dict]
+    ):
+        r = self.registry = CollectorRegistry()
+        ProcessCollector(registry=r)  # the supervisor's own process
+        PlatformCollector(registry=r)
+        _server_info(r, version=version, isa=isa, workers=workers, threads=threads)
+        multiprocess.MultiProcessCollector(r, path=directory)
+        r.register(StoreTotals(totals))
+        self.directory = directory
+        self.restarts = Counter(
+            "tensorops_worker_restarts", "Worker processes started again after they died", ["worker"], registry=r
+        )
+        self.running = Gauge("tensorops_workers_running", "Worker processes running", registry=r)
+
+    def worker_died(self, pid: int) -> None:
+        """Drop the dead process's live gauges (its in-flight calls ended with it); its
+        counters stay: the calls it handled were made."""
+        multiprocess.mark_process_dead(pid, self.directory)
 
 
 class Endpoint:

@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 import tensorops_native
 from tensorops.protocol import wire
 
-from . import kserve, optable, reflection, shm, tls
+from . import kserve, optable, reflection, shm, statedir, tls
 from .config import Config
 from .health import HealthService
 from .logs import LOGGER, fields
@@ -34,11 +34,24 @@ log = logging.getLogger(LOGGER)
 
 
 class TensorOpsServer:
-    def __init__(self, config: Config, *, qip_class=None):
+    def __init__(self, config: Config, *, qip_class=None, state_dir: str | None = None, worker_id: int = 1):
+        """`state_dir`: the state directory of the supervisor this process is a worker of
+        (worker `worker_id`); None: a server of one process, with a state directory of its own."""
         self.config = config
+        self.worker_id = worker_id
         self.table = optable.build_table()
-        self.metrics = Metrics(version=tensorops_native.__version__, isa=tensorops_native.isa(), workers=config.workers)
+        self.metrics = Metrics(
+            version=tensorops_native.__version__,
+            isa=tensorops_native.isa(),
+            workers=config.workers,
+            threads=config.threads,
+            worker=None if state_dir is None else worker_id,  # a supervisor's worker counts for it
+        )
+        self.state = statedir.StateDir.create() if state_dir is None else statedir.StateDir.join(state_dir)
+        qip_class = qip_class or getattr(tensorops_native, "QuantizedInnerProduct", None)
         self.store = SessionStore(
+            self.state,
+            attach=lambda memory, max_m: qip_class.attach(memory, max_m=max_m),
             max_sessions=config.max_sessions,
             max_bytes=config.max_session_bytes,
             max_sessions_per_owner=config.max_sessions_per_caller,
@@ -50,6 +63,7 @@ class TensorOpsServer:
         self.pipeline = CallPipeline(config, self.metrics)  # every call of both endpoints
         self.service = Service(self.pipeline, self.store, self.table, qip_class)  # tensorops.v1
         self.shared_memory = shm.SharedMemory(
+            self.state,
             allowed=config.allow_shared_memory,
             prefix=config.shared_memory_prefix,
             max_regions=config.max_shared_memory_regions,
@@ -59,7 +73,11 @@ class TensorOpsServer:
         )
         # inference.GRPCInferenceService, on the same port and through the same pipeline
         self.kserve = kserve.KServe(self.pipeline, self.service, self.shared_memory)
-        self._sweeper = Sweeper(self.store, interval=min(config.session_ttl / 4, 10.0))
+        # Often: a session released through another worker is unmapped here at the next sweep.
+        self._sweeper = Sweeper(
+            (self.store.sweep, self.shared_memory.sweep, self.kserve.repository.flush_statistics),
+            interval=min(config.session_ttl / 4, 1.0),
+        )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tensorops-loop", daemon=True)
         self.grpc_server: grpc.aio.Server | None = None
@@ -78,6 +96,7 @@ class TensorOpsServer:
             self._on_loop(self._start())
         except OSError:
             self._close_loop()
+            self._close_state()
             raise
         if self.config.metrics_port >= 0:
             try:
@@ -88,13 +107,15 @@ class TensorOpsServer:
                 self.stop(0)
                 raise OSError(f"cannot serve metrics on port {self.config.metrics_port}: {exc}") from None
         self._sweeper.start()
+        # A supervisor's worker says "worker serving": "serving" is the supervisor's, once all serve.
         log.info(
-            "serving",
+            "serving" if self.state.owned else "worker serving",
             extra=fields(
                 host=self.config.host,
                 port=self.port,
                 metrics_port=self.metrics_port,
                 workers=self.config.workers,
+                threads=self.config.threads,
                 max_connections=self.max_connections,
                 isa=tensorops_native.isa(),
                 operations=list(self.table),
@@ -111,11 +132,17 @@ class TensorOpsServer:
         if self.grpc_server is not None:
             self._on_loop(self._stop(grace, drain_delay))
         self._sweeper.stop()
-        self.store.close_all()
-        self.shared_memory.close_all()
+        self._close_state()
         self.metrics.stop()
         self.pipeline.executor.shutdown()
         self._close_loop()
+
+    def _close_state(self) -> None:
+        """Unmap this process's sessions and regions; a server of one process ends them."""
+        self.store.close()
+        self.shared_memory.close()
+        if self.state.owned:
+            self.state.remove()
 
     def _on_loop(self, coroutine):
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
@@ -133,7 +160,9 @@ class TensorOpsServer:
             options=[
                 ("grpc.max_receive_message_length", c.max_message_bytes),
                 ("grpc.max_send_message_length", c.max_message_bytes),
-                ("grpc.so_reuseport", 0),
+                # a supervisor's workers accept on the port it holds; a server of one process
+                # refuses a port another program holds rather than share it
+                ("grpc.so_reuseport", int(not self.state.owned)),
                 # streams one connection may open at once (HTTP/2 SETTINGS)
                 ("grpc.max_concurrent_streams", 2 * c.max_pending_requests),
                 # connections beyond the cap are closed as they arrive; one that never

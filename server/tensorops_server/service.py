@@ -89,21 +89,22 @@ class Service:
         return op.response_codec.encode(None, tensors)
 
     def _session_info(self, session, m: int | None = None) -> tensorops_pb2.SessionInfo:
-        context = session.context
+        """What a session holds; with `m`, the scratch a forward of m rows needs (the session
+        must then be in use: its context answers)."""
         info = tensorops_pb2.SessionInfo(
             session_id=session.id,
-            info=str(context.info),
-            internal_buffer_size=int(context.internal_buffer_size),
+            info=session.info,
+            internal_buffer_size=session.nbytes,
             n=session.shape[0],
             k=session.shape[1],
             bytes=session.nbytes,
             idle_seconds=max(0.0, time.monotonic() - session.last_used),
             forward_count=session.forward_count,
-            max_m=int(getattr(context, "max_m", 1)),
+            max_m=session.max_m,
         )
         if m is not None:
             info.m = m
-            info.external_buffer_size = int(context.external_buffer_size_for(m))
+            info.external_buffer_size = int(session.context.external_buffer_size_for(m))
         return info
 
     # ---- stateless operations
@@ -179,17 +180,14 @@ class Service:
             raise errors.Failure(grpc.StatusCode.UNIMPLEMENTED, "this build has no quantized inner product")
         entry = optable.Entry(wire.CREATE_SESSION, self._qip_class)
         kwargs, _ = entry.arguments(decoded, self.config.max_tensor_bytes, call.reserve)
+        timer = self._timer("create_quantized_inner_product")
+
+        def make(allocate):  # the context packs B straight into the store's shared memory
+            return self._run(timer, call, self._qip_class, state=allocate, **kwargs)
+
         # packing B costs far more than its bytes: always on a worker
-        qip = await self.executor.offload(
-            call,
-            functools.partial(
-                self._run, self._timer("create_quantized_inner_product"), call, self._qip_class, **kwargs
-            ),
-        )
-        b = kwargs["b"]
-        shape = (b.shape[0], b.shape[1]) if kwargs.get("trans_b") else (b.shape[1], b.shape[0])
-        session = self.store.add(qip, int(qip.internal_buffer_size), shape, call.identity)
-        log.info("session created", extra=fields(n=shape[0], k=shape[1], bytes=session.nbytes))
+        session = await self.executor.offload(call, functools.partial(self.store.create, make, call.identity))
+        log.info("session created", extra=fields(n=session.shape[0], k=session.shape[1], bytes=session.nbytes))
         return session
 
     async def forward(self, session_id: str, decoded: codec.Decoded, call: CallState):
@@ -203,7 +201,7 @@ class Service:
 
     async def create_session(self, decoded: codec.Decoded, call: CallState, nbytes: int) -> bytes:
         session = await self.open_session(decoded, call)
-        return self._session_info(session, int(getattr(session.context, "max_m", 1))).SerializeToString()
+        return self._session_info(session, session.max_m).SerializeToString()
 
     async def forward_session(self, decoded: codec.Decoded, call: CallState, nbytes: int) -> bytes:
         result = await self.forward(decoded.message.session_id, decoded, call)
@@ -212,7 +210,7 @@ class Service:
     async def describe_session(self, decoded: codec.Decoded, call: CallState, nbytes: int) -> bytes:
         request = decoded.message
         with self.store.use(request.session_id, call.identity) as session:
-            m = request.m if request.HasField("m") else int(getattr(session.context, "max_m", 1))
+            m = request.m if request.HasField("m") else session.max_m
             try:
                 return self._session_info(session, m).SerializeToString()
             except errors.NATIVE_ERRORS as exc:
@@ -246,6 +244,8 @@ class Service:
             limits=limits,
             operations=list(self.table),
             workers=c.workers,
+            worker=self.metrics.worker or 1,  # a server of one process is its own worker 1
+            threads=c.threads,
             instance=c.instance_name or socket.gethostname(),
         ).SerializeToString()
 

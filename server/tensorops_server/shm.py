@@ -13,6 +13,11 @@ The server maps what callers hand it, so every step is checked:
 - caps on the regions registered and on their bytes, per caller and all callers together;
 - a region belongs to the caller that registered it (auth.py's identity), as sessions do:
   others do not see it;
+- registrations live in the server's shared state (statedir.py), so a region registered
+  through one worker process is used, listed and unregistered through any other, and the
+  caps hold for all workers together. Each worker maps a region at its first use there and
+  checks that the name still leads to the object registered (device and inode): an object
+  replaced under the same name since is refused, not mapped;
 - every use checks offset + size against the region, and the region against the object's
   size *now* (one fstat per region before the call's work and one after it, see
   CallRegions), so that an object shrunk before a call is refused before any work;
@@ -20,14 +25,16 @@ The server maps what callers hand it, so every step is checked:
   mapped by tensorops_native's GuardedMapping, where the SIGBUS of such an access turns the
   mapping into zero pages instead (native/src/guard.c). The call then fails naming the
   region, which is unregistered: it no longer shows the object;
-- a region unregistered while calls use it is unmapped when the last of them ends;
-  every region is unmapped on Unregister and at shutdown.
+- a region unregistered while calls use it is unmapped when the last of them ends (on
+  other workers: at their next use of the name or their next sweep); every region is
+  unmapped on Unregister and at shutdown.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import secrets
 import stat
 import threading
 from dataclasses import dataclass
@@ -37,6 +44,7 @@ import grpc
 from tensorops_native._guard import GuardedMapping
 
 from . import errors
+from .statedir import Connections, StateDir, transaction
 
 SHM_DIR = "/dev/shm"
 
@@ -50,6 +58,7 @@ class Region:
     byte_size: int
     fd: int
     mapping: GuardedMapping | None
+    serial: str = ""  # of the registration this worker mapped
     users: int = 0
     retired: bool = False
 
@@ -93,17 +102,13 @@ def _map(fd: int, size: int) -> GuardedMapping:
         raise errors.exhausted(f"the region cannot be mapped: {exc.strerror}", "byte_size") from None
 
 
-@dataclass
-class Usage:
-    """What a caller (or all callers together) holds registered."""
-
-    regions: int = 0
-    bytes: int = 0
+_ROW = "key, offset, byte_size, device, inode, serial"
 
 
 class SharedMemory:
     def __init__(
         self,
+        state: StateDir,
         *,
         allowed: bool,
         prefix: str,
@@ -118,10 +123,9 @@ class SharedMemory:
         self.max_bytes = max_bytes
         self.max_regions_per_caller = max_regions_per_caller
         self.max_bytes_per_caller = max_bytes_per_caller
+        self._db = Connections(state)
         self._lock = threading.Lock()
-        self._regions: dict[tuple[str, str], Region] = {}
-        self._total = Usage()
-        self._by_owner: dict[str, Usage] = {}
+        self._regions: dict[tuple[str, str], Region] = {}  # the regions this worker has mapped
         # The file system the objects must be on: compared by identity, not by path.
         self._shm_device = os.stat(SHM_DIR).st_dev if allowed else None
 
@@ -146,8 +150,8 @@ class SharedMemory:
             )
         return name
 
-    def _open_object(self, object_name: str) -> tuple[int, int]:
-        """A descriptor of the object and its size, once it is known to be one that only its
+    def _open_object(self, object_name: str) -> tuple[int, os.stat_result]:
+        """A descriptor of the object and its status, once it is known to be one that only its
         allowed name reaches: not a symbolic link, not a hard link, a regular file of /dev/shm."""
         try:
             fd = os.open(os.path.join(SHM_DIR, object_name), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -173,30 +177,33 @@ class SharedMemory:
         except BaseException:
             os.close(fd)
             raise
-        return fd, info.st_size
+        return fd, info
 
-    def _check_room_locked(self, owner: str, name: str, byte_size: int) -> None:
-        if (owner, name) in self._regions:
+    def _check_room(self, db, owner: str, name: str, byte_size: int) -> None:
+        """In a transaction: is there room for one more region of `byte_size` bytes?"""
+        if db.execute("select 1 from regions where owner = ? and name = ?", (owner, name)).fetchone():
             raise errors.Failure(
                 grpc.StatusCode.ALREADY_EXISTS, f"region {name!r} is registered already; unregister it first", "name"
             )
-        mine = self._by_owner.get(owner, Usage())
-        if mine.regions >= self.max_regions_per_caller:
+        usage = "select count(*), coalesce(sum(byte_size), 0) from regions"
+        regions, nbytes = db.execute(usage + " where owner = ?", (owner,)).fetchone()
+        if regions >= self.max_regions_per_caller:
             raise errors.exhausted(
-                f"this caller has {mine.regions} regions registered, the limit per caller; unregister some first",
+                f"this caller has {regions} regions registered, the limit per caller; unregister some first",
                 "name",
             )
-        if mine.bytes + byte_size > self.max_bytes_per_caller:
+        if nbytes + byte_size > self.max_bytes_per_caller:
             raise errors.exhausted(
-                f"this caller's regions hold {mine.bytes} bytes; {byte_size} more exceed the "
+                f"this caller's regions hold {nbytes} bytes; {byte_size} more exceed the "
                 f"limit of {self.max_bytes_per_caller} per caller",
                 "byte_size",
             )
-        if self._total.regions >= self.max_regions:
-            raise errors.exhausted(f"{self._total.regions} regions are registered, the server's limit", "name")
-        if self._total.bytes + byte_size > self.max_bytes:
+        regions, nbytes = db.execute(usage).fetchone()
+        if regions >= self.max_regions:
+            raise errors.exhausted(f"{regions} regions are registered, the server's limit", "name")
+        if nbytes + byte_size > self.max_bytes:
             raise errors.exhausted(
-                f"the regions registered hold {self._total.bytes} bytes; {byte_size} more "
+                f"the regions registered hold {nbytes} bytes; {byte_size} more "
                 f"exceed the server's limit of {self.max_bytes}",
                 "byte_size",
             )
@@ -210,35 +217,40 @@ class SharedMemory:
         if byte_size <= 0:
             raise errors.invalid("byte_size", f"must be > 0, got {byte_size}")
         object_name = self._object_name(key)
-        with self._lock:
-            self._check_room_locked(owner, name, byte_size)
-        fd, size = self._open_object(object_name)
+        db = self._db.get()
+        with transaction(db):  # checked before the object is opened, and again when it is added
+            self._check_room(db, owner, name, byte_size)
+        fd, info = self._open_object(object_name)
         try:
-            if size < offset + byte_size:
+            if info.st_size < offset + byte_size:
                 raise errors.invalid(
-                    "byte_size", f"offset {offset} + byte_size {byte_size} exceed the object's {size} bytes"
+                    "byte_size", f"offset {offset} + byte_size {byte_size} exceed the object's {info.st_size} bytes"
                 )
             mapping = _map(fd, offset + byte_size)
         except BaseException:
             os.close(fd)
             raise
-        region = Region(name, owner, key, offset, byte_size, fd, mapping)
-        with self._lock:  # checked again: another call may have registered meanwhile
-            try:
-                self._check_room_locked(owner, name, byte_size)
-            except errors.Failure:
-                region.close()
-                raise
-            self._regions[(owner, name)] = region
-            for usage in (self._total, self._by_owner.setdefault(owner, Usage())):
-                usage.regions += 1
-                usage.bytes += byte_size
+        region = Region(name, owner, key, offset, byte_size, fd, mapping, secrets.token_hex(8))
+        try:
+            with transaction(db):
+                self._check_room(db, owner, name, byte_size)
+                db.execute(
+                    f"insert into regions (owner, name, {_ROW}) values (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (owner, name, key, offset, byte_size, info.st_dev, info.st_ino, region.serial),
+                )
+        except BaseException:
+            region.close()
+            raise
+        self._keep(region)
 
     def status(self, owner: str, name: str) -> list[Region]:
         self._check_allowed()
         errors.check_length("name", name)
-        with self._lock:
-            regions = [r for (o, n), r in self._regions.items() if o == owner and (not name or n == name)]
+        query = "select name, key, offset, byte_size from regions where owner = ?"
+        rows = self._db.get().execute(
+            query + (" and name = ?" if name else " order by name"), (owner, name) if name else (owner,)
+        )
+        regions = [Region(n, owner, k, o, b, -1, None) for n, k, o, b in rows]
         if name and not regions:
             raise errors.not_found(f"no region named {name!r}", field="name")
         return regions
@@ -247,57 +259,111 @@ class SharedMemory:
         """Unregister `name`, or every region of the caller for ""."""
         self._check_allowed()
         errors.check_length("name", name)
-        with self._lock:
-            keys = [k for k in self._regions if k[0] == owner and (not name or k[1] == name)]
-            closing = [self._retire_locked(k) for k in keys]
-        self._close(closing)
+        db = self._db.get()
+        with transaction(db):
+            if name:
+                gone = db.execute("delete from regions where owner = ? and name = ? returning name", (owner, name))
+            else:
+                gone = db.execute("delete from regions where owner = ? returning name", (owner,))
+            names = [n for (n,) in gone]
+        self._retire([(owner, n) for n in names])
 
-    def close_all(self) -> None:
+    def sweep(self) -> None:
+        """Unmap the regions of this worker that were unregistered through another."""
+        live = {(o, n, serial) for o, n, serial in self._db.get().execute("select owner, name, serial from regions")}
         with self._lock:
-            closing = [self._retire_locked(k) for k in list(self._regions)]
-        self._close(closing)
+            gone = [k for k, r in self._regions.items() if (*k, r.serial) not in live]
+        self._retire(gone)
 
-    @staticmethod
-    def _close(regions: list[Region | None]) -> None:
+    def close(self) -> None:
+        """Unmap this worker's regions (they stay registered for the other workers)."""
+        with self._lock:
+            keys = list(self._regions)
+        self._retire(keys)
+        self._db.close()
+
+    def _keep(self, region: Region) -> None:
+        with self._lock:
+            stale = self._regions.get((region.owner, region.name))
+            self._regions[(region.owner, region.name)] = region
+        if stale is not None:
+            self._retire_region(stale)
+
+    def _retire(self, keys) -> None:
+        """Unmap these regions of this worker (now, or when the last call using them ends)."""
+        with self._lock:
+            regions = [r for r in (self._regions.pop(k, None) for k in keys) if r is not None]
         for region in regions:
-            if region is not None:
-                region.close()
+            self._retire_region(region)
 
-    def _retire_locked(self, key) -> Region | None:
-        """Unregister the region of `key`; it, if no call uses it (to be closed)."""
-        region = self._regions.pop(key)
-        mine = self._by_owner[region.owner]
-        for usage in (self._total, mine):
-            usage.regions -= 1
-            usage.bytes -= region.byte_size
-        if not mine.regions:
-            del self._by_owner[region.owner]
-        region.retired = True
-        return region if region.users == 0 else None
+    def _retire_region(self, region: Region) -> None:
+        with self._lock:
+            region.retired = True
+            idle = region.users == 0
+        if idle:
+            region.close()
 
     def _retire_broken(self, region: Region) -> None:
         """Unregister a region whose mapping broke (its object shrank under an access), if
-        it is still registered; the calls holding it close it when they end."""
+        it is still the registration it was; the calls holding it close it when they end."""
+        db = self._db.get()
+        with transaction(db):
+            db.execute(
+                "delete from regions where owner = ? and name = ? and serial = ?",
+                (region.owner, region.name, region.serial),
+            )
         with self._lock:
             if self._regions.get((region.owner, region.name)) is region:
-                self._retire_locked((region.owner, region.name))
+                del self._regions[(region.owner, region.name)]
+        self._retire_region(region)
 
     # ---- inference
     def for_call(self, owner: str) -> CallRegions:
         """The regions of one call (close() it when the call ends)."""
         return CallRegions(self, owner)
 
+    def _mapped(self, owner: str, name: str, field: str) -> Region:
+        """This worker's mapping of the caller's region `name`, mapped now at its first use
+        here (or after it was registered again), held for a call (release with _let_go)."""
+        row = (
+            self._db.get().execute(f"select {_ROW} from regions where owner = ? and name = ?", (owner, name)).fetchone()
+        )
+        if row is None:
+            self._retire([(owner, name)])
+            raise errors.not_found(f"no shared-memory region named {name!r} is registered", field=field)
+        key, offset, byte_size, device, inode, serial = row
+        with self._lock:
+            region = self._regions.get((owner, name))
+            if region is not None and region.serial == serial and not region.retired:
+                region.users += 1
+                return region
+        fd, info = self._open_object(self._object_name(key))
+        try:
+            if (info.st_dev, info.st_ino) != (device, inode):
+                raise errors.invalid(
+                    field,
+                    f"the shared-memory object named by region {name!r} is not the one registered (it was "
+                    "replaced since); register it again",
+                )
+            if info.st_size < offset + byte_size:
+                raise errors.invalid(
+                    field,
+                    f"the shared-memory object of region {name!r} shrank below what was registered; register it again",
+                )
+            mapping = _map(fd, offset + byte_size)
+        except BaseException:
+            os.close(fd)
+            raise
+        region = Region(name, owner, key, offset, byte_size, fd, mapping, serial, users=1)
+        self._keep(region)
+        return region
+
     def _hold(self, owner: str, name: str, field: str) -> tuple[Region, int]:
         """The caller's region `name`, held for a call (release with _let_go), and its
         object's size now."""
         if not self.allowed:
             raise unavailable(field)
-        with self._lock:
-            region = self._regions.get((owner, name))
-            if region is not None:
-                region.users += 1
-        if region is None:
-            raise errors.not_found(f"no shared-memory region named {name!r} is registered", field=field)
+        region = self._mapped(owner, name, field)
         try:
             if region.mapping.broken:  # by a call that has not ended yet
                 self._retire_broken(region)

@@ -18,13 +18,20 @@ import tensorops
 from rpc_cases import BF16, qip_params
 from rpc_server import metric_value, resident_bytes
 from tensorops.protocol import wire
-from test_security import health_latency, layer_norm_case
+from test_security import ONE_PROCESS, health_latency, layer_norm_case
 
 MiB = 1 << 20
 CAP = 64 * MiB
 CHANNEL_SUM = wire.OPERATIONS["channel_sum"]
 LAYER_NORM = wire.OPERATIONS["layer_norm_channels"]
 SOFTMAX = wire.OPERATIONS["softmax"]
+
+
+@pytest.fixture
+def start_server(start_server):
+    """One server process: these tests follow one process's accounting (a server of several
+    shares its caps out among its workers, docs/running.md "Workers")."""
+    return lambda *flags, **kwargs: start_server(*flags, *ONE_PROCESS, **kwargs)
 
 
 def channel_sum_request(result_bytes: int) -> bytes:

@@ -249,7 +249,8 @@ def firsts(calls) -> list:
 def test_health_watch_streams_are_capped_per_connection_and_in_all(start_server):
     from tensorops_server.config import HEALTH_WATCHES_PER_CONNECTION as PER_CONNECTION
 
-    srv = start_server("--max-health-watches", str(PER_CONNECTION + 4), "--drain-delay", "1")
+    # one process: several share the cap out (docs/running.md, Workers)
+    srv = start_server("--max-health-watches", str(PER_CONNECTION + 4), "--drain-delay", "1", "--workers", "1")
     serving, exhausted = health_pb2.HealthCheckResponse.SERVING, grpc.StatusCode.RESOURCE_EXHAUSTED
     with (
         grpc.insecure_channel(srv.target) as first,

@@ -134,7 +134,8 @@ def test_unavailable_server():
 
 
 def test_expired_or_cancelled_call_does_not_start_its_kernel(start_server):
-    srv = start_server("--threads", "1", "--inline-bytes", "0")  # every call waits for the one worker
+    # one process with one thread: every call waits for it
+    srv = start_server("--workers", "1", "--threads", "1", "--inline-bytes", "0")
     busy = [LongCall(srv)]  # a long product keeps the single worker busy
     busy.append(LongCall(srv))  # queued behind the first: the worker stays busy a while longer
     time.sleep(0.05)
@@ -157,7 +158,7 @@ def test_expired_or_cancelled_call_does_not_start_its_kernel(start_server):
 
 
 def test_concurrency_limit_is_resource_exhausted(start_server):
-    srv = start_server("--max-concurrent-rpcs", "1", "--threads", "2")
+    srv = start_server("--max-concurrent-rpcs", "1", "--threads", "2", "--workers", "1")  # one process's admission
     busy = LongCall(srv)
     with tensorops.Client(srv.target, timeout=60) as c:
         with pytest.raises(tensorops.ResourceExhaustedError):

@@ -161,7 +161,7 @@ def test_both_endpoints_go_through_one_call_pipeline(start_server):
     from tensorops.kserve import SERVICE_NAME
     from tensorops.kserve.v2 import inference_pb2 as pb
 
-    srv = start_server("--max-concurrent-rpcs", "1", "--threads", "2")
+    srv = start_server("--max-concurrent-rpcs", "1", "--threads", "2", "--workers", "1")  # one process's admission
     x = np.linspace(-3, 3, 24, dtype=np.float32).reshape(4, 6)
     request = pb.ModelInferRequest(model_name="softmax", raw_input_contents=[x.tobytes()])
     request.inputs.add(name="x", datatype="FP32", shape=x.shape)

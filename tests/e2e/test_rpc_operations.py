@@ -9,6 +9,7 @@ import pytest
 import tensorops
 import tensorops_native as tn
 from rpc_cases import cases, same
+from tensorops_server import config
 
 CASES = cases()
 
@@ -80,4 +81,5 @@ def test_server_info_describes_the_server(client):
     assert set(info["cpu_features"]) == set(native["cpu_features"])
     assert set(info["operations"]) <= set(native["operations"]) | {"quantized_inner_product", "normalize"}
     assert {"softmax", "unary", "eltwise"} <= set(info["operations"])
-    assert info["limits"]["max_message_bytes"] > 0 and info["workers"] == 4
+    assert info["limits"]["max_message_bytes"] > 0 and info["threads"] == 4  # the fixture's --threads
+    assert info["workers"] == config.Config().workers and 1 <= info["worker"] <= info["workers"]  # the default

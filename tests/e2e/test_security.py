@@ -28,6 +28,9 @@ LAYER_NORM = wire.OPERATIONS["layer_norm_channels"]
 # The scalar kernels make a product of 8192 x 2048 x 2048 take seconds (AMX would take
 # milliseconds): long work without a huge request.
 SLOW_KERNELS = {"TENSOROPS_ISA": "scalar"}
+# The tests of one process's admission and memory: a server of several processes shares its
+# caps out among its workers (docs/running.md, "Workers"; tests/e2e/test_workers.py).
+ONE_PROCESS = ("--workers", "1")
 
 
 def health_latency(target: str, timeout: float = 5.0) -> float:
@@ -111,7 +114,15 @@ class StalledStreams:
 
 def test_stalled_streams_hold_no_worker_and_time_out(start_server):
     srv = start_server(
-        "--threads", "2", "--max-concurrent-rpcs", "4", "--read-timeout", "2", "--max-pending-requests", "16"
+        "--threads",
+        "2",
+        "--max-concurrent-rpcs",
+        "4",
+        "--read-timeout",
+        "2",
+        "--max-pending-requests",
+        "16",
+        *ONE_PROCESS,
     )
     stalled = StalledStreams(srv.port, streams=12)  # more than workers and the concurrency limit
     try:
@@ -130,7 +141,7 @@ def test_stalled_streams_hold_no_worker_and_time_out(start_server):
 
 
 def test_beyond_the_pending_limit_the_longest_waiting_stream_goes(start_server):
-    srv = start_server("--max-pending-requests", "4", "--read-timeout", "30")
+    srv = start_server("--max-pending-requests", "4", "--read-timeout", "30", *ONE_PROCESS)
     stalled = StalledStreams(srv.port, streams=4)
     try:
         stalled.poll(0.3)
@@ -263,7 +274,7 @@ def test_floods_past_the_inflight_cap_are_shed_and_memory_stays_bounded(start_se
     """Six client processes send 16 MiB softmax calls (each charges 48 MiB: request,
     result and response) against a 64 MiB in-flight cap, while this process probes the
     health service."""
-    srv = start_server("--max-inflight-bytes", str(64 << 20), "--threads", "2")
+    srv = start_server("--max-inflight-bytes", str(64 << 20), "--threads", "2", *ONE_PROCESS)
     peak = [resident_bytes(srv.proc.pid)]
     stop = threading.Event()
 

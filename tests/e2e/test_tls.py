@@ -247,10 +247,12 @@ def test_rotation_by_replacing_the_files(tls_server, pki):
     assert reloaded[-1]["cert"].endswith("cert.pem") and reloaded[-1]["changed"]
 
 
-def test_rotation_on_sighup(tls_server, pki):
+def test_rotation_on_sighup(tmp_path, pki, start_server):
     """Files rewritten in place with the same size and modification time look unchanged;
-    SIGHUP makes the next handshake read them anyway."""
-    srv, directory = tls_server
+    SIGHUP makes the next handshake read them anyway. One process, whose reloads this test
+    counts (every worker of several reloads: test_workers.py)."""
+    directory = tmp_path
+    srv = start_server(*tls_flags(*install(directory, pki["server1"])), "--workers", "1")
     for name, data in (("cert.pem", chain(pki["server2"])), ("key.pem", pki["server2"].private_key_pem.bytes())):
         path = directory / name
         before = path.stat()

@@ -294,9 +294,16 @@ def test_regions_are_unmapped_on_unregister(client, regions, shm_server):
     key, _ = regions(8192)
     path = f"/dev/shm/{key.lstrip('/')}"
 
+    def processes(pid: int) -> list[int]:  # the server's: its workers too
+        with open(f"/proc/{pid}/task/{pid}/children") as children:
+            return [pid] + [p for child in children.read().split() for p in processes(int(child))]
+
     def mapped() -> bool:
-        with open(f"/proc/{shm_server.proc.pid}/maps") as maps:
-            return any(line.rstrip().endswith(path) for line in maps)
+        for pid in processes(shm_server.proc.pid):
+            with open(f"/proc/{pid}/maps") as maps:
+                if any(line.rstrip().endswith(path) for line in maps):
+                    return True
+        return False
 
     client.register_system_shared_memory("m", key, 8192)
     assert mapped()

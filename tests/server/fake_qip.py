@@ -3,6 +3,7 @@ session machinery can be tested whether or not the kernel is in this build."""
 
 from __future__ import annotations
 
+import io
 import threading
 
 import numpy as np
@@ -15,23 +16,52 @@ class FakeQuantizedInnerProduct:
     lock = threading.Lock()
 
     def __init__(
-        self, b, *, b_scale, a_scale, a_zero, c_scale, c_zero, bias=None, trans_b=False, max_m=1, algorithm=None
+        self,
+        b,
+        *,
+        b_scale,
+        a_scale,
+        a_zero,
+        c_scale,
+        c_zero,
+        bias=None,
+        trans_b=False,
+        max_m=1,
+        algorithm=None,
+        state=None,
     ):
         if not isinstance(b, np.ndarray) or b.dtype != np.int8 or b.ndim != 2:
             raise tn.ArgumentTypeError("b", "expected a 2-D int8 array")
         if a_scale is None:
             raise tn.ArgumentTypeError("a_scale", "expected a real number, got NoneType")
-        self.b = (b.T if trans_b else b).astype(np.int64)  # (K, N)
-        k, n = self.b.shape
-        self.b_scale = np.asarray(b_scale, np.float32).reshape(n)
-        self.bias = np.zeros(n, np.int64) if bias is None else np.asarray(bias, np.int64)
-        self.norm = (np.float32(a_scale) * self.b_scale / np.float32(c_scale)).astype(np.float32)
-        self.a_zero, self.c_zero = int(a_zero), int(c_zero)
+        b = (b.T if trans_b else b).astype(np.int64)  # (K, N)
+        n = b.shape[1]
+        b_scale = np.asarray(b_scale, np.float32).reshape(n)
+        bias = np.zeros(n, np.int64) if bias is None else np.asarray(bias, np.int64)
+        norm = (np.float32(a_scale) * b_scale / np.float32(c_scale)).astype(np.float32)
+        self._set(b, bias, norm, np.array([a_zero, c_zero], np.int64), max_m)
+        if state is not None:  # as the kernel's context does: its parameters in the caller's memory
+            packed = io.BytesIO()
+            np.savez(packed, b=b, bias=bias, norm=norm, zeros=np.array([a_zero, c_zero], np.int64))
+            memory = state(len(packed.getvalue()))
+            memory[:] = packed.getvalue()
+
+    def _set(self, b, bias, norm, zeros, max_m):
+        self.b, self.bias, self.norm = b, bias, norm
+        self.a_zero, self.c_zero = (int(z) for z in zeros)
+        self.k, self.n = b.shape
         self.max_m = max_m
         self.closed = False
         self.forwards = 0
         with self.lock:
             self.instances.append(self)
+
+    @classmethod
+    def attach(cls, memory, *, max_m=1):
+        arrays = np.load(io.BytesIO(bytes(memory)))
+        fake = cls.__new__(cls)
+        fake._set(arrays["b"], arrays["bias"], arrays["norm"], arrays["zeros"], max_m)
+        return fake
 
     @property
     def info(self) -> str:

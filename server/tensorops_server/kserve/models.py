@@ -4,7 +4,7 @@ self-description (ModelMetadata, ModelConfig)."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 
 from tensorops.kserve.v2 import inference_pb2 as pb
@@ -38,7 +38,6 @@ class Model:
     parameters: dict[str, str]  # name -> description: the request parameters it takes
     entry: optable.Entry | None = None  # a stateless operation
     session_id: str | None = None  # a session
-    stats: Statistics = field(default_factory=lambda: Statistics())
 
     # What every request of the model needs, computed once.
     @cached_property
@@ -67,6 +66,9 @@ class Model:
 
 @dataclass
 class Statistics:
+    """A model's inference counts and times (of one worker since its last report, or of the
+    whole server)."""
+
     success_count: int = 0
     success_ns: int = 0
     fail_count: int = 0
@@ -177,10 +179,9 @@ def _tensor_words(t: TensorInfo) -> str:
     return words + ("; optional" if t.optional else "")
 
 
-def statistics(models: list[Model]) -> pb.ModelStatisticsResponse:
+def statistics(models: list[tuple[Model, Statistics]]) -> pb.ModelStatisticsResponse:
     response = pb.ModelStatisticsResponse()
-    for model in models:
-        s = model.stats
+    for model, s in models:
         stats = response.model_stats.add(
             name=model.name,
             version=VERSION,

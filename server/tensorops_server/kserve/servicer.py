@@ -96,6 +96,23 @@ def _not_the_message(name: str) -> WireError:
     return WireError("message", f"the request is not a valid {name} message in the protobuf binary encoding")
 
 
+WORKER_HEADER = "tensorops-worker"
+WORKERS_HEADER = "tensorops-workers"
+
+
+def _with_initial_metadata(handler: grpc.RpcMethodHandler, metadata: tuple) -> grpc.RpcMethodHandler:
+    """`handler` (a pipeline's) whose responses start with `metadata`."""
+    inner = handler.stream_unary
+
+    async def handle(requests, context: grpc.aio.ServicerContext):
+        await context.send_initial_metadata(metadata)
+        return await inner(requests, context)
+
+    return grpc.stream_unary_rpc_method_handler(
+        handle, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+    )
+
+
 class KServe:
     """The behaviors of inference.GRPCInferenceService over a tensorops Service."""
 
@@ -157,7 +174,7 @@ class KServe:
             return response
         finally:
             regions.close()
-            model.stats.record(ok, time.perf_counter_ns() - start)
+            self.repository.record(model, call.identity, ok, time.perf_counter_ns() - start)
 
     # ---- health and metadata
     async def model_ready(self, decoded: codec.Decoded, call: CallState, nbytes: int) -> bytes:
@@ -189,7 +206,7 @@ class KServe:
             listed = [self.model(request.name, request.version, call.identity)]
         else:
             listed = self.repository.visible(call.identity)
-        return models.statistics(listed).SerializeToString()
+        return self.repository.statistics(listed, call.identity).SerializeToString()
 
     # ---- repository: sessions as models
     async def repository_index(self, decoded: codec.Decoded, call: CallState, nbytes: int) -> bytes:
@@ -256,6 +273,13 @@ class KServe:
         for rpc, (label, behavior, message_class) in behaviors.items():
             raw = _RAW_INPUTS if message_class is pb.ModelInferRequest else None
             handlers[rpc] = pipeline.handler(label, behavior, deserializer(message_class, raw))
+        # ServerMetadataResponse has no field for them: which worker answered and how many
+        # serve, as the response's initial metadata (GetServerInfo's worker and workers).
+        worker = pipeline.metrics.worker or 1  # a server of one process is its own worker 1
+        handlers["ServerMetadata"] = _with_initial_metadata(
+            handlers["ServerMetadata"],
+            ((WORKER_HEADER, str(worker)), (WORKERS_HEADER, str(pipeline.config.workers))),
+        )
         # ModelStreamInfer: each request of the stream answered in order, its response the
         # ModelInferResponse inside a ModelStreamInferResponse, assembled as such in one
         # copy; a request that fails gets its error in `error_message`, and the stream goes on.
