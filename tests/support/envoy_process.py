@@ -175,6 +175,10 @@ class EnvoyProcess:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        # Envoy leaves its hot-restart segment (/dev/shm/envoy_shared_memory_<base id>0) behind.
+        if self.base_id_path.exists() and self.base_id_path.read_text().strip():
+            segment = Path("/dev/shm") / f"envoy_shared_memory_{int(self.base_id_path.read_text()) * 10}"
+            segment.unlink(missing_ok=True)
 
 
 def wait_every_replica_answers(target: str, names, timeout: float = 10.0) -> None:
