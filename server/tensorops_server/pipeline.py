@@ -135,9 +135,10 @@ class CallPipeline:
     """Auth, admission, the executor, metrics and logs of a server: built once, used by
     every endpoint to turn its behaviors into gRPC handlers."""
 
-    def __init__(self, config: Config, metrics: Metrics):
+    def __init__(self, config: Config, metrics: Metrics, worker_id: int = 1):
         self.config = config
         self.metrics = metrics
+        self.worker_id = worker_id  # which of the server's worker processes this is (1 alone)
         self.executor = Executor(config.threads, config.inline_bytes)
         self.auth = Authenticator(config.auth_tokens, config.auth_token_file, certificates=bool(config.tls_client_ca))
         self.admission = Admission(

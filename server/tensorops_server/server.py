@@ -9,6 +9,7 @@ with plain calls (`start()`, `stop()`) from the command line or from a test."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import resource
 import socket
@@ -37,6 +38,8 @@ class TensorOpsServer:
     def __init__(self, config: Config, *, qip_class=None, state_dir: str | None = None, worker_id: int = 1):
         """`state_dir`: the state directory of the supervisor this process is a worker of
         (worker `worker_id`); None: a server of one process, with a state directory of its own."""
+        if state_dir is None:  # whatever the setting says, this server is one process
+            config = dataclasses.replace(config, workers=1)
         self.config = config
         self.worker_id = worker_id
         self.table = optable.build_table()
@@ -60,7 +63,7 @@ class TensorOpsServer:
             on_evict=lambda reason: self.metrics.evictions.labels(reason).inc(),
         )
         self.metrics.watch_sessions(self.store)
-        self.pipeline = CallPipeline(config, self.metrics)  # every call of both endpoints
+        self.pipeline = CallPipeline(config, self.metrics, worker_id)  # every call of both endpoints
         self.service = Service(self.pipeline, self.store, self.table, qip_class)  # tensorops.v1
         self.shared_memory = shm.SharedMemory(
             self.state,

@@ -244,7 +244,7 @@ class Service:
             limits=limits,
             operations=list(self.table),
             workers=c.workers,
-            worker=self.metrics.worker or 1,  # a server of one process is its own worker 1
+            worker=self.pipeline.worker_id,
             threads=c.threads,
             instance=c.instance_name or socket.gethostname(),
         ).SerializeToString()

@@ -36,7 +36,7 @@ def params(rng, n=N):
 
 class Running:
     def __init__(self, port=0, **overrides):
-        config = Config(**dict(dict(port=port, metrics_port=-1, workers=4, grace=1.0), **overrides))
+        config = Config(**dict(dict(port=port, metrics_port=-1, threads=4, grace=1.0), **overrides))
         self.server = TensorOpsServer(config, qip_class=Fake)
         self.server.start()
         self.target = f"127.0.0.1:{self.server.port}"
@@ -212,7 +212,7 @@ def test_async_session_recreation(serve, rng):
 
 
 def test_concurrent_forwards_on_one_session(serve, rng):
-    srv = serve(workers=8)
+    srv = serve(threads=8)
     b, p = rng.integers(-128, 128, (K, N), dtype=np.int8), params(rng)
     inputs = [rng.integers(0, 256, (1 + i % 5, K), dtype=np.uint8) for i in range(16)]
     expected = [Fake(b, **p).forward(a) for a in inputs]

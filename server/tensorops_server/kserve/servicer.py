@@ -275,7 +275,7 @@ class KServe:
             handlers[rpc] = pipeline.handler(label, behavior, deserializer(message_class, raw))
         # ServerMetadataResponse has no field for them: which worker answered and how many
         # serve, as the response's initial metadata (GetServerInfo's worker and workers).
-        worker = pipeline.metrics.worker or 1  # a server of one process is its own worker 1
+        worker = pipeline.worker_id
         handlers["ServerMetadata"] = _with_initial_metadata(
             handlers["ServerMetadata"],
             ((WORKER_HEADER, str(worker)), (WORKERS_HEADER, str(pipeline.config.workers))),
