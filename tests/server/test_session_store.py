@@ -419,3 +419,19 @@ def test_the_state_of_a_killed_server_is_removed_by_the_next(tmp_path):
     assert [n for n in os.listdir(tmp_path) if n.startswith(PREFIX)] == [os.path.basename(live.path)]
     live.remove()
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("hostile", ["../lock", "../../etc/passwd", "session-x/..", "", "\0", "x" * 100_000])
+def test_ids_never_reach_the_file_system(state, hostile):
+    """A session id is only looked up, never made into a path: the state directory stays as it was."""
+    store, _, _ = make(state)
+    s, _ = add(store, 8)
+    before = sorted(os.listdir(state.path))
+    for action in (lambda: store.release(hostile), lambda: store.use(hostile).__enter__()):
+        with pytest.raises(Failure) as err:
+            action()
+        assert err.value.code == grpc.StatusCode.NOT_FOUND
+    store.sweep()
+    assert sorted(os.listdir(state.path)) == before and os.path.exists(os.path.join(state.path, "lock"))
+    with store.use(s.id) as session:
+        assert session.context.tag == 7
