@@ -1140,7 +1140,7 @@ class SessionCalls(RuleBasedStateMachine):
             context.n,
             context.k,
             context.max_m,
-            context.internal_buffer_size,
+            context.state_size,  # a session's memory: its state (parameters and packed B)
             context.info,
         )
 

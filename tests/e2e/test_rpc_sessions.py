@@ -40,7 +40,9 @@ def test_session_matches_native(client, problem):
         assert s.info == info
         assert np.array_equal(s.forward(a), expected)
         assert np.array_equal(s.forward(a[2:3]), expected[2:3])
-        assert s.internal_buffer_size >= 0 and s.external_buffer_size_for(M) >= 0
+        with tn.QuantizedInnerProduct(b, **p) as local:  # the session's memory is the context's state
+            assert s.internal_buffer_size == local.state_size
+            assert s.external_buffer_size_for(M) == local.external_buffer_size_for(M)
     assert np.array_equal(client.quantized_inner_product(a, b, **p), expected)
 
 
