@@ -17,6 +17,7 @@ import tritonclient.utils.shared_memory as shm
 import tensorops_native as tn
 from kserve_calls import infer_input, load_session, qip_problem, refused, session_forward
 from rpc_cases import same
+from rpc_server import process_tree
 
 
 @pytest.fixture
@@ -294,12 +295,8 @@ def test_regions_are_unmapped_on_unregister(client, regions, shm_server):
     key, _ = regions(8192)
     path = f"/dev/shm/{key.lstrip('/')}"
 
-    def processes(pid: int) -> list[int]:  # the server's: its workers too
-        with open(f"/proc/{pid}/task/{pid}/children") as children:
-            return [pid] + [p for child in children.read().split() for p in processes(int(child))]
-
     def mapped() -> bool:
-        for pid in processes(shm_server.proc.pid):
+        for pid in process_tree(shm_server.proc.pid):  # the server's workers too
             with open(f"/proc/{pid}/maps") as maps:
                 if any(line.rstrip().endswith(path) for line in maps):
                     return True

@@ -173,13 +173,29 @@ def start_server(tmp_path):
         proc.kill()
 
 
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants: a server's supervisor and its workers."""
+    pids = [pid]
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                pids += [p for child in f.read().split() for p in process_tree(int(child))]
+    except (FileNotFoundError, ProcessLookupError):  # it left meanwhile
+        pass
+    return pids
+
+
 def resident_bytes(pid: int, field: str = "VmRSS") -> int:
-    """Resident memory of a process; field="VmHWM" gives its peak so far."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(f"{field}:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field}")
+    """Resident memory of a server: of the process and its workers together; field="VmHWM"
+    sums their peaks so far (at least the server's peak: the workers peak at their own times)."""
+    total = 0
+    for member in process_tree(pid):
+        try:
+            with open(f"/proc/{member}/status") as f:
+                total += next(int(line.split()[1]) * 1024 for line in f if line.startswith(f"{field}:"))
+        except FileNotFoundError:  # a worker that left meanwhile
+            pass
+    return total
 
 
 class LongCall:
