@@ -21,7 +21,11 @@ from rpc_server import ServerProcess
 MiB = 1 << 20
 INFLIGHT = 64 * MiB
 # The caps of every server here: small, so that what an attack could hold beyond them shows.
+# One worker: the probe reads one process's peak memory, descriptors and health against the
+# caps and this process's overhead (several workers split the caps; see test_workers.py).
 CAPS = (
+    "--workers",
+    "1",
     "--max-inflight-bytes",
     str(INFLIGHT),
     "--max-message-bytes",

@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import tensorops_native as tn
 from kserve_calls import refused
-from rpc_server import resident_bytes
+from rpc_server import process_tree, resident_bytes
 from tensorops_server.config import Config
 
 N = 1 << 20  # float32 elements: 4 MB tensors
@@ -295,8 +295,9 @@ def test_objects_judged_by_identity_not_by_name(shm_server, objects):
             assert time.perf_counter() - start < 1.0
             assert status == "StatusCode.INVALID_ARGUMENT" and text.startswith(message), (path, text)
             assert "secret_" not in text
-        with open(f"/proc/{shm_server.proc.pid}/maps") as maps:
-            assert not any(line.rstrip().endswith((secret, hard, soft, fifo)) for line in maps)
+        for pid in process_tree(shm_server.proc.pid):  # no worker mapped any of them
+            with open(f"/proc/{pid}/maps") as maps:
+                assert not any(line.rstrip().endswith((secret, hard, soft, fifo)) for line in maps)
         assert not client.get_system_shared_memory_status().regions
         os.unlink(secret)  # the hard link is now the object's only name: it is the caller's own object
         client.register_system_shared_memory("r", key_of(hard), 64)
