@@ -435,3 +435,28 @@ def test_ids_never_reach_the_file_system(state, hostile):
     assert sorted(os.listdir(state.path)) == before and os.path.exists(os.path.join(state.path, "lock"))
     with store.use(s.id) as session:
         assert session.context.tag == 7
+
+
+def test_a_worker_killed_while_it_changes_the_state_blocks_no_one(state):
+    """A worker killed inside a write transaction: the kernel drops its lock and SQLite rolls
+    its change back, so the others go on with the state as it was."""
+    store = store_of(state)
+    kept, _ = add(store, 16)
+    worker = run_worker(
+        state,
+        """
+        from tensorops_server.statedir import transaction
+        db = store._db.get()
+        db.execute("begin immediate")
+        db.execute("delete from sessions")
+        print("changing", flush=True)
+        time.sleep(60)
+        """,
+    )
+    assert worker.stdout.readline().strip() == "changing"
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(30)
+    started = time.monotonic()
+    made, _ = add(store, 16)  # a write: the dead worker's lock is gone
+    assert time.monotonic() - started < 5
+    assert sorted(s.id for s in store.snapshot()) == sorted([kept.id, made.id])
