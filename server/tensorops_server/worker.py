@@ -17,21 +17,34 @@ import logging
 import os
 import signal
 import sys
+import threading
+import time
 
 from . import cli, logs
 from . import server as _server  # noqa: F401 (imported before the assignment: a reserve starts at once)
 from .config import Config
 
 _PR_SET_PDEATHSIG = 1
+ORPHAN_CHECK_SECONDS = 0.5
 
 
 def drain_when_orphaned() -> None:
-    """Have the kernel send this worker SIGTERM (drain, exit) if its supervisor dies, even
-    by SIGKILL, so that no worker outlives it (Linux; elsewhere a no-op)."""
+    """Have this worker drain and exit (SIGTERM to itself) if its supervisor dies, even by
+    SIGKILL, so that no worker outlives it: the kernel's parent-death signal (Linux), and a
+    thread that sees the parent change, for what that signal misses (a supervisor killed
+    while this worker was between starting and serving lost a worker that way)."""
+    supervisor = os.getppid()
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):
         pass
+
+    def watch() -> None:
+        while os.getppid() == supervisor:
+            time.sleep(ORPHAN_CHECK_SECONDS)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="tensorops-orphan-watch", daemon=True).start()
 
 
 def main(argv: list[str]) -> int:

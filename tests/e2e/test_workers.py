@@ -21,7 +21,7 @@ import pytest
 import tensorops
 import tensorops_native as tn
 from rpc_cases import qip_problem, same
-from rpc_server import metric_value
+from rpc_server import metric_value, process_tree
 from tensorops.kserve.v2 import inference_pb2 as kserve_pb
 from tensorops.protocol import wire
 from tensorops.v1 import tensorops_pb2
@@ -319,3 +319,19 @@ def _parent_of(pid: int) -> int | None:
             return int(f.read().rpartition(")")[2].split()[1])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def test_the_workers_leave_when_the_supervisor_is_killed_and_the_next_server_removes_its_state(start_server):
+    for attempt in range(3):  # killed at once after it serves, then later: no moment leaves a worker behind
+        srv = start_server("--workers", "2", "--drain-delay", "0", "--grace", "1")
+        state_dir = serving(srv)["state_dir"]
+        workers = process_tree(srv.proc.pid)[1:]  # the workers and the reserve
+        assert len(workers) == 3
+        if attempt:
+            time.sleep(0.5 * attempt)
+        srv.proc.kill()
+        srv.proc.wait()
+        assert eventually(lambda workers=workers: not any(os.path.exists(f"/proc/{pid}") for pid in workers))
+        assert os.path.isdir(state_dir)  # nobody left to remove it...
+        start_server("--workers", "1")  # ...until the next server starts
+        assert not os.path.exists(state_dir)
