@@ -106,6 +106,7 @@ class SessionStore:
         self._db = Connections(state)
         self._lock = threading.Lock()
         self._local: dict[str, Session] = {}  # the sessions this worker has mapped
+        self._made_since_trim = False  # a session was made: the next sweep returns freed memory
 
     # ---- queries
     def __len__(self) -> int:
@@ -201,7 +202,7 @@ class SessionStore:
             )
         with self._lock:
             self._local[session.id] = session
-        _return_freed_memory()
+        self._made_since_trim = True
         return session
 
     def _insert(self, session: Session, creating: str) -> tuple[list[tuple[str, str]], bool]:
@@ -344,6 +345,9 @@ class SessionStore:
         with self._lock:
             gone = [sid for sid in self._local if sid not in live]
         self._retire_local(gone)
+        if self._made_since_trim:  # after the call: its request's buffers are free by now
+            self._made_since_trim = False
+            _return_freed_memory()
         return len(expired)
 
     def close(self) -> None:
@@ -388,7 +392,8 @@ def _return_freed_memory() -> None:
     """Give the heap's free pages back to the system. The server keeps freed buffers for
     reuse (tensorops.retain_freed_buffers), and a session's request leaves B's size of them
     (the pieces its message arrived in) beside the session's own copy; sessions are few and
-    long-lived, so their creation returns that memory instead (a few milliseconds)."""
+    long-lived, so the sweep after a creation returns that memory instead (a few
+    milliseconds; what is still in use then, or not at the heap's free pages, stays)."""
     try:
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing kept that way
