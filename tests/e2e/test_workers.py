@@ -25,7 +25,7 @@ from rpc_server import metric_value, process_tree
 from tensorops.kserve.v2 import inference_pb2 as kserve_pb
 from tensorops.protocol import wire
 from tensorops.v1 import tensorops_pb2
-from test_tls import chain, install, padded, tls_flags
+from test_tls import chain, eventually, install, padded, tls_flags
 
 CALL_TIMEOUT = 30
 OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]  # a new client: a new connection
@@ -65,15 +65,6 @@ def seconds(event: dict) -> float:
 def maps(pid: int) -> str:
     with open(f"/proc/{pid}/maps") as f:
         return f.read()
-
-
-def eventually(condition, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def test_connections_spread_over_the_workers_and_each_call_is_counted_once(start_server):
