@@ -187,7 +187,7 @@ class Metrics(_Served):
         """Report the sessions `store` holds (a server of one process; a supervisor reports
         the shared store's for its workers)."""
         if self.worker is None:
-            self.registry.register(StoreTotals(lambda: {"sessions": len(store), "session_bytes": store.nbytes}))
+            self.registry.register(StoreTotals(store.usage))  # one query a scrape
 
 
 class SupervisorMetrics(_Served):

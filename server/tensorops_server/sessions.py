@@ -39,7 +39,7 @@ from typing import Any
 
 from . import errors
 from .logs import LOGGER
-from .statedir import CREATING_FILE, SESSION_FILE, Connections, StateDir, transaction
+from .statedir import CREATING_FILE, SESSION_FILE, SESSION_USAGE, Connections, StateDir, transaction, usage
 
 log = logging.getLogger(LOGGER)
 
@@ -110,15 +110,15 @@ class SessionStore:
 
     # ---- queries
     def __len__(self) -> int:
-        return self.totals()[0]
+        return self.usage()["sessions"]
 
     @property
     def nbytes(self) -> int:
-        return self.totals()[1]
+        return self.usage()["session_bytes"]
 
-    def totals(self) -> tuple[int, int]:
-        """Sessions held by the server, and their bytes."""
-        return self._db.get().execute("select count(*), coalesce(sum(nbytes), 0) from sessions").fetchone()
+    def usage(self) -> dict[str, Any]:
+        """What the server's sessions (and regions) hold (statedir.usage)."""
+        return usage(self._db.get())
 
     def alive(self, session_id: str, owner: str) -> bool:
         """Whether the session exists and has not expired (a read: nothing changes)."""
@@ -217,7 +217,7 @@ class SessionStore:
                 (sid, "ttl")
                 for (sid,) in db.execute("delete from sessions where last_used < ? returning id", (now - self.ttl,))
             ]
-            count, total = db.execute("select count(*), coalesce(sum(nbytes), 0) from sessions").fetchone()
+            count, total = db.execute(SESSION_USAGE).fetchone()
             own = db.execute(
                 "select id, nbytes from sessions where owner = ? order by last_used", (session.owner,)
             ).fetchall()

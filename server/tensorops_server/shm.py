@@ -44,7 +44,7 @@ import grpc
 from tensorops_native._guard import GuardedMapping
 
 from . import errors
-from .statedir import Connections, StateDir, transaction
+from .statedir import REGION_USAGE, Connections, StateDir, transaction
 
 SHM_DIR = "/dev/shm"
 
@@ -185,8 +185,7 @@ class SharedMemory:
             raise errors.Failure(
                 grpc.StatusCode.ALREADY_EXISTS, f"region {name!r} is registered already; unregister it first", "name"
             )
-        usage = "select count(*), coalesce(sum(byte_size), 0) from regions"
-        regions, nbytes = db.execute(usage + " where owner = ?", (owner,)).fetchone()
+        regions, nbytes = db.execute(REGION_USAGE + " where owner = ?", (owner,)).fetchone()
         if regions >= self.max_regions_per_caller:
             raise errors.exhausted(
                 f"this caller has {regions} regions registered, the limit per caller; unregister some first",
@@ -198,7 +197,7 @@ class SharedMemory:
                 f"limit of {self.max_bytes_per_caller} per caller",
                 "byte_size",
             )
-        regions, nbytes = db.execute(usage).fetchone()
+        regions, nbytes = db.execute(REGION_USAGE).fetchone()
         if regions >= self.max_regions:
             raise errors.exhausted(f"{regions} regions are registered, the server's limit", "name")
         if nbytes + byte_size > self.max_bytes:

@@ -207,9 +207,19 @@ def remove_abandoned(base: str) -> list[str]:
     return removed
 
 
-def totals(path: str) -> dict[str, Any]:
+# How many sessions and regions there are and the bytes they hold (add a `where` for one owner's).
+SESSION_USAGE = "select count(*), coalesce(sum(nbytes), 0) from sessions"
+REGION_USAGE = "select count(*), coalesce(sum(byte_size), 0) from regions"
+
+
+def usage(db: sqlite3.Connection) -> dict[str, Any]:
     """What the sessions and regions of the server hold, for its metrics."""
-    with contextlib.closing(StateDir.join(path).connect()) as db:
-        sessions, session_bytes = db.execute("select count(*), coalesce(sum(nbytes), 0) from sessions").fetchone()
-        regions, region_bytes = db.execute("select count(*), coalesce(sum(byte_size), 0) from regions").fetchone()
+    sessions, session_bytes = db.execute(SESSION_USAGE).fetchone()
+    regions, region_bytes = db.execute(REGION_USAGE).fetchone()
     return {"sessions": sessions, "session_bytes": session_bytes, "regions": regions, "region_bytes": region_bytes}
+
+
+def totals(path: str) -> dict[str, Any]:
+    """`usage` of the state directory at `path` (the supervisor's view)."""
+    with contextlib.closing(StateDir.join(path).connect()) as db:
+        return usage(db)
