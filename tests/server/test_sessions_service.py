@@ -16,6 +16,7 @@ import pytest
 import tensorops
 import tensorops.aio
 from fake_qip import FakeQuantizedInnerProduct as Fake
+from rpc_cases import qip_params
 from rpc_server import free_port
 from tensorops.v1 import tensorops_pb2 as pb
 from tensorops_server import Config, TensorOpsServer
@@ -24,14 +25,7 @@ M, K, N = 6, 40, 9
 
 
 def params(rng, n=N):
-    return dict(
-        b_scale=(rng.random(n) * 0.02 + 0.001).astype(np.float32),
-        a_scale=0.05,
-        a_zero=7,
-        c_scale=0.6,
-        c_zero=3,
-        bias=rng.integers(-2000, 2000, n, dtype=np.int32),
-    )
+    return qip_params(rng, n)
 
 
 class Running:
